@@ -1,0 +1,161 @@
+"""Pure shard arithmetic: padding, row blocks, split and merge of numpy arrays.
+
+Nothing here communicates or touches MindSpore, so every rule can be unit-tested in one
+process.
+
+[Note: padding]
+A sharded tensor of full shape ``(d0, *rest)`` in a group of ``n`` ranks is cut along dim 0
+into ``n`` blocks of ``rows = ceil(d0 / n)`` rows. The full tensor is first zero-padded at the
+tail to ``rows * n`` rows, so every rank holds a block of the same shape ``(rows, *rest)``;
+rank ``r`` holds padded rows ``[r * rows, (r + 1) * rows)``. Recovering the full tensor
+concatenates the blocks in rank order and drops the last ``pad = rows * n - d0`` rows.
+Padding rows are zero at the start and stay zero during training: their gradient is zero,
+so plain SGD/Adam/Momentum never move them (weight decay of zero is zero).
+"""
+from dataclasses import dataclass
+from typing import List, Sequence, Tuple
+
+import numpy as np
+
+__all__ = [
+    "ShardSpec",
+    "shard_rows",
+    "padding_rows",
+    "row_range",
+    "pad_rows",
+    "split_array",
+    "split_all",
+    "merge_arrays",
+]
+
+
+def _check_group(n: int, rank: int = 0) -> None:
+    if not isinstance(n, (int, np.integer)) or n < 1:
+        raise ValueError(f"The argument 'group_size' must be a positive integer, but got {n!r}.")
+    if not isinstance(rank, (int, np.integer)) or not 0 <= rank < n:
+        raise ValueError(f"The argument 'rank' must be an integer in [0, {n}), but got {rank!r}.")
+
+
+def shard_rows(d0: int, n: int) -> int:
+    """Rows of dim 0 held by each of ``n`` ranks: ``ceil(d0 / n)``. See [Note: padding]."""
+    _check_group(n)
+    return -(-int(d0) // n)
+
+
+def padding_rows(d0: int, n: int) -> int:
+    """Zero rows appended to dim 0 so that it divides by ``n``. See [Note: padding]."""
+    return shard_rows(d0, n) * n - int(d0)
+
+
+def row_range(d0: int, n: int, rank: int) -> Tuple[int, int]:
+    """Rows ``[start, stop)`` of the *padded* tensor held by ``rank``."""
+    _check_group(n, rank)
+    rows = shard_rows(d0, n)
+    return rank * rows, (rank + 1) * rows
+
+
+@dataclass(frozen=True)
+class ShardSpec:
+    """How one named tensor is laid out over a group. Holds no data and never communicates.
+
+    Attributes:
+        name: the tensor's name in the network or optimizer.
+        shape: the full, unpadded shape.
+        group_size: ranks in the optimizer parallel group.
+        rank: this rank's index in that group.
+        split: whether the tensor is sharded along dim 0 (False: replicated whole).
+    """
+
+    name: str
+    shape: Tuple[int, ...]
+    group_size: int
+    rank: int
+    split: bool
+
+    def __post_init__(self):
+        _check_group(self.group_size, self.rank)
+        object.__setattr__(self, "shape", tuple(int(s) for s in self.shape))
+        if self.split and len(self.shape) == 0:
+            raise ValueError(f"For 'ShardSpec', the 0-d tensor {self.name!r} cannot be split along dim 0.")
+
+    @property
+    def rows(self) -> int:
+        """Rows of dim 0 in each rank's block (the full dim 0 when not split)."""
+        return shard_rows(self.shape[0], self.group_size) if self.split else (self.shape[0] if self.shape else 0)
+
+    @property
+    def pad(self) -> int:
+        """Zero rows appended to dim 0 before splitting (0 when not split)."""
+        return padding_rows(self.shape[0], self.group_size) if self.split else 0
+
+    @property
+    def shard_shape(self) -> Tuple[int, ...]:
+        """Shape of the block this rank holds."""
+        return (self.rows,) + self.shape[1:] if self.split else self.shape
+
+    @property
+    def padded_shape(self) -> Tuple[int, ...]:
+        """Full shape with the padding rows included."""
+        return (self.rows * self.group_size,) + self.shape[1:] if self.split else self.shape
+
+    def to_json(self) -> dict:
+        """Entry for ``params_split_info_{rank}.json``: MindOne's keys plus ``shape`` and ``pad``."""
+        return {
+            "split": self.split,
+            "group_size": self.group_size,
+            "rank_id": self.rank,
+            "shape": list(self.shape),
+            "pad": self.pad,
+        }
+
+    @classmethod
+    def from_json(cls, name: str, entry: dict) -> "ShardSpec":
+        """Inverse of ``to_json``. MindOne's entries (no ``shape``) raise KeyError on ``shape``;
+        callers that accept them derive the shape from the shards instead."""
+        return cls(name, tuple(entry["shape"]), int(entry["group_size"]), int(entry["rank_id"]), bool(entry["split"]))
+
+
+def pad_rows(arr: np.ndarray, n: int) -> np.ndarray:
+    """Return ``arr`` zero-padded along dim 0 to a multiple of ``n`` rows (no copy if none needed)."""
+    arr = np.asarray(arr)
+    if arr.ndim == 0:
+        raise ValueError("For 'pad_rows', the argument 'arr' must have ndim >= 1, but got a 0-d array.")
+    pad = padding_rows(arr.shape[0], n)
+    if pad == 0:
+        return arr
+    return np.concatenate([arr, np.zeros((pad,) + arr.shape[1:], dtype=arr.dtype)], axis=0)
+
+
+def split_array(arr: np.ndarray, n: int, rank: int) -> np.ndarray:
+    """Block ``rank`` of ``arr`` over ``n`` ranks, zero-padded per [Note: padding]."""
+    _check_group(n, rank)
+    padded = pad_rows(arr, n)
+    start, stop = row_range(np.asarray(arr).shape[0], n, rank)
+    return np.ascontiguousarray(padded[start:stop])
+
+
+def split_all(arr: np.ndarray, n: int) -> List[np.ndarray]:
+    """All ``n`` blocks of ``arr`` in rank order."""
+    return [split_array(arr, n, r) for r in range(n)]
+
+
+def merge_arrays(blocks: Sequence[np.ndarray], full_d0: int) -> np.ndarray:
+    """Concatenate ``blocks`` in rank order and drop the padding rows beyond ``full_d0``.
+
+    Raises:
+        ValueError: if the blocks differ in shape or hold fewer than ``full_d0`` rows.
+    """
+    if len(blocks) == 0:
+        raise ValueError("For 'merge_arrays', the argument 'blocks' must not be empty.")
+    shapes = {tuple(np.shape(b)) for b in blocks}
+    if len(shapes) != 1:
+        raise ValueError(f"For 'merge_arrays', all blocks must have the same shape, but got {sorted(shapes)}.")
+    shape = shapes.pop()
+    if len(shape) == 0:
+        raise ValueError("For 'merge_arrays', the blocks must have ndim >= 1, but got 0-d blocks.")
+    if shape[0] * len(blocks) < full_d0 or shape[0] != shard_rows(full_d0, len(blocks)):
+        raise ValueError(
+            f"For 'merge_arrays', {len(blocks)} blocks of {shape[0]} rows cannot hold a dim 0 of {full_d0} "
+            f"(expected blocks of ceil({full_d0} / {len(blocks)}) = {shard_rows(full_d0, len(blocks))} rows)."
+        )
+    return np.concatenate([np.asarray(b) for b in blocks], axis=0)[:full_d0]
