@@ -47,7 +47,10 @@ def run_msrun(
     The script receives ``--out out_dir`` followed by ``args``. Raises AssertionError with the
     worker log tails if the job fails (when ``expect_success``) or exceeds ``timeout`` seconds.
     """
-    out_dir = Path(out_dir)
+    out_dir = Path(out_dir).resolve()
+    script = Path(script)
+    if not script.is_absolute():
+        script = (REPO / script).resolve()
     out_dir.mkdir(parents=True, exist_ok=True)
     log_dir = out_dir / "msrun_logs"
     cmd = [
