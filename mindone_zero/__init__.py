@@ -1,0 +1,14 @@
+"""mindone_zero: MindSpore-native ZeRO with MindOne's API (``mindone.trainers.zero``)."""
+from .ema import EMA
+from .prepare import prepare_ema, prepare_network, prepare_train_network
+from .train_step import TrainOneStepWrapper
+from .zero_helper import ZeroHelper
+
+__all__ = [
+    "prepare_train_network",
+    "prepare_network",
+    "prepare_ema",
+    "ZeroHelper",
+    "TrainOneStepWrapper",
+    "EMA",
+]

@@ -1,0 +1,99 @@
+"""Find an optimizer's per-parameter states and re-point it at sharded parameters.
+
+No collectives here. MindSpore optimizers keep their per-parameter states as ParameterTuple
+attributes aligned with ``optimizer._parameters`` (Adam: ``moment1``/``moment2``/``vhat``,
+AdamWeightDecay: ``moments1``/``moments2``, Momentum: ``moments``, SGD: ``accum``/``stat``), and
+some keep aliases of the parameters themselves (Momentum: ``params``). Rather than a table of
+known optimizers, every ParameterTuple attribute is classified by what it holds:
+
+* the parameters themselves (same objects): an alias, re-pointed with the parameters;
+* one tensor per parameter, shaped like it: a state, sharded like its parameter;
+* one scalar per parameter (per-group learning rates, say): replicated, left alone;
+* anything else: the optimizer's states are not shaped like its parameters, and sharding them
+  along dim 0 would be wrong, so ``find_optimizer_states`` raises.
+"""
+from typing import Dict, List, Sequence
+
+from mindspore import Parameter, ParameterTuple, nn
+
+__all__ = ["find_optimizer_states", "repoint_optimizer", "check_no_unknown_states"]
+
+_PARAM_ATTRS = ("_parameters", "parameters")
+
+
+def _aligned_tuples(optimizer: nn.Optimizer) -> Dict[str, ParameterTuple]:
+    n = len(optimizer._parameters)
+    return {
+        attr: value
+        for attr, value in vars(optimizer).items()
+        if isinstance(value, ParameterTuple) and attr not in _PARAM_ATTRS and len(value) == n
+    }
+
+
+def find_optimizer_states(optimizer: nn.Optimizer, full_shapes: Sequence[tuple]) -> Dict[str, List[Parameter]]:
+    """Per-parameter state tuples of ``optimizer``, by attribute name.
+
+    Args:
+        optimizer: a MindSpore optimizer built over the network's parameters.
+        full_shapes: the full (unsharded) shape of each of ``optimizer._parameters``; a state
+            may be shaped like the full parameter or, at ZeRO-3, like the parameter's shard.
+
+    Returns:
+        ``{attr: [state_i for each parameter]}`` (aliases of the parameters excluded).
+
+    Raises:
+        ValueError: if a per-parameter tuple holds tensors shaped neither like the parameters
+            nor as scalars, or the optimizer holds other non-scalar Parameters (see
+            ``check_no_unknown_states``).
+    """
+    params = list(optimizer._parameters)
+    states = {}
+    for attr, values in _aligned_tuples(optimizer).items():
+        if all(v is p for v, p in zip(values, params)):
+            continue  # an alias of the parameters, e.g. Momentum.params
+        if all(v.size <= 1 for v in values) and not all(p.size <= 1 for p in params):
+            continue  # per-parameter scalars such as group learning rates
+        for v, p, full in zip(values, params, full_shapes):
+            if tuple(v.shape) not in (tuple(full), tuple(p.shape)):
+                raise ValueError(
+                    f"For 'ZeroHelper', the optimizer {type(optimizer).__name__} keeps the state "
+                    f"'{v.name}' of shape {tuple(v.shape)} for parameter '{p.name}' of shape {tuple(full)}; "
+                    f"ZeRO shards states along dim 0 and needs them shaped like their parameters."
+                )
+        states[attr] = list(values)
+    check_no_unknown_states(optimizer, states)
+    return states
+
+
+def check_no_unknown_states(optimizer: nn.Optimizer, states: Dict[str, List[Parameter]]) -> None:
+    """Raise if ``optimizer`` holds a non-scalar Parameter that is neither a parameter, a known
+    per-parameter state nor a learning-rate schedule (such states could not be sharded)."""
+    known = {id(p) for p in optimizer._parameters}
+    known.update(id(v) for values in states.values() for v in values)
+    for name, value in optimizer.parameters_and_names():
+        if id(value) in known or value.size <= 1 or "learning_rate" in name:
+            continue
+        raise ValueError(
+            f"For 'ZeroHelper', the optimizer {type(optimizer).__name__} holds the Parameter '{name}' of shape "
+            f"{tuple(value.shape)} that is not one state per parameter shaped like it; ZeRO cannot shard it."
+        )
+
+
+def repoint_optimizer(optimizer: nn.Optimizer, new_params: Sequence[Parameter]) -> None:
+    """Make ``optimizer`` update ``new_params`` (same order) instead of its parameters.
+
+    Every attribute that aliases the old parameters (``_parameters``, ``parameters`` and
+    optimizer-specific ones like Momentum's ``params``) is re-pointed. Weight-decay flags and
+    per-group settings were derived from the old parameters at construction and are kept,
+    which is right because ``new_params[i]`` stands for ``optimizer._parameters[i]``.
+    """
+    old = list(optimizer._parameters)
+    if len(new_params) != len(old):
+        raise ValueError(
+            f"For 'repoint_optimizer', the argument 'new_params' must have {len(old)} entries, "
+            f"but got {len(new_params)}."
+        )
+    aliases = [a for a, v in _aligned_tuples(optimizer).items() if all(x is p for x, p in zip(v, old))]
+    new_tuple = ParameterTuple(list(new_params))
+    for attr in list(_PARAM_ATTRS) + aliases:
+        setattr(optimizer, attr, new_tuple)

@@ -1,0 +1,179 @@
+"""TrainOneStepWrapper: loss scale, overflow, gradient accumulation, clipping, EMA, with ZeRO.
+
+``construct`` reads like MindSpore's ``TrainOneStepWithLossScaleCell``: forward and backward,
+unscale, reduce (the ZeRO part), overflow and loss scale, then either an optimizer step or an
+accumulation. What ZeRO changes is delegated to ``ZeroHelper``: how gradients are reduced,
+how the global norm is found, and what follows the optimizer.
+"""
+import logging
+
+import mindspore as ms
+from mindspore import Parameter, Tensor, nn, ops
+
+from .ema import EMA
+from .zero_helper import ZeroHelper
+
+__all__ = ["TrainOneStepWrapper"]
+
+_logger = logging.getLogger(__name__)
+
+
+def _scale_sense_parameter(scale_sense):
+    """(Parameter holding the loss scale, update Cell or None) from a float, Tensor or Cell."""
+    if isinstance(scale_sense, nn.Cell):
+        if not hasattr(scale_sense, "get_loss_scale"):
+            raise TypeError(
+                f"For 'TrainOneStepWrapper', the argument 'scale_sense' must be a float, a Tensor or a loss-scale "
+                f"update Cell such as nn.DynamicLossScaleUpdateCell, but got {type(scale_sense).__name__}."
+            )
+        value = Tensor(scale_sense.get_loss_scale(), ms.float32)
+        return Parameter(value, name="scale_sense"), scale_sense
+    if isinstance(scale_sense, Tensor):
+        if scale_sense.size != 1:
+            raise ValueError(
+                f"For 'TrainOneStepWrapper', the argument 'scale_sense' must hold one value, but got shape "
+                f"{tuple(scale_sense.shape)}."
+            )
+        return Parameter(ops.cast(scale_sense.reshape(()), ms.float32), name="scale_sense"), None
+    if isinstance(scale_sense, (int, float)) and not isinstance(scale_sense, bool) and scale_sense > 0:
+        return Parameter(Tensor(float(scale_sense), ms.float32), name="scale_sense"), None
+    raise ValueError(
+        f"For 'TrainOneStepWrapper', the argument 'scale_sense' must be a positive float, a Tensor or a "
+        f"loss-scale update Cell, but got {scale_sense!r}."
+    )
+
+
+def _all_finite(grads):
+    finite = ops.ones((), ms.bool_)
+    for g in grads:
+        finite = ops.logical_and(finite, ops.isfinite(g).all())
+    return finite
+
+
+class TrainOneStepWrapper(nn.Cell):
+    """One training step with ZeRO; returns ``(loss, overflow, loss_scale)`` like MindOne's.
+
+    ``loss`` is this rank's loss on its micro-batch; ``overflow`` is True on every rank when
+    any rank's gradients hold inf/nan at this micro-step; ``loss_scale`` is the scale used for
+    this micro-step. Calling it is collective over the world group.
+
+    Args:
+        network (nn.Cell): returns the loss from the inputs.
+        optimizer (nn.Optimizer): the optimizer (re-pointed at shards by ``zero_helper``).
+        scale_sense (float | Tensor | nn.Cell): loss scale, or an update Cell such as
+            ``nn.DynamicLossScaleUpdateCell``, which is run once per micro-step.
+        ema (EMA): updated once per optimizer step (after the optimizer), if given.
+        updates (int): EMA updates done so far (restored on resume).
+        drop_overflow_update (bool): skip the optimizer step on every rank when any micro-step of
+            it overflowed.
+        gradient_accumulation_steps (int): micro-steps per optimizer step; gradients are averaged.
+        clip_grad (bool), clip_norm (float): clip by the global norm of the full gradient.
+        verbose (bool): log the configuration at build time.
+        zero_helper (ZeroHelper): the ZeRO machinery; None builds a stage-0 helper.
+    """
+
+    def __init__(self, network, optimizer, scale_sense=1.0, ema=None, updates=0, drop_overflow_update=True,
+                 gradient_accumulation_steps=1, clip_grad=False, clip_norm=1.0, verbose=False, zero_helper=None):
+        super().__init__(auto_prefix=False)
+        _check_step_args(gradient_accumulation_steps, clip_grad, clip_norm, ema)
+        self.network = network
+        self.zero_helper = zero_helper if zero_helper is not None else ZeroHelper(optimizer, 0)
+        self.optimizer = optimizer
+        self.weights = self.zero_helper.params
+        self.grad = ops.GradOperation(get_by_list=True, sens_param=True)
+        self.scale_sense, self.scale_update = _scale_sense_parameter(scale_sense)
+        self.ema = ema
+        if ema is not None and updates:
+            ema.updates.set_data(Tensor(float(updates), ms.float32))
+        self.drop_overflow_update = drop_overflow_update
+        self.clip_grad = clip_grad
+        self.clip_norm = float(clip_norm)
+        self.accum_steps = int(gradient_accumulation_steps)
+        stage = self.zero_helper.zero_stage
+        # [Note: gradient reduction] in zero_helper.py: stages 0/1 reduce once per optimizer step.
+        self.reduce_each_micro_step = stage in (2, 3) or self.accum_steps == 1
+        if self.accum_steps > 1:
+            like = self.zero_helper.opt_params if self.reduce_each_micro_step else self.weights
+            self.accum_grads = like.clone(prefix="accum_grad", init="zeros")
+            self.accum_step = Parameter(Tensor(0, ms.int32), name="accum_step", requires_grad=False)
+            self.accum_overflow = Parameter(Tensor(0.0, ms.float32), name="accum_overflow", requires_grad=False)
+        if verbose:
+            _logger.info(
+                "TrainOneStepWrapper: ZeRO stage %d, accumulation %d, clip_grad %s (%.3g), drop_overflow_update %s",
+                stage, self.accum_steps, clip_grad, self.clip_norm, drop_overflow_update,
+            )
+
+    def set_train(self, mode=True):
+        self.network.set_train(mode)
+        return super().set_train(mode)
+
+    def construct(self, *inputs):
+        loss = self.network(*inputs)
+        scale = self.scale_sense * 1.0  # read the scale before the update cell may change it
+        sens = ops.ones_like(loss) * ops.cast(scale, loss.dtype)
+        grads = self.grad(self.network, self.weights)(*inputs, sens)
+        grads = self._unscale(grads, scale)
+        if self.reduce_each_micro_step:
+            grads = self.zero_helper.reduce_grads(grads)
+        overflow = self.zero_helper.any_rank(ops.logical_not(_all_finite(grads)))
+        if self.scale_update is not None:
+            overflow = self.scale_update(self.scale_sense, overflow)
+        if self.accum_steps == 1:
+            loss = ops.depend(loss, self._optimizer_step(grads, overflow))
+        else:
+            loss = ops.depend(loss, self._accumulate(grads, overflow))
+        return loss, overflow, scale
+
+    def _unscale(self, grads, scale):
+        inv = 1.0 / scale
+        return tuple(g * ops.cast(inv, g.dtype) for g in grads)
+
+    def _accumulate(self, grads, overflow):
+        done = ()
+        for i in range(len(grads)):
+            done += (ops.assign_add(self.accum_grads[i], ops.cast(grads[i], self.accum_grads[i].dtype)),)
+        flag = ops.maximum(self.accum_overflow, ops.cast(overflow, ms.float32))
+        done += (ops.assign(self.accum_overflow, flag),)
+        step = ops.assign_add(self.accum_step, ops.ones((), ms.int32))
+        step = ops.depend(step, done)
+        if step >= self.accum_steps:
+            mean = ()
+            for i in range(len(self.accum_grads)):
+                mean += (self.accum_grads[i] / self.accum_steps,)
+            result = self._optimizer_step(mean, self.accum_overflow > 0)
+            for i in range(len(self.accum_grads)):
+                result = ops.depend(result, ops.assign(self.accum_grads[i], ops.zeros_like(self.accum_grads[i])))
+            result = ops.depend(result, ops.assign(self.accum_step, ops.zeros((), ms.int32)))
+            result = ops.depend(result, ops.assign(self.accum_overflow, ops.zeros((), ms.float32)))
+            return result
+        return ops.depend(overflow, step)
+
+    def _optimizer_step(self, grads, overflow):
+        """Reduce (stages 0/1 with accumulation), clip, update and EMA; skipped on overflow."""
+        if not self.reduce_each_micro_step:
+            grads = self.zero_helper.reduce_grads(grads)
+        if self.clip_grad:
+            norm = self.zero_helper.global_norm(grads)
+            factor = self.clip_norm / ops.maximum(norm, self.clip_norm)
+            grads = tuple(g * ops.cast(factor, g.dtype) for g in grads)
+        if self.drop_overflow_update and overflow:
+            return overflow
+        result = self.zero_helper.run_optimizer(grads)
+        if self.ema is not None:
+            result = ops.depend(result, self.ema.ema_update())
+        return ops.depend(overflow, result)
+
+
+def _check_step_args(gradient_accumulation_steps, clip_grad, clip_norm, ema):
+    if isinstance(gradient_accumulation_steps, bool) or not isinstance(gradient_accumulation_steps, int) \
+            or gradient_accumulation_steps < 1:
+        raise ValueError(
+            f"For 'TrainOneStepWrapper', the argument 'gradient_accumulation_steps' must be an integer >= 1, "
+            f"but got {gradient_accumulation_steps!r}."
+        )
+    if not isinstance(clip_grad, bool):
+        raise TypeError(f"For 'TrainOneStepWrapper', the argument 'clip_grad' must be a bool, but got {clip_grad!r}.")
+    if isinstance(clip_norm, bool) or not isinstance(clip_norm, (int, float)) or not clip_norm > 0:
+        raise ValueError(f"For 'TrainOneStepWrapper', the argument 'clip_norm' must be > 0, but got {clip_norm!r}.")
+    if ema is not None and not isinstance(ema, EMA):
+        raise TypeError(f"For 'TrainOneStepWrapper', the argument 'ema' must be an EMA, but got {type(ema).__name__}.")

@@ -1,0 +1,246 @@
+"""ZeroHelper: which parameters are sharded, sharded optimizer states, gradient reduction per
+stage and the post-step parameter all-gather.
+
+One ``ZeroHelper`` serves one optimizer. It is an ``nn.Cell`` so that its master shards and
+communication cells are part of the train graph; ``TrainOneStepWrapper`` calls its methods
+from ``construct`` (GRAPH_MODE and PYNATIVE_MODE alike).
+
+[Note: gradient reduction]
+Gradients leave ``reduce_grads`` as the *mean* over every data-parallel rank, shaped like the
+tensors the optimizer updates:
+
+=====  ==================================================  ==========================
+stage  sharded parameters                                  replicated parameters
+=====  ==================================================  ==========================
+0      all-reduce (full)                                   all-reduce
+1, 2   pad, reduce-scatter over the optimizer group (shard) all-reduce
+3      already reduce-scattered by the ZeRO-3 wrapper      all-reduce
+=====  ==================================================  ==========================
+
+then, with hybrid groups, an all-reduce over ``dp_group`` (replicas of the same shard).
+Stage 1 and stage 2 differ only in *when* ``TrainOneStepWrapper`` calls this: once per
+optimizer step on locally accumulated full gradients (stage 1), or every micro-step before
+accumulating into shard-sized buffers (stage 2).
+"""
+import logging
+import os
+from typing import List, Optional
+
+import mindspore as ms
+import numpy as np
+from mindspore import Parameter, ParameterTuple, Tensor, nn, ops
+from mindspore.context import ParallelMode
+from mindspore.parallel._utils import _get_parallel_mode
+
+from .comm import CommPlan, GroupComm, group_size_and_rank, pad_dim0, world_group
+from .optimizer_states import find_optimizer_states, repoint_optimizer
+from .partition import ShardSpec, split_array
+
+__all__ = ["ZeroHelper"]
+
+_logger = logging.getLogger(__name__)
+
+_LOW_PRECISION = (ms.float16, ms.bfloat16)
+
+
+def _is_distributed() -> bool:
+    return _get_parallel_mode() == ParallelMode.DATA_PARALLEL
+
+
+def _check_stage(zero_stage, where: str) -> None:
+    if zero_stage not in (0, 1, 2, 3) or isinstance(zero_stage, bool):
+        raise ValueError(f"For '{where}', the argument 'zero_stage' must be one of [0, 1, 2, 3], but got {zero_stage!r}.")
+
+
+def _wants_split(param: Parameter) -> bool:
+    """DESIGN §3: trainable, ndim >= 1 and not opted out with ``parallel_optimizer = False``."""
+    return param.requires_grad and len(param.shape) >= 1 and getattr(param, "parallel_optimizer", True)
+
+
+def _master_dtype(dtype):
+    return ms.float32 if dtype in _LOW_PRECISION else dtype
+
+
+class ZeroHelper(nn.Cell):
+    """Shards one optimizer's work over ``optimizer_parallel_group`` (ZeRO stages 0-3).
+
+    Building it is not collective; ``reduce_grads``, ``global_norm``, ``run_optimizer`` and
+    ``any_rank`` are collective over the world (every rank must call them, in the same order).
+
+    Args:
+        optimizer (nn.Optimizer): built over the network's trainable parameters (at stage 3,
+            the network must already be sharded by ``prepare_network``).
+        zero_stage (int): 0, 1, 2 or 3. Outside ``ParallelMode.DATA_PARALLEL`` a stage > 0 warns
+            and falls back to 0, as MindOne does.
+        optimizer_parallel_group (str): group whose ranks share one copy of the model states;
+            None means the world group.
+        dp_group (str): group of the ranks holding the same shard (hybrid sharding); required
+            when ``optimizer_parallel_group`` is not the world group.
+        optimizer_offload (bool): run the optimizer update on the host where MindSpore supports it.
+        comm_fusion (dict): MindOne's communication-fusion dict; None for one collective per tensor.
+        params_split_info (str): folder for ``params_split_info_{rank}.json`` (written at stages >= 1).
+
+    Raises:
+        TypeError: ``optimizer`` is not an ``nn.Optimizer``.
+        ValueError: bad stage, groups, or optimizer states not shaped like their parameters.
+    """
+
+    def __init__(self, optimizer, zero_stage=0, optimizer_parallel_group=None, dp_group=None,
+                 optimizer_offload=False, comm_fusion=None, params_split_info="params_info"):
+        super().__init__(auto_prefix=False)
+        if not isinstance(optimizer, nn.Optimizer):
+            raise TypeError(
+                f"For 'ZeroHelper', the argument 'optimizer' must be a mindspore.nn.Optimizer, "
+                f"but got {type(optimizer).__name__}."
+            )
+        _check_stage(zero_stage, "ZeroHelper")
+        self.is_parallel = _is_distributed()
+        if zero_stage > 0 and not self.is_parallel:
+            _logger.warning("ZeRO stage %d needs ParallelMode.DATA_PARALLEL; falling back to stage 0.", zero_stage)
+            zero_stage = 0
+        self.zero_stage = zero_stage
+        self.optimizer = optimizer
+        self.op_group = optimizer_parallel_group or (world_group() if self.is_parallel else None)
+        self.dp_group = dp_group
+        self.op_size, self.op_rank = group_size_and_rank(self.op_group) if self.is_parallel else (1, 0)
+        self.dp_size = group_size_and_rank(dp_group)[0] if (self.is_parallel and dp_group) else 1
+        self.comm_plan = CommPlan()
+
+        self.params = ParameterTuple(list(optimizer._parameters))
+        self.specs = self._build_specs()
+        self.split = tuple(s.split for s in self.specs)
+        self.pads = tuple(s.pad for s in self.specs)
+        self.full_d0 = tuple(s.shape[0] if s.shape else 0 for s in self.specs)
+
+        if self.is_parallel:
+            self.op_comm = GroupComm(self.op_group)
+            self.world_comm = GroupComm(world_group())
+            self.dp_comm = GroupComm(dp_group) if self.dp_size > 1 else None
+        self.use_masters = zero_stage in (1, 2)
+        self.opt_params = self._shard_optimizer()
+        self.optimizer_offload = optimizer_offload
+        self.params_split_info = params_split_info
+        self.extra_split_entries = []
+        if zero_stage > 0:
+            self._dump_split_info(params_split_info)
+
+    # ----------------------------------------------------------------- build
+    def _build_specs(self) -> List[ShardSpec]:
+        specs = []
+        for p in self.params:
+            spec = getattr(p, "zero_spec", None)
+            if self.zero_stage == 3 and spec is not None:
+                specs.append(spec)
+                continue
+            split = self.zero_stage in (1, 2) and _wants_split(p) and self.op_size > 1
+            specs.append(ShardSpec(p.name, tuple(p.shape), self.op_size, self.op_rank, split))
+        return specs
+
+    def _shard_optimizer(self) -> ParameterTuple:
+        """Create master shards (stages 1-2), shard the optimizer states, re-point the optimizer."""
+        states = find_optimizer_states(self.optimizer, [s.shape for s in self.specs])
+        opt_params = []
+        for i, (p, spec) in enumerate(zip(self.params, self.specs)):
+            if self.use_masters and spec.split:
+                dtype = _master_dtype(p.dtype)
+                block = split_array(p.asnumpy(), spec.group_size, spec.rank)
+                opt_params.append(Parameter(Tensor(block, dtype), name=f"master.{p.name}", requires_grad=True))
+            else:
+                opt_params.append(p)
+            for values in states.values():
+                state = values[i]
+                if spec.split and tuple(state.shape) != spec.shard_shape:
+                    block = split_array(state.asnumpy(), spec.group_size, spec.rank)
+                    state.set_data(Tensor(block, _master_dtype(state.dtype)))
+        if self.use_masters:
+            repoint_optimizer(self.optimizer, opt_params)
+        self.opt_states = states
+        return ParameterTuple(opt_params)
+
+    def _dump_split_info(self, folder: str) -> None:
+        from .checkpoint_io import write_split_info  # file I/O lives with the checkpoint code
+
+        entries = list(self.specs)
+        for values in self.opt_states.values():
+            entries += [ShardSpec(v.name, s.shape, s.group_size, s.rank, s.split) for v, s in zip(values, self.specs)]
+        entries += self.extra_split_entries
+        write_split_info(entries, folder, self.op_rank)
+
+    def register_split_entries(self, specs: List[ShardSpec]) -> None:
+        """Add entries (EMA weights, say) to the split-info JSON and rewrite it (stages >= 1)."""
+        self.extra_split_entries = self.extra_split_entries + list(specs)
+        if self.zero_stage > 0:
+            self._dump_split_info(self.params_split_info)
+
+    # ------------------------------------------------------------- construct-time
+    def reduce_grads(self, grads):
+        """Mean of ``grads`` over every data-parallel rank, per [Note: gradient reduction].
+
+        Collective. Returns a tuple shaped like ``self.opt_params``.
+        """
+        if not self.is_parallel:
+            return grads
+        out = ()
+        for i in range(len(grads)):
+            g = grads[i]
+            if self.split[i]:
+                if self.zero_stage != 3:
+                    g = self.op_comm.reduce_scatter(pad_dim0(g, self.pads[i])) / self.op_size
+                    g = ops.cast(g, self.opt_params[i].dtype)
+            else:
+                g = self.op_comm.all_reduce_mean(g)
+            if self.dp_comm is not None:
+                g = self.dp_comm.all_reduce_mean(g)
+            out += (g,)
+        return out
+
+    def global_norm(self, grads):
+        """L2 norm of the full (unsharded) gradient, from the reduced ``grads``.
+
+        Sharded gradients' squared norms are summed over the optimizer group (padding rows
+        are zero); replicated ones are counted once. Every rank gets the same value. Collective.
+        """
+        local_split = ops.zeros((), ms.float32)
+        replicated = ops.zeros((), ms.float32)
+        for i in range(len(grads)):
+            sq = ops.reduce_sum(ops.square(ops.cast(grads[i], ms.float32)))
+            if self.split[i]:
+                local_split = local_split + sq
+            else:
+                replicated = replicated + sq
+        if self.is_parallel and self.zero_stage > 0:
+            local_split = self.op_comm.all_reduce(local_split)
+        return ops.sqrt(local_split + replicated)
+
+    def any_rank(self, flag):
+        """True on every rank if ``flag`` (a bool Tensor) is True on any rank. Collective."""
+        if not self.is_parallel:
+            return flag
+        return self.world_comm.all_reduce(ops.cast(flag, ms.float32)) > 0
+
+    def run_optimizer(self, grads):
+        """Optimizer step on the shards, then (stages 1-2) all-gather the new shards into the
+        network's parameters. Collective at stages 1-2."""
+        result = self.optimizer(grads)
+        if self.use_masters:
+            result = ops.depend(result, self.all_gather_params(result))
+        return result
+
+    def all_gather_params(self, after=None):
+        """Copy the updated master shards into the full network parameters (stages 1-2). Collective."""
+        done = ()
+        for i in range(len(self.params)):
+            if self.split[i]:
+                full = self.op_comm.all_gather(ops.depend(self.opt_params[i], after))
+                full = full[:self.full_d0[i]]
+                done += (ops.assign(self.params[i], ops.cast(full, self.params[i].dtype)),)
+        return done
+
+    # ---------------------------------------------------------- MindOne names
+    def cal_gradients(self, grads):
+        """MindOne's name for ``reduce_grads``."""
+        return self.reduce_grads(grads)
+
+    def split_params(self):
+        """MindOne compatibility: sharding already happened at construction."""
+        return None

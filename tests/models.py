@@ -1,0 +1,77 @@
+"""Tiny networks shared by the tests: uneven shapes on purpose (DESIGN §7).
+
+``TinyNet`` holds a Dense with 7 outputs, an Embedding with 11 rows, a LayerNorm, a Conv2d
+and a 0-d parameter; ``LossNet`` wraps it with softmax cross-entropy times a ``factor`` input
+that tests set to inf to inject an overflow.
+"""
+import numpy as np
+import mindspore as ms
+from mindspore import Parameter, Tensor, nn, ops
+
+VOCAB, SEQ, EMB, CLASSES = 11, 5, 6, 7
+GLOBAL_BATCH = 8
+
+
+class TinyNet(nn.Cell):
+    def __init__(self):
+        super().__init__()
+        self.embedding = nn.Embedding(VOCAB, EMB)
+        self.norm = nn.LayerNorm((EMB,))
+        self.conv = nn.Conv2d(1, 3, 3, pad_mode="same", has_bias=True)
+        self.head = nn.Dense(3 * SEQ * EMB, CLASSES)
+        self.temperature = Parameter(Tensor(1.0, ms.float32), name="temperature")
+
+    def construct(self, ids):
+        x = self.norm(self.embedding(ids))
+        x = self.conv(x.reshape(x.shape[0], 1, SEQ, EMB))
+        return self.head(x.reshape(x.shape[0], -1)) * self.temperature
+
+
+class LossNet(nn.Cell):
+    def __init__(self, net):
+        super().__init__()
+        self.net = net
+        self.ce = nn.SoftmaxCrossEntropyWithLogits(sparse=True, reduction="mean")
+
+    def construct(self, ids, labels, factor):
+        return self.ce(self.net(ids), labels) * factor
+
+
+def init_weights(net, seed=0):
+    """Deterministic weights by parameter order (the same on every rank and process)."""
+    rng = np.random.default_rng(seed)
+    for p in net.get_parameters():
+        value = rng.standard_normal(p.shape).astype(np.float32) * 0.5
+        if p.name.endswith("temperature"):
+            value = np.array(1.0, np.float32)
+        p.set_data(Tensor(value, p.dtype))
+    return net
+
+
+def global_batch(step, seed=1):
+    """(ids, labels) of the global batch of ``step``."""
+    rng = np.random.default_rng(seed * 1000 + step)
+    ids = rng.integers(0, VOCAB, size=(GLOBAL_BATCH, SEQ)).astype(np.int32)
+    labels = rng.integers(0, CLASSES, size=(GLOBAL_BATCH,)).astype(np.int32)
+    return ids, labels
+
+
+def micro_batch(step, rank, world, micro, accum):
+    """This rank's ``micro``-th micro-batch of the global batch of ``step``."""
+    ids, labels = global_batch(step)
+    chunks = world * accum
+    size = GLOBAL_BATCH // chunks
+    k = rank * accum + micro
+    return ids[k * size:(k + 1) * size], labels[k * size:(k + 1) * size]
+
+
+def make_optimizer(params, name="adam", lr=0.01):
+    if name == "adamw":
+        return nn.AdamWeightDecay(params, learning_rate=lr, weight_decay=0.01)
+    if name == "adam":
+        return nn.Adam(params, learning_rate=lr, weight_decay=0.01)
+    if name == "momentum":
+        return nn.Momentum(params, learning_rate=lr, momentum=0.9)
+    if name == "sgd":
+        return nn.SGD(params, learning_rate=lr)
+    raise ValueError(name)
