@@ -138,7 +138,8 @@ class ZeroHelper(nn.Cell):
 
     def _shard_optimizer(self) -> ParameterTuple:
         """Create master shards (stages 1-2), shard the optimizer states, re-point the optimizer."""
-        states = find_optimizer_states(self.optimizer, [s.shape for s in self.specs])
+        # Nothing is sharded at stage 0 (or on one rank), so any optimizer works there.
+        states = find_optimizer_states(self.optimizer, [s.shape for s in self.specs]) if any(self.split) else {}
         opt_params = []
         for i, (p, spec) in enumerate(zip(self.params, self.specs)):
             if self.use_masters and spec.split:

@@ -20,6 +20,7 @@ sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", ".."))
 from models import LossNet, TinyNet, init_weights, make_optimizer, micro_batch  # noqa: E402
 
 from mindone_zero import prepare_train_network  # noqa: E402
+from mindone_zero.optimizer_states import find_optimizer_states  # noqa: E402
 
 CLIP_NORM = 2.0
 
@@ -51,7 +52,9 @@ def run_case(case, out, rank, world):
         spec = getattr(p, "zero_spec", None)
         specs[p.name] = {"split": bool(spec.split), "shape": list(spec.shape)} if spec is not None else None
     helper = train.zero_helper
-    state_bytes = sum(v.nbytes for values in helper.opt_states.values() for v in values)
+    # Stage 0 shards nothing, so the helper found no states; find them the same way it does.
+    states = helper.opt_states or find_optimizer_states(train.optimizer, [s.shape for s in helper.specs])
+    state_bytes = sum(v.nbytes for values in states.values() for v in values)
     master_bytes = sum(p.nbytes for p, q in zip(helper.opt_params, helper.params) if p is not q)
     np.savez(os.path.join(out, f"{case['name']}_rank{rank}.npz"), losses=np.array(losses),
              overflows=np.array(overflows), scales=np.array(scales), final_scale=float(train.scale_sense.asnumpy()),
