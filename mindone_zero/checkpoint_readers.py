@@ -1,0 +1,264 @@
+"""Lazy, one-tensor-at-a-time readers of MindSpore checkpoint files (``.ckpt``, ``.safetensors``).
+
+The offline combine (``checkpoint_io.convert_checkpoints``) must not hold all rank files in
+memory at once. Each reader indexes names, shapes and dtypes when it is opened, reading
+headers only, and ``read(name)`` loads that one tensor. Not collective; no MindSpore context
+is needed.
+
+[Note: ckpt layout]
+A MindSpore ``.ckpt`` file is the protobuf message ``Checkpoint`` of
+``mindspore/train/checkpoint.proto``: a run of top-level field-1 records, each a
+``Value {1: tag (string); 2: tensor (TensorProto {1: dims, 2: tensor_type, 3: tensor_content});
+3: maptensor}``. ``save_checkpoint`` writes one record per tensor and cuts tensors larger than
+512 MB into consecutive records with the same tag; a file saved with ``crc_check=True`` ends
+with ``b"crc_num"`` and 10 bytes of CRC. MindSpore 2.10 offers no lazy reader for this format:
+``load_checkpoint`` reads and parses the whole file even with ``choice_func`` (so one call per
+tensor costs the file's size in memory and the file's parse time per tensor), and
+``ckpt_to_safetensors`` also loads the whole file. ``CkptFile`` therefore walks the record
+headers with seeks, decoding protobuf's wire format for these three small messages only, and
+reads a tensor's bytes straight into a numpy buffer. Encrypted files and MapParameters are not
+supported and are reported as unreadable.
+"""
+import os
+from typing import Dict, List, NamedTuple, Tuple, Union
+
+import mindspore  # noqa: F401  (registers numpy's bfloat16)
+import numpy as np
+
+__all__ = ["FORMATS", "TensorInfo", "format_of_path", "open_checkpoint", "CkptFile", "SafetensorsFile"]
+
+FORMATS = ("ckpt", "safetensors")
+
+_CKPT_DTYPES = {
+    "Bool": np.bool_, "Int8": np.int8, "UInt8": np.uint8, "Int16": np.int16, "UInt16": np.uint16,
+    "Int32": np.int32, "UInt32": np.uint32, "Int64": np.int64, "UInt64": np.uint64,
+    "Float16": np.float16, "Float32": np.float32, "Float64": np.float64,
+    # Importing mindspore registers its numpy bfloat16 type under this name.
+    "BFloat16": np.dtype("bfloat16"),
+}
+_CRC_TRAILER = 17  # b"crc_num" + 10 bytes
+
+
+class TensorInfo(NamedTuple):
+    """Shape and dtype of one stored tensor; ``dtype`` is the file format's own type name."""
+
+    shape: Tuple[int, ...]
+    dtype: str
+
+
+def format_of_path(path: str) -> str:
+    """``"safetensors"`` for a ``.safetensors`` path, else ``"ckpt"`` (MindSpore's default)."""
+    return "safetensors" if str(path).endswith(".safetensors") else "ckpt"
+
+
+class _Corrupt(Exception):
+    pass
+
+
+def _varint(f) -> int:
+    result = shift = 0
+    while True:
+        byte = f.read(1)
+        if not byte:
+            raise _Corrupt("the file ends inside a field header")
+        result |= (byte[0] & 0x7F) << shift
+        if byte[0] < 0x80:
+            return result
+        shift += 7
+        if shift > 63:
+            raise _Corrupt("a varint is longer than 10 bytes")
+
+
+def _length(f, end: int) -> int:
+    n = _varint(f)
+    if f.tell() + n > end:
+        raise _Corrupt(f"a field of {n} bytes at offset {f.tell()} runs past its end at {end}")
+    return n
+
+
+def _skip(f, wire: int, end: int) -> None:
+    if wire == 0:
+        _varint(f)
+    elif wire in (1, 5):
+        f.seek(8 if wire == 1 else 4, os.SEEK_CUR)
+    elif wire == 2:
+        f.seek(_length(f, end), os.SEEK_CUR)
+    else:
+        raise _Corrupt(f"unknown protobuf wire type {wire} at offset {f.tell()}")
+
+
+def _tensor_header(f, end: int) -> Tuple[List[int], str, Tuple[int, int]]:
+    """Fields of a TensorProto ending at ``end``: dims, type name, (content offset, length)."""
+    dims, dtype, content = [], None, None
+    while f.tell() < end:
+        key = _varint(f)
+        field, wire = key >> 3, key & 7
+        if field == 1 and wire == 0:
+            dims.append(_varint(f))
+        elif field == 1 and wire == 2:  # packed dims
+            n = _length(f, end)
+            stop = f.tell() + n
+            while f.tell() < stop:
+                dims.append(_varint(f))
+        elif field == 2 and wire == 2:
+            dtype = f.read(_length(f, end)).decode("utf-8", "replace")
+        elif field == 3 and wire == 2:
+            n = _length(f, end)
+            content = (f.tell(), n)
+            f.seek(n, os.SEEK_CUR)
+        else:
+            _skip(f, wire, end)
+    if f.tell() != end or dtype is None or content is None:
+        raise _Corrupt(f"a tensor record ending at offset {end} is incomplete")
+    return dims, dtype, content
+
+
+def _value_record(f, end: int):
+    """(tag, tensor header) of one ``Checkpoint.Value`` ending at ``end``."""
+    tag, tensor = None, None
+    while f.tell() < end:
+        key = _varint(f)
+        field, wire = key >> 3, key & 7
+        if field == 1 and wire == 2:
+            tag = f.read(_length(f, end)).decode("utf-8", "replace")
+        elif field == 2 and wire == 2:
+            n = _length(f, end)
+            tensor = _tensor_header(f, f.tell() + n)
+        elif field == 3:
+            raise _Corrupt(f"the record {tag!r} holds a MapParameter, which is not supported")
+        else:
+            _skip(f, wire, end)
+    if f.tell() != end or tag is None or tensor is None:
+        raise _Corrupt(f"the record ending at offset {end} has no name or no tensor")
+    return tag, tensor
+
+
+class CkptFile:
+    """Index of a ``.ckpt`` file; ``read(name)`` loads one tensor. See [Note: ckpt layout].
+
+    Args:
+        path: the file.
+        caller: function name used in error messages.
+
+    Raises:
+        ValueError: if the file is truncated, corrupted, encrypted, or holds an unsupported type.
+    """
+
+    format = "ckpt"
+
+    def __init__(self, path: str, caller: str = "open_checkpoint"):
+        self.path = path
+        self.infos: Dict[str, TensorInfo] = {}
+        self._chunks: Dict[str, List[Tuple[int, int]]] = {}
+        try:
+            self._index()
+        except _Corrupt as err:
+            raise ValueError(
+                f"For '{caller}',"
+                f" the checkpoint file '{path}' is truncated or corrupted: {err}."
+            ) from None
+
+    def _index(self) -> None:
+        size = os.path.getsize(self.path)
+        with open(self.path, "rb") as f:
+            end = size
+            if size >= _CRC_TRAILER:
+                f.seek(size - _CRC_TRAILER)
+                end = size - _CRC_TRAILER if f.read(7) == b"crc_num" else size
+            f.seek(0)
+            last = None
+            while f.tell() < end:
+                if _varint(f) != 0x0A:  # field 1, length-delimited
+                    raise _Corrupt(f"offset {f.tell()} does not start a checkpoint record")
+                n = _varint(f)
+                stop = f.tell() + n
+                if stop > end:
+                    raise _Corrupt(f"the record at offset {f.tell()} needs {stop - end} more bytes than the file has")
+                tag, (dims, dtype, chunk) = _value_record(f, stop)
+                if tag != last and tag in self._chunks:
+                    raise _Corrupt(f"the name {tag!r} appears twice")
+                self._chunks.setdefault(tag, []).append(chunk)
+                self.infos[tag] = TensorInfo(tuple(dims), dtype)
+                last = tag
+        for name, info in self.infos.items():
+            self._check_size(name, info)
+
+    def _check_size(self, name: str, info: TensorInfo) -> None:
+        if info.dtype == "str":
+            return
+        if info.dtype not in _CKPT_DTYPES:
+            raise _Corrupt(f"the tensor {name!r} has the unsupported type {info.dtype!r}")
+        shape = () if info.shape == (0,) else info.shape  # MindSpore's loader reads dims [0] as 0-d
+        self.infos[name] = TensorInfo(shape, info.dtype)
+        nbytes = int(np.prod(shape, dtype=np.int64)) * np.dtype(_CKPT_DTYPES[info.dtype]).itemsize
+        stored = sum(n for _, n in self._chunks[name])
+        if stored != nbytes:
+            raise _Corrupt(f"the tensor {name!r} of shape {shape} holds {stored} bytes instead of {nbytes}")
+
+    def read(self, name: str) -> Union[np.ndarray, str]:
+        """The tensor ``name`` as a new numpy array (a ``str`` for string entries)."""
+        chunks = self._chunks[name]
+        buf = np.empty(sum(n for _, n in chunks), dtype=np.uint8)
+        view, pos = memoryview(buf), 0
+        with open(self.path, "rb") as f:
+            for offset, n in chunks:
+                f.seek(offset)
+                if f.readinto(view[pos:pos + n]) != n:
+                    raise ValueError(f"The checkpoint file '{self.path}' was truncated while reading {name!r}.")
+                pos += n
+        info = self.infos[name]
+        if info.dtype == "str":
+            return str(np.frombuffer(buf.tobytes(), dtype=f"U{len(buf) // 4}")[0]) if len(buf) else ""
+        return buf.view(_CKPT_DTYPES[info.dtype]).reshape(info.shape)
+
+
+class SafetensorsFile:
+    """Index of a ``.safetensors`` file; ``read(name)`` loads one tensor.
+
+    The file is opened (memory-mapped by ``safetensors``) only for the duration of each call:
+    pages of a mapping that stays open count towards the process's resident memory, which
+    would grow to the size of every rank file read so far.
+
+    Args:
+        path: the file.
+        caller: function name used in error messages.
+
+    Raises:
+        ValueError: if ``safetensors`` cannot parse the file (truncated, corrupted).
+    """
+
+    format = "safetensors"
+
+    def __init__(self, path: str, caller: str = "open_checkpoint"):
+        from safetensors import safe_open
+
+        self.path = path
+        self._open = safe_open
+        try:
+            with safe_open(path, framework="np") as f:
+                self.infos = {}
+                for name in f.keys():
+                    tensor = f.get_slice(name)
+                    self.infos[name] = TensorInfo(tuple(tensor.get_shape()), tensor.get_dtype())
+        except Exception as err:  # safetensors raises its own SafetensorsError and OSError
+            raise ValueError(
+                f"For '{caller}',"
+                f" the checkpoint file '{path}' is truncated or corrupted: {err}."
+            ) from None
+
+    def read(self, name: str) -> np.ndarray:
+        """The tensor ``name`` as a numpy array."""
+        with self._open(self.path, framework="np") as f:
+            return f.get_tensor(name)
+
+
+def open_checkpoint(path: str, caller: str = "open_checkpoint"):
+    """A ``CkptFile`` or ``SafetensorsFile`` for ``path``, chosen by its extension.
+
+    Raises:
+        FileNotFoundError: if ``path`` does not exist.
+        ValueError: if the file cannot be parsed.
+    """
+    if not os.path.isfile(path):
+        raise FileNotFoundError(f"For '{caller}', the checkpoint file '{path}' does not exist.")
+    return SafetensorsFile(path, caller) if format_of_path(path) == "safetensors" else CkptFile(path, caller)
