@@ -1,4 +1,5 @@
 """mindone_zero: MindSpore-native ZeRO with MindOne's API (``mindone.trainers.zero``)."""
+from .checkpoint_io import convert_checkpoints
 from .ema import EMA
 from .prepare import prepare_ema, prepare_network, prepare_train_network
 from .train_step import TrainOneStepWrapper
@@ -11,4 +12,5 @@ __all__ = [
     "ZeroHelper",
     "TrainOneStepWrapper",
     "EMA",
+    "convert_checkpoints",
 ]

@@ -13,18 +13,26 @@ GLOBAL_BATCH = 8
 
 
 class TinyNet(nn.Cell):
-    def __init__(self):
+    """``with_scalar=False`` drops the 0-d parameter: MindSpore's CPU AdamWeightDecay kernel
+    rejects 0-d parameters, whatever the wrapper."""
+
+    def __init__(self, with_scalar=True):
         super().__init__()
         self.embedding = nn.Embedding(VOCAB, EMB)
         self.norm = nn.LayerNorm((EMB,))
         self.conv = nn.Conv2d(1, 3, 3, pad_mode="same", has_bias=True)
         self.head = nn.Dense(3 * SEQ * EMB, CLASSES)
-        self.temperature = Parameter(Tensor(1.0, ms.float32), name="temperature")
+        self.with_scalar = with_scalar
+        if with_scalar:
+            self.temperature = Parameter(Tensor(1.0, ms.float32), name="temperature")
 
     def construct(self, ids):
         x = self.norm(self.embedding(ids))
         x = self.conv(x.reshape(x.shape[0], 1, SEQ, EMB))
-        return self.head(x.reshape(x.shape[0], -1)) * self.temperature
+        logits = self.head(x.reshape(x.shape[0], -1))
+        if self.with_scalar:
+            logits = logits * self.temperature
+        return logits
 
 
 class LossNet(nn.Cell):
@@ -75,3 +83,21 @@ def make_optimizer(params, name="adam", lr=0.01):
     if name == "sgd":
         return nn.SGD(params, learning_rate=lr)
     raise ValueError(name)
+
+
+class FactoredOptimizer(nn.Optimizer):
+    """Keeps one row statistic per parameter (like Adafactor): states not shaped like the
+    parameters, which ZeRO must refuse to shard."""
+
+    def __init__(self, params, learning_rate=0.01):
+        super().__init__(learning_rate, params)
+        self.row_stats = ms.ParameterTuple([
+            Parameter(Tensor(np.zeros(p.shape[:1] + (1,) * max(len(p.shape) - 1, 0), np.float32)), name="row." + p.name)
+            for p in self._parameters
+        ])
+
+    def construct(self, gradients):
+        lr = self.get_lr()
+        for i in range(len(gradients)):
+            ops.assign_sub(self._parameters[i], gradients[i] * lr)
+        return True

@@ -13,15 +13,15 @@ WORKERS = Path(__file__).resolve().parent / "workers"
 REPO = WORKERS.parents[2]
 
 
-def reference(out_dir: Path, steps: int, clip: bool, optimizer: str, skipped=()) -> dict:
+def reference(out_dir: Path, steps: int, clip: bool, optimizer: str, skipped=(), net: str = "full") -> dict:
     """Single-process whole-batch training (tests/dist/workers/reference.py), cached per args."""
-    key = f"ref_{steps}_{int(clip)}_{optimizer}_{'-'.join(map(str, skipped))}"
+    key = f"ref_{steps}_{int(clip)}_{optimizer}_{'-'.join(map(str, skipped))}_{net}"
     path = Path(out_dir) / f"{key}.npz"
     if not path.exists():
         env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(REPO), str(REPO / "tests")]), GLOG_v="3")
         subprocess.run(
             [sys.executable, str(WORKERS / "reference.py"), str(path), str(steps), "1" if clip else "0", optimizer,
-             ",".join(map(str, skipped))],
+             ",".join(map(str, skipped)), net],
             check=True, env=env, cwd=str(out_dir), capture_output=True, timeout=300,
         )
     data = np.load(path)

@@ -14,12 +14,12 @@ import sys
 import numpy as np
 import mindspore as ms
 from mindspore import Tensor, nn
-from mindspore.communication import get_group_size, get_rank, init
+from mindspore.communication import create_group, get_group_size, get_rank, init
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", ".."))
-from models import LossNet, TinyNet, init_weights, make_optimizer, micro_batch  # noqa: E402
+from models import FactoredOptimizer, LossNet, TinyNet, init_weights, make_optimizer, micro_batch  # noqa: E402
 
-from mindone_zero import prepare_train_network  # noqa: E402
+from mindone_zero import ZeroHelper, prepare_train_network  # noqa: E402
 from mindone_zero.optimizer_states import find_optimizer_states  # noqa: E402
 
 CLIP_NORM = 2.0
@@ -27,7 +27,7 @@ CLIP_NORM = 2.0
 
 def run_case(case, out, rank, world):
     ms.set_context(mode=ms.GRAPH_MODE if case["mode"] == "graph" else ms.PYNATIVE_MODE)
-    net = init_weights(TinyNet())
+    net = init_weights(TinyNet(with_scalar=case.get("net", "full") == "full"))
     loss_net = LossNet(net)
     opt = make_optimizer(net.trainable_params(), case.get("optimizer", "adam"))
     scale = nn.DynamicLossScaleUpdateCell(2.0 ** 10, 2, 1000) if case.get("dynamic_scale") else 1.0
@@ -64,6 +64,29 @@ def run_case(case, out, rank, world):
                    "split": [bool(s) for s in helper.split]}, f)
 
 
+def _error_of(fn):
+    try:
+        fn()
+    except (TypeError, ValueError) as e:
+        return f"{type(e).__name__}: {e}"
+    return None
+
+
+def run_error_checks(out, rank, world):
+    """Build-time errors that need a distributed job; writes errors_rank{r}.json."""
+    create_group("zero_sub", list(range(world)))  # all ranks, but not the world group by name
+    net = LossNet(init_weights(TinyNet()))
+    results = {
+        "no_dp_group": _error_of(lambda: prepare_train_network(
+            net, make_optimizer(net.trainable_params()), zero_stage=1, optimizer_parallel_group="zero_sub")),
+        "factored_stage1": _error_of(lambda: ZeroHelper(FactoredOptimizer(net.trainable_params()), zero_stage=1,
+                                                         params_split_info=os.path.join(out, "errors_info"))),
+        "factored_stage0": _error_of(lambda: ZeroHelper(FactoredOptimizer(net.trainable_params()), zero_stage=0)),
+    }
+    with open(os.path.join(out, f"errors_rank{rank}.json"), "w") as f:
+        json.dump(results, f)
+
+
 def main():
     parser = argparse.ArgumentParser()
     parser.add_argument("--out", required=True)
@@ -73,6 +96,7 @@ def main():
     init()
     ms.set_auto_parallel_context(parallel_mode=ms.ParallelMode.DATA_PARALLEL, gradients_mean=True)
     rank, world = get_rank(), get_group_size()
+    run_error_checks(args.out, rank, world)
     for case in json.loads(args.cases):
         run_case(case, args.out, rank, world)
         print(f"rank {rank}: case {case['name']} done", flush=True)

@@ -2,7 +2,7 @@
 
 The reference for parity: plain ``ms.value_and_grad`` + clipping by the global norm + the
 optimizer, sharing none of mindone_zero's code.
-Usage: reference.py OUT.npz STEPS CLIP(0|1) OPTIMIZER [SKIPPED_STEPS, comma separated]
+Usage: reference.py OUT.npz STEPS CLIP(0|1) OPTIMIZER [SKIPPED_STEPS, comma separated] [NET: full|noscalar]
 A skipped step trains on nothing (what a dropped overflow step must amount to).
 """
 import os
@@ -18,10 +18,10 @@ from models import LossNet, TinyNet, global_batch, init_weights, make_optimizer 
 CLIP_NORM = 2.0
 
 
-def main(out, steps, clip, opt_name, skipped=()):
+def main(out, steps, clip, opt_name, skipped=(), net_kind="full"):
     ms.set_device("CPU")
     ms.set_context(mode=ms.PYNATIVE_MODE)
-    net = init_weights(TinyNet())
+    net = init_weights(TinyNet(with_scalar=net_kind == "full"))
     loss_net = LossNet(net)
     weights = net.trainable_params()
     opt = make_optimizer(weights, opt_name)
@@ -44,4 +44,4 @@ def main(out, steps, clip, opt_name, skipped=()):
 
 if __name__ == "__main__":
     skip = tuple(int(x) for x in sys.argv[5].split(",")) if len(sys.argv) > 5 and sys.argv[5] else ()
-    main(sys.argv[1], int(sys.argv[2]), sys.argv[3] == "1", sys.argv[4], skip)
+    main(sys.argv[1], int(sys.argv[2]), sys.argv[3] == "1", sys.argv[4], skip, sys.argv[6] if len(sys.argv) > 6 else "full")
