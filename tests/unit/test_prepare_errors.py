@@ -1,0 +1,119 @@
+"""Bad input to the entry points raises before any work, naming the argument and the value.
+
+One process, no communication: outside ParallelMode.DATA_PARALLEL a stage > 0 falls back to 0.
+"""
+import logging
+import os
+
+import numpy as np
+import pytest
+import mindspore as ms
+from mindspore import Tensor, nn
+
+from models import FactoredOptimizer, LossNet, TinyNet, init_weights, make_optimizer
+from mindone_zero import EMA, ZeroHelper, prepare_ema, prepare_network, prepare_train_network
+from mindone_zero.optimizer_states import find_optimizer_states
+
+ms.set_device("CPU")
+
+
+@pytest.fixture
+def net():
+    return LossNet(init_weights(TinyNet()))
+
+
+@pytest.fixture
+def opt(net):
+    return make_optimizer(net.trainable_params())
+
+
+@pytest.mark.parametrize("kwargs, exc, words", [
+    (dict(zero_stage=5), ValueError, ["'zero_stage'", "[0, 1, 2, 3]", "5"]),
+    (dict(zero_stage=True), ValueError, ["'zero_stage'", "True"]),
+    (dict(clip_norm=0.0, clip_grad=True), ValueError, ["'clip_norm'", "0.0"]),
+    (dict(clip_norm=-1.0), ValueError, ["'clip_norm'", "-1.0"]),
+    (dict(gradient_accumulation_steps=0), ValueError, ["'gradient_accumulation_steps'", "0"]),
+    (dict(gradient_accumulation_steps=1.5), ValueError, ["'gradient_accumulation_steps'", "1.5"]),
+    (dict(clip_grad="yes"), TypeError, ["'clip_grad'", "yes"]),
+    (dict(scale_sense=-2.0), ValueError, ["'scale_sense'", "-2.0"]),
+    (dict(scale_sense=Tensor(np.ones(3, np.float32))), ValueError, ["'scale_sense'", "(3,)"]),
+    (dict(ema="ema"), TypeError, ["'ema'", "str"]),
+])
+def test_prepare_train_network_rejects(net, opt, kwargs, exc, words, tmp_path):
+    kwargs.setdefault("params_split_info", str(tmp_path / "info"))
+    with pytest.raises(exc) as info:
+        prepare_train_network(net, opt, **kwargs)
+    for word in words:
+        assert word in str(info.value)
+    assert not (tmp_path / "info").exists()  # raised before any work
+
+
+def test_optimizer_must_be_an_optimizer(net):
+    with pytest.raises(TypeError, match="'optimizer' must be a mindspore.nn.Optimizer, but got dict"):
+        prepare_train_network(net, {"lr": 0.1})
+    with pytest.raises(TypeError, match="'optimizer'.*but got list"):
+        ZeroHelper([1, 2])
+
+
+def test_network_must_be_a_cell(opt):
+    with pytest.raises(TypeError, match="'network' must be a Cell, but got function"):
+        prepare_train_network(lambda x: x, opt)
+    with pytest.raises(TypeError, match="'network' must be a Cell"):
+        prepare_network("net", zero_stage=3)
+
+
+def test_prepare_ema_and_network_check_stage(net):
+    with pytest.raises(ValueError, match="'zero_stage' must be one of \\[0, 1, 2, 3\\], but got 4"):
+        prepare_ema(EMA(net), zero_stage=4)
+    with pytest.raises(ValueError, match="'zero_stage'.*-1"):
+        prepare_network(net, zero_stage=-1)
+    with pytest.raises(TypeError, match="'ema' must be an EMA"):
+        prepare_ema(object())
+
+
+@pytest.mark.parametrize("decay", [0.0, 1.0, 1.5])
+def test_ema_decay_range(net, decay):
+    with pytest.raises(ValueError, match=f"'ema_decay' must be in \\(0, 1\\), but got {decay}"):
+        EMA(net, ema_decay=decay)
+
+
+def test_stage_falls_back_to_zero_outside_data_parallel(net, opt, caplog, tmp_path):
+    with caplog.at_level(logging.WARNING, logger="mindone_zero.zero_helper"):
+        train = prepare_train_network(net, opt, zero_stage=2, params_split_info=str(tmp_path / "info"))
+    assert train.zero_helper.zero_stage == 0
+    assert "falling back to stage 0" in caplog.text
+    assert not os.path.exists(tmp_path / "info")  # stage 0 writes no split info
+    loss, overflow, scale = train(*_batch())
+    assert np.isfinite(loss.asnumpy()) and not overflow.asnumpy() and float(scale.asnumpy()) == 1.0
+
+
+def test_factored_optimizer_states_are_refused(net):
+    opt = FactoredOptimizer(net.trainable_params())
+    shapes = [tuple(p.shape) for p in net.trainable_params()]
+    with pytest.raises(ValueError) as info:
+        find_optimizer_states(opt, shapes)
+    assert "row.net.embedding.embedding_table" in str(info.value) and "(11, 1)" in str(info.value)
+
+
+def test_unknown_optimizer_parameter_is_refused(net):
+    opt = make_optimizer(net.trainable_params())
+    opt.extra_state = ms.Parameter(Tensor(np.zeros((3, 3), np.float32)), name="extra_state")
+    with pytest.raises(ValueError, match="'extra_state' of shape \\(3, 3\\)"):
+        find_optimizer_states(opt, [tuple(p.shape) for p in net.trainable_params()])
+
+
+def test_known_optimizers_states_are_found(net):
+    shapes = [tuple(p.shape) for p in net.trainable_params()]
+    expected = {"adam": {"moment1", "moment2"}, "momentum": {"moments"}, "sgd": {"accum", "stat"}}
+    for name, attrs in expected.items():
+        states = find_optimizer_states(make_optimizer(net.trainable_params(), name), shapes)
+        assert set(states) == attrs, name
+    adamw = nn.AdamWeightDecay(net.trainable_params(), learning_rate=0.1)
+    assert set(find_optimizer_states(adamw, shapes)) == {"moments1", "moments2"}
+
+
+def _batch():
+    rng = np.random.default_rng(0)
+    ids = Tensor(rng.integers(0, 11, size=(2, 5)).astype(np.int32))
+    labels = Tensor(rng.integers(0, 7, size=(2,)).astype(np.int32))
+    return ids, labels, Tensor(1.0, ms.float32)
