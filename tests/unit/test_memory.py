@@ -11,6 +11,7 @@ import yaml
 from conftest import ROOT
 from mindone_zero.memory import estimate_model_states_memory
 from tools.estimate_memory import count_params_from_config, format_gb, transformer_lm_params
+from tools.estimate_memory import main as estimate_memory_main
 
 # ZeRO paper (Rajbhandari et al., 2020), Table 1: GB per device for stages 0 / 1 / 2 / 3,
 # printed to 3 significant digits; 1 GB = 1e9 bytes.
@@ -128,12 +129,12 @@ def test_cli_prints_paper_row_for_7_5b_on_64():
     assert [int(r.split("|")[2]) for r in rows] == [120_000_000_000, 31_406_250_000, 16_640_625_000, 1_875_000_000]
 
 
-def test_cli_reads_config(tmp_path):
+def test_cli_reads_config(tmp_path, capsys):
     cfg = tmp_path / "lm.yaml"
     cfg.write_text(yaml.safe_dump({"model": dict(vocab_size=11, d_model=4, n_layers=2, d_ff=8, max_len=6)}))
-    proc = _cli("--config", str(cfg), "--world-size", "2")
-    assert proc.returncode == 0, proc.stderr
-    assert "475 parameters" in proc.stdout and "| 7600 |" in proc.stdout  # 16 bytes * 475 at stage 0
+    assert estimate_memory_main(["--config", str(cfg), "--world-size", "2"]) == 0
+    stdout = capsys.readouterr().out
+    assert "475 parameters" in stdout and "| 7600 |" in stdout  # 16 bytes * 475 at stage 0
 
 
 @pytest.mark.parametrize(
@@ -142,8 +143,12 @@ def test_cli_reads_config(tmp_path):
         (("--params", "7.5e9", "--world-size", "0"), "the argument 'world_size' must be a finite integer > 0, but got 0."),
         (("--params", "-3", "--world-size", "2"), "the argument 'num_params' must be a finite number >= 0, but got -3.0."),
         (("--config", "/nonexistent/x.yaml", "--world-size", "2"), "No such file"),
+        (("--world-size", "2"), "one of the arguments --params --config is required"),
     ],
 )
-def test_cli_errors_exit_2_with_message(args, fragment):
-    proc = _cli(*args)
-    assert proc.returncode == 2 and fragment in proc.stderr, proc.stderr
+def test_cli_errors_exit_2_with_message(args, fragment, capsys):
+    # In-process: each subprocess pays MindSpore's import (the package's __init__) once more.
+    with pytest.raises(SystemExit) as exc:
+        estimate_memory_main(list(args))
+    captured = capsys.readouterr()
+    assert exc.value.code == 2 and fragment in captured.err and captured.out == "", captured.err
