@@ -3,15 +3,19 @@ import re
 import subprocess
 import sys
 from decimal import Decimal
+from pathlib import Path
 
 import numpy as np
 import pytest
 import yaml
 
-from conftest import ROOT
 from mindone_zero.memory import estimate_model_states_memory
 from tools.estimate_memory import count_params_from_config, format_gb, transformer_lm_params
 from tools.estimate_memory import main as estimate_memory_main
+
+# Not `from conftest import ROOT`: with tests/dist/conftest.py also present, which module is
+# `conftest` depends on collection order.
+ROOT = Path(__file__).resolve().parents[2]
 
 # ZeRO paper (Rajbhandari et al., 2020), Table 1: GB per device for stages 0 / 1 / 2 / 3,
 # printed to 3 significant digits; 1 GB = 1e9 bytes.
