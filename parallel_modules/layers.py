@@ -1,0 +1,272 @@
+"""ZeRO-3 Cells for the common layers, and ``PARALLEL_MODULES`` mapping originals to them.
+
+Each ZeRO-3 Cell is built from an existing layer (``Dense(net)``) and takes over its Parameters:
+the same Parameter objects under the same attribute names (``weight``/``bias``, or
+``embedding_table`` for ``nn.Embedding``), so parameter names, and therefore checkpoints, are the
+same before and after wrapping. Its ``construct`` gathers every parameter through a
+``ZeroParamWrapper`` (attribute ``<name>_zero_gather``) and computes what the original layer
+computes. Child Cells of the original (``nn.Dense``'s activation) are kept as children.
+
+The constructor signature follows MindOne's ``mindone.models.modules.parallel`` Cells:
+``Cls(net, zero_stage=3, op_group=None, cell_type=None)``; ``cell_type`` is the compute dtype
+(None: taken from ``net.to_float(...)``, else the parameter dtype). ``to_float`` flags of
+``net`` are copied onto the new Cell (not onto its gather wrappers, which cast explicitly), so
+inputs are cast as before. Building one shards its parameters in place (``shard_parameter``);
+calling it is collective over ``op_group``.
+
+mint Conv and Embedding kernels do not exist on MindSpore's CPU backend (2.10); their ZeRO-3
+Cells are built and checked structurally there and run on Ascend/GPU.
+"""
+from typing import Optional
+
+from mindspore import mint, nn, ops
+
+from .param_wrapper import ZeroParamWrapper, compute_dtype_of, gather_attr_name, shard_parameter
+
+__all__ = ["Dense", "Linear", "Conv1d", "Conv2d", "Conv3d", "Embedding", "ZeroCell", "PARALLEL_MODULES"]
+
+
+class ZeroCell(nn.Cell):
+    """Base of the ZeRO-3 layer Cells: takes over ``net``'s parameters and child Cells.
+
+    Subclasses list the originals they accept, the config attributes and child Cells they copy,
+    and the parameter attributes they gather. ``shard_network`` does not rewrite the ``construct``
+    of a ZeroCell: it gathers its parameters itself.
+    """
+
+    zero3_gathers_itself = True
+    accepts = ()
+    copy_attrs = ()
+    child_cells = ()
+    param_attrs = ("weight", "bias")
+
+    def __init__(self, net: nn.Cell, zero_stage: int = 3, op_group: Optional[str] = None, cell_type=None):
+        # auto_prefix=False: taking over child Cells must not rename their parameters.
+        super().__init__(auto_prefix=False)
+        name = type(self).__name__
+        if not isinstance(net, self.accepts):
+            accepted = [f"{c.__module__}.{c.__name__}" for c in self.accepts]
+            raise TypeError(f"For '{name}', the argument 'net' must be one of {accepted}, but got {type(net)}.")
+        if zero_stage != 3:
+            raise ValueError(f"For '{name}', the argument 'zero_stage' must be 3, but got {zero_stage!r}.")
+        copy_attrs, param_attrs = self._layout(net)
+        extra = sorted(set(net._params) - set(param_attrs)) + sorted(set(net._cells) - set(self.child_cells))
+        if extra:
+            raise ValueError(f"For '{name}', the argument 'net' holds attributes {extra} that {name} would drop.")
+        self.add_flags(**{k: v for k, v in net.get_flags().items() if k in ("fp16", "fp32", "bf16")})
+        cell_type = compute_dtype_of(net) if cell_type is None else cell_type
+        for attr in copy_attrs:
+            setattr(self, attr, getattr(net, attr))
+        for attr in self.child_cells:
+            setattr(self, attr, getattr(net, attr, None))
+        self.zero3_param_attrs = param_attrs
+        for attr in param_attrs:
+            param = getattr(net, attr, None)
+            setattr(self, attr, param)
+            if param is not None:
+                shard_parameter(param, op_group)
+                setattr(self, gather_attr_name(attr), ZeroParamWrapper(param, op_group, cell_type))
+
+    def _layout(self, net):
+        """(config attributes to copy, parameter attributes to take over) for ``net``."""
+        return self.copy_attrs, self.param_attrs
+
+    def extend_repr(self):
+        parts = []
+        for attr in self.zero3_param_attrs:
+            param = getattr(self, attr, None)
+            if param is not None and hasattr(param, "zero_spec"):
+                spec = param.zero_spec
+                parts.append(f"{attr}={spec.shape} split={spec.split} over {spec.group_size}")
+        return ", ".join(parts)
+
+
+class Dense(ZeroCell):
+    """ZeRO-3 ``nn.Dense``: ``y = activation(x @ W.T + b)`` with W and b gathered. See ``ZeroCell``."""
+
+    accepts = (nn.Dense,)
+    copy_attrs = ("in_channels", "out_channels", "has_bias", "activation_flag")
+    child_cells = ("activation",)
+
+    def __init__(self, net, zero_stage=3, op_group=None, cell_type=None):
+        super().__init__(net, zero_stage, op_group, cell_type)
+        self.matmul = ops.MatMul(transpose_b=True)
+        self.bias_add = ops.BiasAdd()
+
+    def construct(self, x):
+        x_shape = x.shape
+        if len(x_shape) != 2:
+            x = x.reshape(-1, x_shape[-1])
+        x = self.matmul(x, self.weight_zero_gather(self.weight))
+        if self.has_bias:
+            x = self.bias_add(x, self.bias_zero_gather(self.bias))
+        if self.activation_flag:
+            x = self.activation(x)
+        if len(x_shape) != 2:
+            x = x.reshape(x_shape[:-1] + (x.shape[-1],))
+        return x
+
+
+class Linear(ZeroCell):
+    """ZeRO-3 ``mint.nn.Linear`` (``nn.Linear``): ``y = x @ W.T + b`` with W and b gathered."""
+
+    accepts = (nn.Linear, mint.nn.Linear)
+    copy_attrs = ("in_features", "out_features", "has_bias")
+
+    def __init__(self, net, zero_stage=3, op_group=None, cell_type=None):
+        super().__init__(net, zero_stage, op_group, cell_type)
+        self.dense = ops.Dense()
+
+    def construct(self, x):
+        weight = self.weight_zero_gather(self.weight)
+        if self.has_bias:
+            return self.dense(x, weight, self.bias_zero_gather(self.bias))
+        return self.dense(x, weight, None)
+
+
+class _Conv(ZeroCell):
+    """Shared init of the ZeRO-3 convolutions: ``nn.ConvNd`` keep their primitives, ``mint.nn.ConvNd``
+    their functional op and padding config."""
+
+    nn_attrs = ()
+    mint_attrs = ("padding_mode", "_reversed_padding", "stride", "padding", "dilation", "groups")
+    mint_op = ""
+
+    def __init__(self, net, zero_stage=3, op_group=None, cell_type=None):
+        super().__init__(net, zero_stage, op_group, cell_type)
+        self.is_mint = isinstance(net, self.accepts[1])
+
+    def _layout(self, net):
+        if isinstance(net, self.accepts[1]):
+            return self.mint_attrs + (self.mint_op,), self.param_attrs
+        return self.nn_attrs, self.param_attrs
+
+    def _mint_bias(self):
+        if self.bias is None:
+            return None
+        return self.bias_zero_gather(self.bias)
+
+
+class Conv1d(_Conv):
+    """ZeRO-3 ``nn.Conv1d`` and ``mint.nn.Conv1d`` with weight and bias gathered."""
+
+    accepts = (nn.Conv1d, mint.nn.Conv1d)
+    nn_attrs = ("conv2d", "bias_add", "expand_dims", "squeeze", "has_bias")
+    mint_op = "conv1d"
+
+    def construct(self, x):
+        weight = self.weight_zero_gather(self.weight)
+        if self.is_mint:
+            if self.padding_mode != "zeros":
+                return self.conv1d(mint.nn.functional.pad(x, self._reversed_padding, mode=self.padding_mode),
+                                   weight, self._mint_bias(), self.stride, (0,), self.dilation, self.groups)
+            return self.conv1d(x, weight, self._mint_bias(), self.stride, self.padding, self.dilation, self.groups)
+        out = self.conv2d(self.expand_dims(x, 2), weight)
+        if self.has_bias:
+            out = self.bias_add(out, self.bias_zero_gather(self.bias))
+        return self.squeeze(out)
+
+
+class Conv2d(_Conv):
+    """ZeRO-3 ``nn.Conv2d`` and ``mint.nn.Conv2d`` with weight and bias gathered."""
+
+    accepts = (nn.Conv2d, mint.nn.Conv2d)
+    nn_attrs = ("conv2d", "bias_add", "has_bias")
+    mint_op = "conv2d"
+
+    def construct(self, x):
+        weight = self.weight_zero_gather(self.weight)
+        if self.is_mint:
+            if self.padding_mode != "zeros":
+                return self.conv2d(mint.nn.functional.pad(x, self._reversed_padding, mode=self.padding_mode),
+                                   weight, self._mint_bias(), self.stride, (0, 0), self.dilation, self.groups)
+            return self.conv2d(x, weight, self._mint_bias(), self.stride, self.padding, self.dilation, self.groups)
+        out = self.conv2d(x, weight)
+        if self.has_bias:
+            out = self.bias_add(out, self.bias_zero_gather(self.bias))
+        return out
+
+
+class Conv3d(_Conv):
+    """ZeRO-3 ``nn.Conv3d`` and ``mint.nn.Conv3d`` with weight and bias gathered."""
+
+    accepts = (nn.Conv3d, mint.nn.Conv3d)
+    nn_attrs = ("conv3d", "bias_add", "has_bias", "group", "split_0", "split_1", "concat", "out_channels")
+    mint_op = "conv3d"
+
+    def construct(self, x):
+        weight = self.weight_zero_gather(self.weight)
+        if self.is_mint:
+            if self.padding_mode != "zeros":
+                return self.conv3d(mint.nn.functional.pad(x, self._reversed_padding, mode=self.padding_mode),
+                                   weight, self._mint_bias(), self.stride, (0, 0, 0), self.dilation, self.groups)
+            return self.conv3d(x, weight, self._mint_bias(), self.stride, self.padding, self.dilation, self.groups)
+        if self.group == 1:
+            out = self.conv3d(x, weight)
+            if self.has_bias:
+                out = self.bias_add(out, self.bias_zero_gather(self.bias))
+            return out
+        features = self.split_1(x)
+        weights = self.split_0(weight)
+        outputs = ()
+        for i in range(self.group):
+            outputs = outputs + (self.conv3d(features[i], weights[i]),)
+        out = self.concat(outputs)
+        if self.has_bias:
+            shape = (1, self.out_channels) + (1,) * (out.ndim - 2)
+            out = out + self.bias_zero_gather(self.bias).reshape(shape)
+        return out
+
+
+class Embedding(ZeroCell):
+    """ZeRO-3 ``nn.Embedding`` (parameter ``embedding_table``) and ``mint.nn.Embedding``
+    (parameter ``weight``) with the table gathered.
+
+    Raises:
+        ValueError: for a ``mint.nn.Embedding`` with ``max_norm``: it renormalises the table in
+            place, which a gathered copy cannot do.
+    """
+
+    accepts = (nn.Embedding, mint.nn.Embedding)
+
+    def __init__(self, net, zero_stage=3, op_group=None, cell_type=None):
+        if isinstance(net, mint.nn.Embedding) and getattr(net, "max_norm", None) is not None:
+            raise ValueError(
+                f"For 'Embedding', the argument 'net' must have max_norm None at ZeRO-3 (it renormalises "
+                f"the table in place), but got max_norm={net.max_norm}."
+            )
+        super().__init__(net, zero_stage, op_group, cell_type)
+        self.is_mint = isinstance(net, mint.nn.Embedding)
+
+    def _layout(self, net):
+        if isinstance(net, mint.nn.Embedding):
+            return ("num_embeddings", "embedding_dim", "padding_idx", "norm_type", "scale_grad_by_freq"), ("weight",)
+        return ("vocab_size", "embedding_size", "use_one_hot", "on_value", "off_value", "one_hot", "array_mul",
+                "gather", "padding_idx"), ("embedding_table",)
+
+    def construct(self, ids):
+        if self.is_mint:
+            return ops.embedding(ids, self.weight_zero_gather(self.weight), self.padding_idx, None,
+                                 self.norm_type, self.scale_grad_by_freq)
+        table = self.embedding_table_zero_gather(self.embedding_table)
+        out_shape = ids.shape + (self.embedding_size,)
+        flat_ids = ids.reshape(-1)
+        if self.use_one_hot:
+            out = self.array_mul(self.one_hot(flat_ids, self.vocab_size, self.on_value, self.off_value), table)
+        else:
+            out = self.gather(table, flat_ids, 0)
+        return out.reshape(out_shape)
+
+
+def _default_modules() -> dict:
+    mapping = {nn.Dense: Dense, nn.Linear: Linear, mint.nn.Linear: Linear}
+    for cls in (Conv1d, Conv2d, Conv3d, Embedding):
+        for original in cls.accepts:
+            mapping[original] = cls
+    return mapping
+
+
+PARALLEL_MODULES = _default_modules()
+"""{original Cell class: ZeRO-3 Cell class}. ``shard_network`` replaces Cells whose type is exactly
+a key (subclasses go through the generic path, which keeps their own ``construct`` and methods).
+A user's ``parallel_modules`` dict extends or overrides it."""

@@ -1,0 +1,196 @@
+"""One ZeRO-3 parameter: sharding it in place, and the Cell that gathers it for use.
+
+``shard_parameter`` cuts a Parameter down to this rank's block (it does not communicate).
+``ZeroParamWrapper`` is the Cell that a ZeRO-3 ``construct`` calls on the shard: it all-gathers
+the full tensor in forward and, in its custom ``bprop``, reduce-scatters the gradient back to the
+shard's shape (mean over the group). All communication goes through ``mindone_zero.comm``.
+
+Which parameters are sharded (DESIGN section 3):
+
+* trainable (``requires_grad``), ``ndim >= 1`` and not opted out with
+  ``param.parallel_optimizer = False``: split along dim 0, zero-padded per [Note: padding] in
+  ``mindone_zero/partition.py``; ``param.zero_spec`` is a ``ShardSpec`` with ``split=True``;
+* trainable but 0-d or opted out: kept whole; ``param.zero_spec`` has ``split=False`` and the
+  gradient the network produces for it is local (the train wrapper all-reduces it);
+* not trainable (``requires_grad=False``, e.g. BatchNorm moving statistics, which the forward
+  pass updates in place and so cannot live as shards): untouched, no ``zero_spec``.
+"""
+from typing import Optional
+
+import numpy as np
+import mindspore as ms
+from mindspore import Parameter, Tensor, nn
+
+from mindone_zero.comm import GroupComm, group_size_and_rank, pad_dim0, world_group
+from mindone_zero.partition import ShardSpec, split_array
+
+__all__ = [
+    "ZeroParamWrapper", "shard_parameter", "is_split_candidate", "compute_dtype_of", "gather_attr_name",
+    "ZERO_SPEC_ATTR", "GATHER_SUFFIX",
+]
+
+ZERO_SPEC_ATTR = "zero_spec"
+GATHER_SUFFIX = "_zero_gather"
+
+
+def gather_attr_name(param_attr: str) -> str:
+    """Attribute under which a Cell keeps the gather wrapper of its parameter ``param_attr``."""
+    return param_attr + GATHER_SUFFIX
+
+
+def is_split_candidate(param: Parameter) -> bool:
+    """Whether ``param`` is sharded at ZeRO-3: trainable, ndim >= 1, not opted out."""
+    return bool(param.requires_grad) and len(param.shape) >= 1 and param.parallel_optimizer is not False
+
+
+def _to_numpy(param: Parameter) -> np.ndarray:
+    if param.has_init:
+        param.init_data()
+    if param.dtype == ms.bfloat16:  # numpy has no bfloat16; float32 holds it exactly
+        return param.astype(ms.float32).asnumpy()
+    return param.asnumpy()
+
+
+def shard_parameter(param: Parameter, group: Optional[str] = None) -> ShardSpec:
+    """Shard ``param`` in place over ``group`` (if it is a split candidate) and return its layout.
+
+    The same Parameter object keeps its name; its data becomes this rank's padded block
+    (``ShardSpec.shard_shape``) and ``param.zero_spec`` records the layout. A trainable parameter
+    that stays whole also gets a ``zero_spec`` (``split=False``). A non-trainable parameter is left
+    untouched and gets no ``zero_spec``; the returned spec then has ``split=False``.
+
+    Idempotent: a parameter that already has a ``zero_spec`` is not cut again.
+
+    Not collective: every rank cuts its own copy, so ranks that started from different random
+    initial values still end with one consistent set of blocks (block r comes from rank r).
+
+    Args:
+        param: the Parameter to shard.
+        group: communication group name; None means the world group.
+
+    Returns:
+        ShardSpec: the layout of ``param``.
+
+    Raises:
+        TypeError: if ``param`` is not a Parameter.
+        ValueError: if ``param`` was already sharded over a group of another size.
+    """
+    if not isinstance(param, Parameter):
+        raise TypeError(f"For 'shard_parameter', the argument 'param' must be a Parameter, but got {type(param)}.")
+    size, rank = group_size_and_rank(group)
+    spec = getattr(param, ZERO_SPEC_ATTR, None)
+    if spec is not None:
+        if spec.group_size != size:
+            raise ValueError(
+                f"For 'shard_parameter', the parameter {param.name!r} is already sharded over {spec.group_size} "
+                f"ranks, but the argument 'group' ({group or world_group()!r}) has {size} ranks."
+            )
+        return spec
+    spec = ShardSpec(param.name, tuple(param.shape), size, rank, is_split_candidate(param))
+    if not param.requires_grad:
+        return spec
+    if spec.split:
+        block = split_array(_to_numpy(param), size, rank)
+        param.set_data(Tensor(block, dtype=param.dtype))
+    setattr(param, ZERO_SPEC_ATTR, spec)
+    return spec
+
+
+_ITEMSIZE = {ms.float16: 2, ms.bfloat16: 2, ms.float32: 4, ms.float64: 8}
+_FLAG_DTYPES = (("fp16", ms.float16), ("bf16", ms.bfloat16), ("fp32", ms.float32))
+
+
+def compute_dtype_of(cell: nn.Cell):
+    """The dtype ``cell.to_float(...)`` set on ``cell`` (float16, bfloat16, float32), or None."""
+    flags = cell.get_flags()
+    for flag, dtype in _FLAG_DTYPES:
+        if flags.get(flag):
+            return dtype
+    return None
+
+
+class ZeroParamWrapper(nn.Cell):
+    """Gather a ZeRO-3 parameter shard for use in forward; reduce-scatter its gradient in backward.
+
+    Call it from ``construct`` with the shard Parameter as the explicit input, e.g.
+    ``w = self.weight_zero_gather(self.weight)``. Forward returns the full tensor (padding rows
+    dropped) in ``compute_dtype``; when that dtype is narrower than the parameter's the cast is
+    done before the all-gather, so half the bytes travel. The custom ``bprop`` casts the incoming
+    gradient to the parameter's dtype, pads it, reduce-scatters it over the group and divides by
+    the group size, so the gradient autodiff delivers for the parameter is already the group mean
+    of this rank's block. For a parameter that is not split (``zero_spec.split`` False) forward
+    only casts and backward returns the local gradient in the parameter's dtype.
+
+    Building it shards ``param`` in place if that has not happened yet (``shard_parameter``).
+    Calling it is collective over ``group`` when the parameter is split: every rank must run
+    the same forward and backward.
+
+    Args:
+        param: the Parameter this wrapper gathers (it is not owned by the wrapper).
+        group: communication group name; None means the world group.
+        compute_dtype: dtype the gathered tensor is returned in; None keeps the parameter's.
+
+    Raises:
+        TypeError: if ``param`` is not a Parameter or ``compute_dtype`` is not a MindSpore float type.
+    """
+
+    def __init__(self, param: Parameter, group: Optional[str] = None, compute_dtype=None):
+        super().__init__(auto_prefix=False)
+        if not isinstance(param, Parameter):
+            raise TypeError(f"For 'ZeroParamWrapper', the argument 'param' must be a Parameter, but got {type(param)}.")
+        if compute_dtype is not None and compute_dtype not in _ITEMSIZE:
+            raise TypeError(
+                f"For 'ZeroParamWrapper', the argument 'compute_dtype' must be None or a float dtype, "
+                f"but got {compute_dtype!r}."
+            )
+        self.gather = _GatherShard(shard_parameter(param, group), param.dtype, group, compute_dtype)
+
+    def construct(self, x):
+        """The full tensor of shard ``x``, in the compute dtype."""
+        # PYNATIVE keeps the autograd leaf a Parameter got at creation, with its full shape;
+        # a custom bprop whose input is that leaf is checked against the stale shape. A same-shape
+        # reshape (a view, no copy) gives the custom bprop an input with the shard's real shape.
+        return self.gather(x.reshape(x.shape))
+
+
+class _GatherShard(nn.Cell):
+    """The custom-bprop half of ``ZeroParamWrapper``: all-gather forward, reduce-scatter backward."""
+
+    def __init__(self, spec: ShardSpec, param_dtype, group: Optional[str], compute_dtype):
+        super().__init__(auto_prefix=False)
+        self.param_name = spec.name
+        self.full_shape = spec.shape
+        self.group_size = spec.group_size
+        self.param_dtype = param_dtype
+        self.pad = spec.pad
+        self.full_rows = spec.shape[0] if spec.shape else 0
+        self.compute_dtype = param_dtype if compute_dtype is None else compute_dtype
+        narrower = _ITEMSIZE.get(self.compute_dtype, 4) < _ITEMSIZE.get(param_dtype, 4)
+        self.cast_before_gather = narrower
+        self.cast_after_gather = not narrower and self.compute_dtype != param_dtype
+        # A split parameter in a group of one is already whole; no collective is needed.
+        self.gathers = spec.split and spec.group_size > 1
+        self.comm = GroupComm(group) if self.gathers else None
+
+    def construct(self, x):
+        if self.cast_before_gather:
+            x = x.astype(self.compute_dtype)
+        if self.gathers:
+            x = self.comm.all_gather(x)
+            if self.pad > 0:
+                x = x[:self.full_rows]
+        if self.cast_after_gather:
+            x = x.astype(self.compute_dtype)
+        return x
+
+    def bprop(self, x, out, dout):
+        """Gradient of the shard: this rank's block of the group mean, in the parameter's dtype."""
+        grad = dout.astype(self.param_dtype)
+        if self.gathers:
+            grad = pad_dim0(grad, self.pad)
+            grad = self.comm.reduce_scatter(grad) / self.group_size
+        return (grad,)
+
+    def extend_repr(self):
+        return (f"param={self.param_name}, full_shape={self.full_shape}, group_size={self.group_size}, "
+                f"compute_dtype={self.compute_dtype}, gathers={self.gathers}")
