@@ -1,0 +1,572 @@
+"""Generic ZeRO-3 path: rewrite Cell code so that every read of a sharded Parameter gathers it.
+
+[Note: generic rewrite]
+A Cell that reads a sharded Parameter in its ``construct`` (a LayerNorm's ``gamma``, a bare
+``self.scale``, a subclass of a wrapped layer with its own ``construct``) must see the full
+tensor in forward and send a reduce-scattered gradient back. ``shard_network`` does this without
+touching the user's classes:
+
+1. Analysis (nothing is modified). For every Cell of the network, the source of ``construct`` is
+   parsed with ``ast``, and so is, transitively, every method it calls as ``self.m(...)``,
+   ``self.child.m(...)`` or ``super().m(...)``. Each attribute chain rooted at ``self`` (through
+   child Cells and constant subscripts of CellLists) is resolved statically on the instance; a
+   load that ends on a sharded Parameter becomes ``self.<chain>_zero_gather(self.<chain>)``, where
+   the new attribute is a ``ZeroParamWrapper`` held by the reading Cell (one wrapper per
+   parameter and compute dtype, shared by all readers). ``self.<p>.shape`` becomes the full
+   shape as a constant (no gather), ``self.<p> is None`` is left alone.
+2. Unsupported uses raise at this point, naming the Cell, the method and the parameter: a store
+   or ``del`` of a sharded parameter, an in-place op (``assign``, ``scatter_*``) on it, a read of
+   a container (ParameterTuple, list, dict) holding one, a decorated method that must be
+   rewritten. A sharded parameter that no analysed code reads as ``self.<chain>`` (for example
+   one used only through ``getattr`` with a computed name, a loop over ``self.cells()``, or from
+   outside the network) raises too: it would otherwise be used as a shard, or never synchronised.
+   Set ``param.parallel_optimizer = False`` on such a parameter to keep it whole.
+3. Application. Each method that changed is written to a real ``.py`` file (so that
+   ``inspect.getsource``, which MindSpore's graph parser uses, finds it; files live in a
+   per-process temporary folder removed at exit), compiled, and rebuilt as a function with the
+   original function's module globals, closure values and defaults. The Cell's ``__class__`` is
+   then set to a dynamic subclass of its class holding those methods, so the instance keeps its
+   state, its parameters (and their names), ``isinstance`` checks and every other method.
+   ``super()`` calls in rewritten code are routed to ``self._zero3_super_<i>_<m>``, an alias of
+   the next class's (possibly rewritten) method, and ``self.__x`` is name-mangled as the class
+   body would have done.
+
+Methods that read a parameter but are not reachable from ``construct`` (``extend_repr``,
+initialisers) are not rewritten: outside the graph they see the shard.
+"""
+import ast
+import atexit
+import copy
+import inspect
+import itertools
+import os
+import re
+import shutil
+import tempfile
+import textwrap
+import types
+from dataclasses import dataclass, field
+from typing import Callable, Dict, List, Optional, Set, Tuple
+
+from mindspore import Parameter, ParameterTuple, nn
+
+from .param_wrapper import GATHER_SUFFIX, ZeroParamWrapper, compute_dtype_of
+
+__all__ = ["RewritePlan", "plan_rewrites", "apply_rewrites", "SUPER_PREFIX"]
+
+SUPER_PREFIX = "_zero3_super_"
+_MISSING = object()
+_INPLACE_WORDS = ("assign", "scatter")
+
+
+class _Method:
+    """A plain function found on a Cell's class: a call target to analyse."""
+
+    def __init__(self, cell, name):
+        self.cell, self.name = cell, name
+
+
+@dataclass
+class ParamRead:
+    """One wrapper a rewritten Cell needs: attribute ``attr`` on the reader gathers ``param``."""
+
+    attr: str
+    param: Parameter
+    compute_dtype: object
+
+
+@dataclass
+class _MethodPlan:
+    key: str  # attribute on the dynamic class
+    func: types.FunctionType  # the original function
+    defining_cls: type
+    tree: Optional[ast.FunctionDef] = None  # the rewritten function, None when unreadable
+    has_reads: bool = False
+    super_keys: List[str] = field(default_factory=list)
+    emit: bool = False
+
+
+@dataclass
+class RewritePlan:
+    """What ``apply_rewrites`` will do to one Cell: its new methods and the wrappers they call."""
+
+    cell: nn.Cell
+    path: str
+    original_class: type
+    methods: Dict[str, _MethodPlan] = field(default_factory=dict)
+    reads: Dict[str, ParamRead] = field(default_factory=dict)
+
+    def emitted(self) -> List[_MethodPlan]:
+        return [m for m in self.methods.values() if m.emit]
+
+
+def _zero_error(msg: str) -> ValueError:
+    return ValueError(f"For 'shard_network', the argument 'network' {msg}")
+
+
+def _lookup(obj, name):
+    """``obj.name`` found without running ``__getattr__`` or descriptors other than properties;
+    ``_Method`` for a plain method, ``_MISSING`` when it cannot be found statically."""
+    if isinstance(obj, nn.Cell):
+        d = obj.__dict__
+        for store in ("_params", "_cells", "_params_list", "_buffers"):
+            if name in d.get(store, {}):
+                return d[store][name]
+        if name in d:
+            return d[name]
+        cls_attr = inspect.getattr_static(type(obj), name, _MISSING)
+        if isinstance(cls_attr, types.FunctionType):
+            return _Method(obj, name)
+        if isinstance(cls_attr, property):
+            try:
+                return getattr(obj, name)
+            except Exception:  # a property that fails here cannot be followed statically
+                return _MISSING
+        return cls_attr
+    if isinstance(obj, (int, float, str, bool, type(None))):
+        return _MISSING
+    try:
+        return inspect.getattr_static(obj, name, _MISSING)
+    except Exception:
+        return _MISSING
+
+
+def _follow(obj, steps):
+    """The object at the end of a chain that resolved entirely through Cells."""
+    for _, step in steps:
+        obj = _lookup(obj, step) if isinstance(step, str) else obj[step]
+    return obj
+
+
+def _subscript_key(node: ast.Subscript):
+    sl = node.slice
+    if isinstance(sl, ast.Constant) and isinstance(sl.value, (int, str)):
+        return sl.value
+    return _MISSING
+
+
+def _contains_split(obj, split_ids: Set[int]) -> bool:
+    if isinstance(obj, (ParameterTuple, list, tuple)):
+        return any(isinstance(p, Parameter) and id(p) in split_ids for p in obj)
+    if isinstance(obj, dict):
+        return any(isinstance(p, Parameter) and id(p) in split_ids for p in obj.values())
+    return False
+
+
+class _ChainRewriter(ast.NodeTransformer):
+    """Rewrites one method body of one Cell instance; see [Note: generic rewrite]."""
+
+    def __init__(self, planner, plan: RewritePlan, mplan: _MethodPlan, self_name: str):
+        self.planner, self.plan, self.mplan, self.self_name = planner, plan, mplan, self_name
+        self.where = f"{plan.path or '<top>'} ({plan.original_class.__name__}.{mplan.func.__name__})"
+
+    # -- chains --------------------------------------------------------------------------
+    def _chain(self, node):
+        """[(node, step)] from ``self`` outwards, or None when not rooted at ``self``."""
+        steps = []
+        while isinstance(node, (ast.Attribute, ast.Subscript)):
+            if isinstance(node, ast.Attribute):
+                steps.append((node, node.attr))
+            else:
+                key = _subscript_key(node)
+                if key is _MISSING:
+                    return None
+                steps.append((node, key))
+            node = node.value
+        if not (isinstance(node, ast.Name) and node.id == self.self_name):
+            return None
+        return list(reversed(steps))
+
+    def _resolve(self, steps):
+        """Walk ``steps`` on the instance; return (index, object) at the first non-Cell, or (-1, None)."""
+        obj = self.plan.cell
+        for i, (_, step) in enumerate(steps):
+            if isinstance(step, str):
+                obj = _lookup(obj, step)
+            else:
+                try:
+                    obj = obj[step]
+                except Exception:
+                    return i, _MISSING
+            if not isinstance(obj, nn.Cell):
+                return i, obj
+        return -1, None
+
+    def _gather_call(self, steps, i, param):
+        node, _ = steps[i]
+        if not isinstance(node, ast.Attribute):
+            raise _zero_error(
+                f"reads the sharded parameter {param.name!r} through a subscript in {self.where}; "
+                f"read it as an attribute, or set its parallel_optimizer to False."
+            )
+        path = "__".join(re.sub(r"\W", "_", str(s)) for _, s in steps[: i + 1])
+        attr = path + GATHER_SUFFIX
+        existing = _lookup(self.plan.cell, attr)
+        if existing is not _MISSING and attr not in self.plan.reads:
+            raise _zero_error(f"already has an attribute {attr!r} in {self.where}; cannot add a gather for it.")
+        self.plan.reads[attr] = ParamRead(attr, param, compute_dtype_of(self.plan.cell))
+        self.planner.referenced.add(id(param))
+        self.mplan.has_reads = True
+        func = ast.Attribute(value=ast.Name(id=self.self_name, ctx=ast.Load()), attr=attr, ctx=ast.Load())
+        return ast.Call(func=func, args=[node], keywords=[])
+
+    def visit_Attribute(self, node):
+        steps = self._chain(node)
+        if steps is None:
+            self._check_unresolved(node)
+            return self.generic_visit(node)
+        return self._rewrite_chain(node, steps)
+
+    def _check_unresolved(self, node):
+        """A read like ``layer.weight`` on a local cannot be resolved; if the name is that of a
+        sharded parameter somewhere, it may read a shard: refuse rather than guess."""
+        if node.attr not in self.planner.split_attr_names or not isinstance(node.ctx, ast.Load):
+            return
+        root = node.value
+        while isinstance(root, (ast.Attribute, ast.Subscript, ast.Call)):
+            root = root.func if isinstance(root, ast.Call) else root.value
+        if isinstance(root, ast.Name) and root.id != self.self_name and root.id in self.mplan.func.__globals__:
+            return  # a module-level object, not a Cell of this network
+        raise _zero_error(
+            f"reads '.{node.attr}' (the name of a sharded parameter) on an object that cannot be resolved "
+            f"statically, in {self.where}: `{ast.unparse(node)}`. Read parameters as self.<child>.<name> "
+            f"(constant CellList indices are fine), or set parallel_optimizer to False on them."
+        )
+
+    def visit_Subscript(self, node):
+        steps = self._chain(node)
+        if steps is None:
+            return self.generic_visit(node)
+        return self._rewrite_chain(node, steps)
+
+    def _rewrite_chain(self, node, steps):
+        i, obj = self._resolve(steps)
+        if isinstance(obj, Parameter) and id(obj) in self.planner.split_ids:
+            if not isinstance(steps[i][0].ctx, ast.Load) or (i + 1 < len(steps) and
+                                                            not isinstance(node.ctx, ast.Load)):
+                raise _zero_error(f"stores to or deletes the sharded parameter {obj.name!r} in {self.where}.")
+            if i + 1 < len(steps) and steps[i + 1][1] == "shape":
+                self.planner.referenced.add(id(obj))
+                self.mplan.has_reads = True  # the unrewritten code would see the shard's shape
+                shape = ast.Tuple(elts=[ast.Constant(int(d)) for d in obj.shape], ctx=ast.Load())
+                return self._replace_prefix(node, steps, i + 1, shape)
+            return self._replace_prefix(node, steps, i, self._gather_call(steps, i, obj))
+        if _contains_split(obj, self.planner.split_ids):
+            raise _zero_error(
+                f"reads a container holding sharded parameters (self.{'.'.join(str(s) for _, s in steps[:i + 1])})"
+                f" in {self.where}; parameters must be read one by one as attributes, or set their "
+                f"parallel_optimizer to False."
+            )
+        return node
+
+    @staticmethod
+    def _replace_prefix(node, steps, i, new):
+        """``node`` with the chain prefix ending at ``steps[i]`` replaced by ``new``."""
+        if steps[i][0] is node:
+            return new
+        steps[i + 1][0].value = new
+        return node
+
+    # -- calls ---------------------------------------------------------------------------
+    def visit_Call(self, node):
+        func = node.func
+        if isinstance(func, ast.Name) and func.id == "getattr" and len(node.args) == 2 and not node.keywords:
+            name = node.args[1]
+            if isinstance(name, ast.Constant) and isinstance(name.value, str) and self._chain(node.args[0]) is not None:
+                return self.visit(ast.copy_location(ast.Attribute(node.args[0], name.value, ast.Load()), node))
+        if isinstance(func, ast.Attribute) and self._is_super(func.value):
+            return self._route_super(node)
+        self._check_inplace(node)
+        if isinstance(func, ast.Attribute):
+            steps = self._chain(func)
+            if steps is not None:
+                i, obj = self._resolve(steps)
+                if isinstance(obj, _Method) and i == len(steps) - 1:
+                    self.planner.schedule(obj.cell, obj.name)
+                if i == -1 and isinstance(_follow(self.plan.cell, steps), ZeroParamWrapper):
+                    # Hand-written ZeRO-3 code (`self.w_gather(self.w)`) already gathers: leave it.
+                    self._mark_args(node)
+                    return node
+        return self.generic_visit(node)
+
+    def _mark_args(self, node):
+        for arg in node.args:
+            steps = self._chain(arg)
+            if steps is not None:
+                _, obj = self._resolve(steps)
+                if isinstance(obj, Parameter):
+                    self.planner.referenced.add(id(obj))
+
+    def _check_inplace(self, node):
+        func = node.func
+        name = func.attr if isinstance(func, ast.Attribute) else getattr(func, "id", "")
+        if not any(w in name.lower() for w in _INPLACE_WORDS) or not node.args:
+            return
+        steps = self._chain(node.args[0])
+        if steps is None:
+            return
+        _, obj = self._resolve(steps)
+        if isinstance(obj, Parameter) and id(obj) in self.planner.split_ids:
+            raise _zero_error(
+                f"updates the sharded parameter {obj.name!r} in place ({name}) in {self.where}; a gathered copy "
+                f"cannot be updated in place. Set its parallel_optimizer to False or requires_grad to False."
+            )
+
+    def _is_super(self, node) -> bool:
+        return isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id == "super"
+
+    def _route_super(self, node):
+        call = node.func.value
+        start = self.mplan.defining_cls
+        if call.args:
+            start = self._eval_name(call.args[0])
+        method = node.func.attr
+        mro = self.plan.original_class.__mro__
+        if start not in mro:
+            raise _zero_error(f"calls super() with a class outside {self.plan.original_class} in {self.where}.")
+        for idx in range(mro.index(start) + 1, len(mro)):
+            if method in mro[idx].__dict__:
+                key = f"{SUPER_PREFIX}{idx}_{method}"
+                self.planner.schedule(self.plan.cell, key, mro[idx], method)
+                self.mplan.super_keys.append(key)
+                node.func = ast.Attribute(value=ast.Name(id=self.self_name, ctx=ast.Load()), attr=key, ctx=ast.Load())
+                return self.generic_visit(node)
+        raise _zero_error(f"calls super().{method} which no base class defines, in {self.where}.")
+
+    def _eval_name(self, node):
+        if isinstance(node, ast.Name):
+            func = self.mplan.func
+            if node.id in func.__code__.co_freevars and func.__closure__:
+                return func.__closure__[func.__code__.co_freevars.index(node.id)].cell_contents
+            if node.id in func.__globals__:
+                return func.__globals__[node.id]
+        raise _zero_error(f"calls super() with a first argument that is not a class name, in {self.where}.")
+
+    def visit_Compare(self, node):
+        # `self.bias is None` asks about presence, not the value: no gather for it.
+        if (len(node.ops) == 1 and isinstance(node.ops[0], (ast.Is, ast.IsNot))
+                and isinstance(node.comparators[0], ast.Constant) and node.comparators[0].value is None
+                and self._chain(node.left) is not None):
+            return node
+        return self.generic_visit(node)
+
+
+class _Mangler(ast.NodeTransformer):
+    """Private names (``self.__x``) as the class body of ``cls`` would have compiled them."""
+
+    def __init__(self, cls):
+        self.prefix = "_" + cls.__name__.lstrip("_")
+
+    def visit_Attribute(self, node):
+        if node.attr.startswith("__") and not node.attr.endswith("__"):
+            node.attr = self.prefix + node.attr
+        return self.generic_visit(node)
+
+
+_PARSED: Dict[types.FunctionType, ast.FunctionDef] = {}
+
+
+def _parse(func) -> ast.FunctionDef:
+    if func not in _PARSED:
+        tree = ast.parse(textwrap.dedent(inspect.getsource(func)))
+        if not tree.body or not isinstance(tree.body[0], ast.FunctionDef):
+            raise TypeError(f"the source of {func.__qualname__} is not a plain def")
+        _PARSED[func] = tree.body[0]
+    return copy.deepcopy(_PARSED[func])
+
+
+def _find_method(cls, method, start=None):
+    """(function, defining class) of ``method`` on ``cls`` (or exactly on ``start``); (None, None)
+    for anything that is not a plain function defined below ``nn.Cell``."""
+    owners = [start] if start is not None else cls.__mro__
+    for owner in owners:
+        if method in owner.__dict__:
+            func = owner.__dict__[method]
+            if owner in nn.Cell.__mro__ or not isinstance(func, types.FunctionType):
+                return None, None
+            return func, owner
+    return None, None
+
+
+class _Planner:
+    """Step 1 and 2 of [Note: generic rewrite]: analyse every Cell, modify nothing."""
+
+    def __init__(self, network: nn.Cell, split_ids: Set[int], skip: Callable[[nn.Cell], bool]):
+        self.split_ids = split_ids
+        self.skip = skip
+        self.paths = {id(c): name for name, c in network.cells_and_names()}
+        self.plans: Dict[int, RewritePlan] = {}
+        self.queue: List[Tuple[RewritePlan, _MethodPlan]] = []
+        self.referenced: Set[int] = set()
+        self.unreadable: List[str] = []
+        self.split_attr_names = {
+            name for _, c in network.cells_and_names() for name, p in c._params.items()
+            if p is not None and id(p) in split_ids
+        }
+
+    def schedule(self, cell, key, start=None, method=None):
+        if self.skip(cell):
+            return
+        plan = self.plans.get(id(cell))
+        if plan is None:
+            plan = RewritePlan(cell, self.paths.get(id(cell), "?"), type(cell))
+            self.plans[id(cell)] = plan
+        if key in plan.methods:
+            return
+        func, owner = _find_method(plan.original_class, method or key, start)
+        if func is None:
+            if start is not None:
+                # A super() target that is not user Python code (a Cell base method, a builtin):
+                # the alias keeps pointing at it unchanged.
+                plan.methods[key] = _MethodPlan(key, start.__dict__[method], start)
+            return
+        plan.methods[key] = _MethodPlan(key, func, owner)
+        self.queue.append((plan, plan.methods[key]))
+
+    def run(self, network):
+        for _, cell in network.cells_and_names():
+            if self.skip(cell):
+                self.referenced.update(id(p) for p in cell._params.values() if p is not None)
+            else:
+                self.schedule(cell, "construct")
+        while self.queue:
+            self._analyse(*self.queue.pop())
+        self._decide_emission()
+        return [p for p in self.plans.values() if p.emitted() or p.reads]
+
+    def _analyse(self, plan: RewritePlan, mplan: _MethodPlan):
+        try:
+            tree = _parse(mplan.func)
+        except (OSError, TypeError, SyntaxError) as err:
+            self.unreadable.append(f"{plan.path or '<top>'}.{mplan.func.__name__}: {err}")
+            return
+        if not tree.args.args:
+            return
+        tree = _Mangler(mplan.defining_cls).visit(tree)
+        mplan.tree = _ChainRewriter(self, plan, mplan, tree.args.args[0].arg).visit(tree)
+
+    def _decide_emission(self):
+        changed = True
+        while changed:
+            changed = False
+            for plan in self.plans.values():
+                for m in plan.methods.values():
+                    emit = m.tree is not None and (m.has_reads or any(plan.methods[k].emit for k in m.super_keys))
+                    if emit and not m.emit:
+                        m.emit, changed = True, True
+        for plan in self.plans.values():
+            for m in plan.emitted():
+                if m.tree.decorator_list:
+                    raise _zero_error(
+                        f"has a decorated method {plan.original_class.__name__}.{m.func.__name__} (in "
+                        f"{plan.path or '<top>'}) that reads sharded parameters; it cannot be rewritten."
+                    )
+
+
+def plan_rewrites(network: nn.Cell, split_ids: Set[int], skip: Callable[[nn.Cell], bool]) -> List[RewritePlan]:
+    """Analyse ``network`` (step 1 and 2 of [Note: generic rewrite]); nothing is modified.
+
+    Args:
+        network: the network, before any parameter is sharded.
+        split_ids: ``id()`` of every Parameter that will be split.
+        skip: Cells whose own code is not analysed because they gather their parameters
+            themselves (ZeRO-3 layer Cells, and Cells about to be replaced by one).
+
+    Returns:
+        The plans of the Cells that need new methods or gather wrappers.
+
+    Raises:
+        ValueError: for an unsupported use of a sharded parameter, or a sharded parameter that
+            no analysed code reads (the message names the Cell, method and parameter).
+    """
+    planner = _Planner(network, split_ids, skip)
+    plans = planner.run(network)
+    missing = [p for p in _unique_params(network) if id(p) in split_ids and id(p) not in planner.referenced]
+    if missing:
+        notes = ("; code that could not be read: " + "; ".join(planner.unreadable)) if planner.unreadable else ""
+        raise _zero_error(
+            f"holds sharded parameters that no construct (or method it calls) reads as self.<attribute>: "
+            f"{[p.name for p in missing]}. They would be used as shards or never synchronised. Read them as "
+            f"self.<child>.<name> in construct, or set param.parallel_optimizer = False to keep them whole{notes}."
+        )
+    return plans
+
+
+def _unique_params(network):
+    return [p for _, p in network.parameters_and_names()]
+
+
+_SOURCE_DIR: List[str] = []
+# MindSpore's graph compiler caches parsed functions by object identity; a generated function or
+# class freed while its network is dropped could hand its id to a new one and be mistaken for it.
+# Generated objects therefore live as long as the process (they are small).
+_KEEP_ALIVE: List[object] = []
+_COUNTER = itertools.count()
+
+
+def _source_dir() -> str:
+    if not _SOURCE_DIR:
+        path = tempfile.mkdtemp(prefix="parallel_modules_zero3_")
+        atexit.register(shutil.rmtree, path, True)
+        _SOURCE_DIR.append(path)
+    return _SOURCE_DIR[0]
+
+
+def _compile(plan: RewritePlan, mplan: _MethodPlan) -> types.FunctionType:
+    """Step 3 of [Note: generic rewrite] for one method: a real file, the original globals."""
+    func, tree = mplan.func, ast.fix_missing_locations(mplan.tree)
+    code = func.__code__
+    freevars = [v for v in code.co_freevars if v != "__class__"]
+    factory = f"_zero3_make_{tree.name}"
+    src = (
+        f"# Generated by parallel_modules for ZeRO-3 from {code.co_filename}:{code.co_firstlineno}\n"
+        f"# ({plan.original_class.__module__}.{func.__qualname__}): sharded parameter reads gather.\n\n\n"
+        f"def {factory}({', '.join(freevars)}):\n{textwrap.indent(ast.unparse(tree), '    ')}\n"
+        f"    return {tree.name}\n"
+    )
+    name = f"{plan.original_class.__name__}_{mplan.key}_{next(_COUNTER)}_{os.getpid()}.py"
+    path = os.path.join(_source_dir(), name)
+    with open(path + ".tmp", "w", encoding="utf-8") as f:
+        f.write(src)
+    os.replace(path + ".tmp", path)
+    namespace: dict = {}
+    exec(compile(src, path, "exec"), namespace)  # only defines the factory
+    make = types.FunctionType(namespace[factory].__code__, func.__globals__, factory)
+    try:
+        values = [c.cell_contents for v, c in zip(code.co_freevars, func.__closure__ or ()) if v != "__class__"]
+    except ValueError as err:
+        raise _zero_error(f"has a method {func.__qualname__} whose closure is not filled yet ({err}).") from err
+    new = make(*values)
+    new.__defaults__, new.__kwdefaults__, new.__doc__ = func.__defaults__, func.__kwdefaults__, func.__doc__
+    _KEEP_ALIVE.append(new)
+    return new
+
+
+def apply_rewrites(plans: List[RewritePlan], make_wrapper: Callable[[Parameter, object], nn.Cell]) -> None:
+    """Step 3 of [Note: generic rewrite]: add the gather wrappers and swap each Cell's class.
+
+    Args:
+        plans: from ``plan_rewrites``.
+        make_wrapper: ``(param, compute_dtype) -> Cell`` building (or reusing) the gather wrapper.
+    """
+    for plan in plans:
+        methods = {}
+        for m in plan.emitted():
+            methods[m.key] = _compile(plan, m)
+            for key in m.super_keys:
+                target = plan.methods[key]
+                if not target.emit:
+                    methods[key] = target.func
+        for read in plan.reads.values():
+            setattr(plan.cell, read.attr, make_wrapper(read.param, read.compute_dtype))
+        if methods:
+            object.__setattr__(plan.cell, "__class__", _dynamic_class(plan.original_class, methods))
+
+
+def _dynamic_class(original: type, methods: Dict[str, types.FunctionType]) -> type:
+    namespace = dict(methods)
+    namespace.update(__module__=original.__module__, __qualname__=original.__qualname__,
+                     zero3_original_class=original)
+    cls = type(original)(original.__name__, (original,), namespace)
+    _KEEP_ALIVE.append(cls)
+    return cls
