@@ -22,7 +22,8 @@ from dataclasses import dataclass, field
 from typing import List, Optional, Tuple
 
 import mindspore as ms
-from mindspore import nn, ops
+import numpy as np
+from mindspore import Tensor, nn, ops
 from mindspore.communication import GlobalComm, get_group_size, get_rank
 
 __all__ = [
@@ -31,6 +32,9 @@ __all__ = [
     "world_group",
     "backend_has_native",
     "group_size_and_rank",
+    "group_members",
+    "check_hybrid_groups",
+    "pad_dim0",
 ]
 
 
@@ -63,31 +67,44 @@ def group_size_and_rank(group: Optional[str]) -> Tuple[int, int]:
     return get_group_size(group), get_rank(group)
 
 
+_RING_FACTOR = {"all_reduce": 2.0, "reduce_scatter": 1.0, "all_gather": 1.0, "broadcast": 1.0}
+
+
 @dataclass
 class CommPlan:
-    """What one optimizer step communicates, per rank, as the native collectives would.
+    """What one optimizer step communicates per rank, as the native collectives would.
 
     Filled at build time (graph-mode code is traced once, so calls cannot be counted at run
-    time); each entry is ``(kind, group, bytes)`` where bytes is the size of the tensor each
-    rank sends into a native collective of that kind.
+    time). Each entry is ``(kind, group, nbytes, group_size)``: ``nbytes`` is the size of the
+    full tensor the collective works on (the all-reduced tensor, the padded input of a
+    reduce-scatter, the output of an all-gather). ``volume`` turns that into the bytes a rank
+    sends with a ring algorithm: ``2 (n-1)/n`` of it for all-reduce, ``(n-1)/n`` for
+    reduce-scatter and all-gather, the terms of the ZeRO paper's 2Φ / 3Φ.
     """
 
-    entries: List[Tuple[str, str, int]] = field(default_factory=list)
+    entries: List[Tuple[str, str, int, int]] = field(default_factory=list)
 
-    def add(self, kind: str, group: str, nbytes: int) -> None:
-        self.entries.append((kind, group, int(nbytes)))
+    def add(self, kind: str, group: str, nbytes: int, group_size: int, times: int = 1) -> None:
+        if kind not in _RING_FACTOR:
+            raise ValueError(f"For 'CommPlan.add', the argument 'kind' must be one of {sorted(_RING_FACTOR)}, but got {kind!r}.")
+        self.entries.extend([(kind, group, int(nbytes), int(group_size))] * times)
 
     def count(self, kind: Optional[str] = None) -> int:
         """Number of collectives (of ``kind`` if given)."""
-        return sum(1 for k, _, _ in self.entries if kind is None or k == kind)
+        return sum(1 for e in self.entries if kind is None or e[0] == kind)
 
     def bytes(self, kind: Optional[str] = None) -> int:
-        """Bytes sent per rank (of ``kind`` if given)."""
-        return sum(b for k, _, b in self.entries if kind is None or k == kind)
+        """Full-tensor bytes over all collectives (of ``kind`` if given)."""
+        return sum(e[2] for e in self.entries if kind is None or e[0] == kind)
+
+    def volume(self, kind: Optional[str] = None) -> float:
+        """Bytes each rank sends with ring algorithms (of ``kind`` if given)."""
+        return sum(_RING_FACTOR[k] * (n - 1) / n * b for k, _, b, n in self.entries if kind is None or k == kind)
 
     def summary(self) -> str:
-        kinds = sorted({k for k, _, _ in self.entries})
-        parts = [f"{k}: {self.count(k)} calls, {self.bytes(k)} B" for k in kinds]
+        """One line per kind: calls, full-tensor bytes, ring volume per rank."""
+        kinds = sorted({e[0] for e in self.entries})
+        parts = [f"{k}: {self.count(k)} calls, {self.bytes(k)} B, {self.volume(k):.0f} B sent per rank" for k in kinds]
         return "; ".join(parts) if parts else "no collectives"
 
 
@@ -113,6 +130,15 @@ class GroupComm(nn.Cell):
         self._all_gather = ops.AllGather(self.group) if self._native_gather else None
         self._reduce_scatter = ops.ReduceScatter(ops.ReduceOp.SUM, self.group) if self._native_rs else None
         self._broadcast0 = ops.Broadcast(0, self.group) if self._native_bcast else None
+        # [Note: same graph on every rank] On the CPU backend, the collectives of one graph run
+        # in the graph's topological order, and collectives are matched across ranks by that
+        # order alone. A rank-dependent graph (an `if self.rank == root` branch, or zeros that
+        # fold into a constant input on some ranks only) sorts differently per rank and pairs
+        # one rank's all-reduce with another's: wrong sums or a crash. The emulations therefore
+        # build the same ops on every rank and select this rank's part with a one-hot mask.
+        onehot = np.zeros((self.size,), np.bool_)
+        onehot[self.rank] = True
+        self._is_me = Tensor(onehot)
 
     def construct(self, x):
         """Sum of ``x`` over the group (the same as ``all_reduce``)."""
@@ -138,22 +164,19 @@ class GroupComm(nn.Cell):
         """Blocks ``x`` of every rank concatenated along dim 0 in rank order."""
         if self._native_gather:
             return self._all_gather(x)
-        rows = x.shape[0]
-        parts = ()
-        if self.rank > 0:
-            parts += (ops.zeros((self.rank * rows,) + x.shape[1:], x.dtype),)
-        parts += (x,)
-        if self.rank < self.size - 1:
-            parts += (ops.zeros(((self.size - 1 - self.rank) * rows,) + x.shape[1:], x.dtype),)
-        return self._all_reduce(ops.concat(parts, 0))
+        # Every rank writes its block into its slot of a (size, *x.shape) zero tensor and sums.
+        full = ops.broadcast_to(ops.expand_dims(x, 0), (self.size,) + x.shape)
+        mine = ops.broadcast_to(self._is_me.reshape((self.size,) + (1,) * x.ndim), full.shape)
+        full = ops.select(mine, full, ops.zeros_like(full))
+        return self._all_reduce(full.reshape((self.size * x.shape[0],) + x.shape[1:]))
 
     def broadcast(self, x, root: int = 0):
         """``x`` of the rank with group index ``root``, on every rank."""
         if self._native_bcast and root == 0:
-            return self._broadcast0((x,))[0]
-        if self.rank == root:
-            return self._all_reduce(x)
-        return self._all_reduce(ops.zeros_like(x))
+            # The CPU kernel returns float32 for a float16 input in PYNATIVE_MODE.
+            return ops.cast(self._broadcast0((x,))[0], x.dtype)
+        keep = ops.broadcast_to(self._is_me[root], x.shape)
+        return self._all_reduce(ops.select(keep, x, ops.zeros_like(x)))
 
 
 def pad_dim0(x, pad: int):
@@ -161,3 +184,49 @@ def pad_dim0(x, pad: int):
     if pad == 0:
         return x
     return ops.concat((x, ops.zeros((pad,) + x.shape[1:], x.dtype)), 0)
+
+
+def group_members(group: str) -> List[int]:
+    """World ranks of ``group``, in group-rank order (not collective)."""
+    from mindspore.communication import get_world_rank_from_group_rank
+
+    if group == world_group():
+        return list(range(get_group_size()))
+    return [get_world_rank_from_group_rank(group, i) for i in range(get_group_size(group))]
+
+
+def check_hybrid_groups(where: str, optimizer_parallel_group: str, dp_group: Optional[str]) -> None:
+    """Check that the shard group and the replica group tile the world (not collective).
+
+    Each rank must belong to both groups, the two must meet in this rank alone, and their
+    sizes must multiply to the world size, so that every (shard, replica) pair is one rank.
+
+    Raises:
+        ValueError: naming the groups and what is wrong.
+    """
+    world = get_group_size()
+    me = get_rank()
+    op_members = group_members(optimizer_parallel_group)
+    if me not in op_members:
+        raise ValueError(
+            f"For '{where}', this rank ({me}) must be in 'optimizer_parallel_group' {optimizer_parallel_group!r}, "
+            f"but its ranks are {op_members}."
+        )
+    if dp_group is None:
+        if len(op_members) != world:
+            raise ValueError(
+                f"For '{where}', the argument 'dp_group' must be given when 'optimizer_parallel_group' "
+                f"{optimizer_parallel_group!r} holds {len(op_members)} of {world} ranks, but got dp_group=None."
+            )
+        return
+    dp_members = group_members(dp_group)
+    if me not in dp_members:
+        raise ValueError(
+            f"For '{where}', this rank ({me}) must be in 'dp_group' {dp_group!r}, but its ranks are {dp_members}."
+        )
+    if len(op_members) * len(dp_members) != world or set(op_members) & set(dp_members) != {me}:
+        raise ValueError(
+            f"For '{where}', 'optimizer_parallel_group' {optimizer_parallel_group!r} (ranks {op_members}) and "
+            f"'dp_group' {dp_group!r} (ranks {dp_members}) must tile the {world} ranks: sizes multiplying to {world} "
+            f"and meeting only in this rank ({me})."
+        )

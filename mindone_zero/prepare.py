@@ -7,7 +7,8 @@ import logging
 
 from mindspore import nn
 
-from .comm import world_group
+from .comm import check_hybrid_groups, world_group
+from .fusion import FusionConfig
 from .ema import EMA
 from .train_step import TrainOneStepWrapper, _check_step_args
 from .zero_helper import ZeroHelper, _check_stage, _is_distributed
@@ -18,13 +19,8 @@ _logger = logging.getLogger(__name__)
 
 
 def _check_groups(where, optimizer_parallel_group, dp_group):
-    if optimizer_parallel_group is None or not _is_distributed():
-        return
-    if optimizer_parallel_group != world_group() and dp_group is None:
-        raise ValueError(
-            f"For '{where}', the argument 'dp_group' must be given when 'optimizer_parallel_group' is not the world "
-            f"group, but got optimizer_parallel_group={optimizer_parallel_group!r} and dp_group=None."
-        )
+    if _is_distributed():
+        check_hybrid_groups(where, optimizer_parallel_group or world_group(), dp_group)
 
 
 def prepare_network(network, zero_stage=0, optimizer_parallel_group=None, parallel_modules=None):
@@ -88,6 +84,7 @@ def prepare_train_network(network, optimizer, scale_sense=1.0, ema=None, updates
         )
     _check_step_args(gradient_accumulation_steps, clip_grad, clip_norm, ema)
     _check_groups("prepare_train_network", optimizer_parallel_group, dp_group)
+    FusionConfig.from_mindone(comm_fusion)
     if zero_stage == 3:
         network = prepare_network(network, 3, optimizer_parallel_group, parallel_modules)
     helper = ZeroHelper(optimizer, zero_stage, optimizer_parallel_group, dp_group, optimizer_offload,

@@ -92,6 +92,7 @@ class TrainOneStepWrapper(nn.Cell):
         stage = self.zero_helper.zero_stage
         # [Note: gradient reduction] in zero_helper.py: stages 0/1 reduce once per optimizer step.
         self.reduce_each_micro_step = stage in (2, 3) or self.accum_steps == 1
+        self.comm_plan = self.zero_helper.comm_plan(self.accum_steps, self.reduce_each_micro_step, clip_grad)
         if self.accum_steps > 1:
             like = self.zero_helper.opt_params if self.reduce_each_micro_step else self.weights
             self.accum_grads = like.clone(prefix="accum_grad", init="zeros")

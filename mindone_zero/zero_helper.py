@@ -32,8 +32,9 @@ from mindspore import Parameter, ParameterTuple, Tensor, nn, ops
 from mindspore.context import ParallelMode
 from mindspore.parallel._utils import _get_parallel_mode
 
-from .comm import CommPlan, GroupComm, group_size_and_rank, pad_dim0, world_group
-from .optimizer_states import find_optimizer_states, repoint_optimizer
+from .comm import CommPlan, GroupComm, check_hybrid_groups, group_size_and_rank, pad_dim0, world_group
+from .fusion import BucketedComm, FusionConfig
+from .optimizer_states import find_optimizer_states, place_optimizer_on_host, repoint_optimizer
 from .partition import ShardSpec, split_array
 
 __all__ = ["ZeroHelper"]
@@ -76,8 +77,10 @@ class ZeroHelper(nn.Cell):
             None means the world group.
         dp_group (str): group of the ranks holding the same shard (hybrid sharding); required
             when ``optimizer_parallel_group`` is not the world group.
-        optimizer_offload (bool): run the optimizer update on the host where MindSpore supports it.
-        comm_fusion (dict): MindOne's communication-fusion dict; None for one collective per tensor.
+        optimizer_offload (bool): run the optimizer update on the host where MindSpore supports it
+            (see ``place_optimizer_on_host``); otherwise warn and run it on the device.
+        comm_fusion (dict): MindOne's communication-fusion dict; None for one collective per tensor
+            (see [Note: buckets] in fusion.py). ``comm_plan()`` shows the resulting collectives.
         params_split_info (str): folder for ``params_split_info_{rank}.json`` (written at stages >= 1).
 
     Raises:
@@ -94,6 +97,7 @@ class ZeroHelper(nn.Cell):
                 f"but got {type(optimizer).__name__}."
             )
         _check_stage(zero_stage, "ZeroHelper")
+        fusion = FusionConfig.from_mindone(comm_fusion)
         self.is_parallel = _is_distributed()
         if zero_stage > 0 and not self.is_parallel:
             _logger.warning("ZeRO stage %d needs ParallelMode.DATA_PARALLEL; falling back to stage 0.", zero_stage)
@@ -102,23 +106,21 @@ class ZeroHelper(nn.Cell):
         self.optimizer = optimizer
         self.op_group = optimizer_parallel_group or (world_group() if self.is_parallel else None)
         self.dp_group = dp_group
+        if self.is_parallel:
+            check_hybrid_groups("ZeroHelper", self.op_group, dp_group)
         self.op_size, self.op_rank = group_size_and_rank(self.op_group) if self.is_parallel else (1, 0)
-        self.dp_size = group_size_and_rank(dp_group)[0] if (self.is_parallel and dp_group) else 1
-        self.comm_plan = CommPlan()
+        self.dp_size, self.dp_rank = group_size_and_rank(dp_group) if (self.is_parallel and dp_group) else (1, 0)
 
         self.params = ParameterTuple(list(optimizer._parameters))
         self.specs = self._build_specs()
         self.split = tuple(s.split for s in self.specs)
         self.pads = tuple(s.pad for s in self.specs)
         self.full_d0 = tuple(s.shape[0] if s.shape else 0 for s in self.specs)
-
-        if self.is_parallel:
-            self.op_comm = GroupComm(self.op_group)
-            self.world_comm = GroupComm(world_group())
-            self.dp_comm = GroupComm(dp_group) if self.dp_size > 1 else None
         self.use_masters = zero_stage in (1, 2)
         self.opt_params = self._shard_optimizer()
-        self.optimizer_offload = optimizer_offload
+        if self.is_parallel:
+            self._build_comms(fusion)
+        self.optimizer_offload = bool(optimizer_offload) and place_optimizer_on_host(optimizer)
         self.params_split_info = params_split_info
         self.extra_split_entries = []
         if zero_stage > 0:
@@ -158,6 +160,57 @@ class ZeroHelper(nn.Cell):
         self.opt_states = states
         return ParameterTuple(opt_params)
 
+    def _build_comms(self, fusion: FusionConfig) -> None:
+        """One bucketed communicator per (collective, group, tensor list); see [Note: buckets]."""
+        self.op_comm = GroupComm(self.op_group)
+        self.world_comm = GroupComm(world_group())
+        n = len(self.params)
+        reduce_here = self.zero_stage in (1, 2)
+        self.rs_index = tuple(i for i in range(n) if self.split[i] and reduce_here)
+        self.ar_index = tuple(i for i in range(n) if not self.split[i])
+        self.ag_index = tuple(i for i in range(n) if self.split[i] and self.use_masters)
+        self.grad_rs = BucketedComm(self.op_comm, [self.specs[i].padded_shape for i in self.rs_index],
+                                    [self.params[i] for i in self.rs_index], fusion.reduce_scatter)
+        self.grad_ar = BucketedComm(self.op_comm, [tuple(self.params[i].shape) for i in self.ar_index],
+                                    [self.params[i] for i in self.ar_index], fusion.allreduce)
+        self.param_ag = BucketedComm(self.op_comm, [self.specs[i].shard_shape for i in self.ag_index],
+                                     [self.opt_params[i] for i in self.ag_index], fusion.allgather)
+        self.dp_ar = None
+        if self.dp_size > 1:
+            self.dp_ar = BucketedComm(GroupComm(self.dp_group), [tuple(p.shape) for p in self.opt_params],
+                                      list(self.opt_params), fusion.allreduce)
+
+    def comm_plan(self, micro_steps: int = 1, reduce_each_micro_step: bool = True, clip_grad: bool = False) -> CommPlan:
+        """The collectives of one optimizer step on this rank, as the native path runs them.
+
+        Args:
+            micro_steps: forward/backward passes per optimizer step (gradient accumulation).
+            reduce_each_micro_step: gradients are reduced every micro-step (else once per step).
+            clip_grad: a global-norm all-reduce is added (stages >= 1).
+        """
+        plan = CommPlan()
+        if not self.is_parallel:
+            return plan
+        reduces = micro_steps if reduce_each_micro_step else 1
+        op, n = self.op_group, self.op_size
+        for _ in range(micro_steps):
+            plan.add("all_reduce", world_group(), 4, n * self.dp_size)  # overflow flag
+        if self.zero_stage == 3:
+            for s, p in zip(self.specs, self.params):
+                if s.split:
+                    full = int(np.prod(s.padded_shape)) * p.itemsize
+                    plan.add("all_gather", op, full, n, times=micro_steps)  # forward
+                    plan.add("reduce_scatter", op, full, n, times=micro_steps)  # backward
+        for _ in range(reduces):
+            self.grad_rs.record(plan, "reduce_scatter")
+            self.grad_ar.record(plan, "all_reduce")
+            if self.dp_ar is not None:
+                self.dp_ar.record(plan, "all_reduce")
+        if clip_grad and self.zero_stage > 0:
+            plan.add("all_reduce", op, 4, n)
+        self.param_ag.record(plan, "all_gather", scale=n)
+        return plan
+
     def _dump_split_info(self, folder: str) -> None:
         from .checkpoint_io import write_split_info  # file I/O lives with the checkpoint code
 
@@ -181,18 +234,22 @@ class ZeroHelper(nn.Cell):
         """
         if not self.is_parallel:
             return grads
+        padded = tuple(pad_dim0(grads[i], self.pads[i]) for i in self.rs_index)
+        shards = self.grad_rs.reduce_scatter(padded)
+        replicated = self.grad_ar.all_reduce_mean(tuple(grads[i] for i in self.ar_index))
         out = ()
+        k_rs, k_ar = 0, 0
         for i in range(len(grads)):
-            g = grads[i]
-            if self.split[i]:
-                if self.zero_stage != 3:
-                    g = self.op_comm.reduce_scatter(pad_dim0(g, self.pads[i])) / self.op_size
-                    g = ops.cast(g, self.opt_params[i].dtype)
+            if i in self.rs_index:
+                out += (ops.cast(shards[k_rs] / self.op_size, self.opt_params[i].dtype),)
+                k_rs += 1
+            elif i in self.ar_index:
+                out += (replicated[k_ar],)
+                k_ar += 1
             else:
-                g = self.op_comm.all_reduce_mean(g)
-            if self.dp_comm is not None:
-                g = self.dp_comm.all_reduce_mean(g)
-            out += (g,)
+                out += (grads[i],)  # stage 3: reduce-scattered by the ZeRO-3 wrapper's bprop
+        if self.dp_ar is not None:
+            out = self.dp_ar.all_reduce_mean(out)
         return out
 
     def global_norm(self, grads):
@@ -229,12 +286,13 @@ class ZeroHelper(nn.Cell):
 
     def all_gather_params(self, after=None):
         """Copy the updated master shards into the full network parameters (stages 1-2). Collective."""
+        shards = tuple(ops.depend(self.opt_params[i], after) for i in self.ag_index)
+        fulls = self.param_ag.all_gather(shards)
         done = ()
-        for i in range(len(self.params)):
-            if self.split[i]:
-                full = self.op_comm.all_gather(ops.depend(self.opt_params[i], after))
-                full = full[:self.full_d0[i]]
-                done += (ops.assign(self.params[i], ops.cast(full, self.params[i].dtype)),)
+        for k in range(len(self.ag_index)):
+            i = self.ag_index[k]
+            full = fulls[k][:self.full_d0[i]]
+            done += (ops.assign(self.params[i], ops.cast(full, self.params[i].dtype)),)
         return done
 
     # ---------------------------------------------------------- MindOne names

@@ -9,69 +9,11 @@ import json
 import numpy as np
 import pytest
 
-from msrun_harness import run_msrun
+from parity_cases import CASES, OVERFLOW_STEP, STAGES, world_cases
 from zero_results import gathered_params, load_case, mean_losses, reference
 
-STEPS = 10
-STAGES = (0, 1, 2)
-MODES = ("graph", "pynative")
-# (accumulation, clip, optimizer): clipping is checked with Momentum because Adam's update is
-# nearly invariant to a gradient scale, so a wrong clip factor would go unseen.
-CONFIGS = {"a1": (1, False, "adam"), "a2clip": (2, True, "momentum")}
-EXTRA = {"a1clip": (1, True, "momentum")}  # GRAPH_MODE only, to keep the job short
-OVERFLOW_STEP = 3
-# Optimizer states are found generically; these are the optimizers the issue names (Adam runs
-# in every case above).
-OPTIMIZERS = ("adamw", "sgd", "momentum")
 RTOL, ATOL = 1e-5, 1e-6
-
-
-def _cases(world):
-    cases = []
-    for stage in STAGES:
-        for mode in MODES:
-            configs = dict(CONFIGS, **(EXTRA if mode == "graph" else {}))
-            for key, (accum, clip, opt) in configs.items():
-                cases.append(dict(name=f"s{stage}_{mode}_{key}", mode=mode, stage=stage, accum=accum, clip=clip,
-                                  optimizer=opt, steps=STEPS))
-        if stage > 0 and world == 2:  # optimizer coverage does not depend on the world size
-            for opt in OPTIMIZERS:
-                cases.append(dict(name=f"s{stage}_graph_opt_{opt}", mode="graph", stage=stage, accum=1, clip=False,
-                                  optimizer=opt, steps=5, net="noscalar" if opt == "adamw" else "full"))
-        cases.append(dict(name=f"s{stage}_graph_overflow", mode="graph", stage=stage, accum=1, clip=False,
-                          optimizer="adam", steps=6, overflow_step=OVERFLOW_STEP, dynamic_scale=True))
-    return cases
-
-
-CASES = {world: _cases(world) for world in (2, 4)}
-
-
-@pytest.fixture(scope="module")
-def jobs(tmp_path_factory):
-    """world size -> output folder of that world size's msrun job (run once, on first use)."""
-    done = {}
-
-    def get(world):
-        if world not in done:
-            out = tmp_path_factory.mktemp(f"parity_N{world}")
-            try:
-                run_msrun("tests/dist/workers/parity_worker.py", world, out, ["--cases", json.dumps(CASES[world])],
-                          timeout=1200)
-                done[world] = out
-            except AssertionError as e:  # a failed job fails every test that reads it, without rerunning
-                done[world] = e
-        if isinstance(done[world], AssertionError):
-            raise done[world]
-        return world, done[world]
-
-    return get
-
-
-def _world_cases(select):
-    return [pytest.param(w, c, id=f"N{w}-{c['name']}") for w in (2, 4) for c in CASES[w] if select(c)]
-
-
-TRAINING = _world_cases(lambda c: "overflow_step" not in c)
+TRAINING = [pytest.param(w, c, id=f"N{w}-{c['name']}") for w, c in world_cases(lambda c: "overflow_step" not in c)]
 
 
 def _ref_for(case, out):
@@ -79,8 +21,8 @@ def _ref_for(case, out):
 
 
 @pytest.mark.parametrize("world,case", TRAINING)
-def test_parity_with_single_process(jobs, world, case):
-    world, out = jobs(world)
+def test_parity_with_single_process(parity_jobs, world, case):
+    world, out = parity_jobs(world)
     ranks = load_case(out, case["name"], world)
     ref = _ref_for(case, out)
     if case["clip"]:
@@ -93,8 +35,8 @@ def test_parity_with_single_process(jobs, world, case):
 
 
 @pytest.mark.parametrize("world,case", TRAINING)
-def test_replicas_bit_identical(jobs, world, case):
-    world, out = jobs(world)
+def test_replicas_bit_identical(parity_jobs, world, case):
+    world, out = parity_jobs(world)
     ranks = load_case(out, case["name"], world)
     for name, value in ranks[0].params.items():
         spec = ranks[0].meta["specs"].get(name)
@@ -106,8 +48,8 @@ def test_replicas_bit_identical(jobs, world, case):
 
 @pytest.mark.parametrize("world", [2, 4])
 @pytest.mark.parametrize("stage", [s for s in STAGES if s > 0])
-def test_optimizer_state_bytes_are_padded_one_nth(jobs, world, stage):
-    world, out = jobs(world)
+def test_optimizer_state_bytes_are_padded_one_nth(parity_jobs, world, stage):
+    world, out = parity_jobs(world)
     full = load_case(out, "s0_graph_a1", world)[0]
     params = full.params
     per_param_states = full.meta["state_bytes"] / sum(v.nbytes for v in params.values())
@@ -125,8 +67,8 @@ def test_optimizer_state_bytes_are_padded_one_nth(jobs, world, stage):
 
 @pytest.mark.parametrize("world", [2, 4])
 @pytest.mark.parametrize("stage", STAGES)
-def test_overflow_skips_step_on_every_rank(jobs, world, stage):
-    world, out = jobs(world)
+def test_overflow_skips_step_on_every_rank(parity_jobs, world, stage):
+    world, out = parity_jobs(world)
     case = next(c for c in CASES[world] if c["name"] == f"s{stage}_graph_overflow")
     ranks = load_case(out, case["name"], world)
     for r in ranks:
@@ -141,8 +83,8 @@ def test_overflow_skips_step_on_every_rank(jobs, world, stage):
 
 
 @pytest.mark.parametrize("world", [2, 4])
-def test_split_info_json_describes_every_shard(jobs, world):
-    world, out = jobs(world)
+def test_split_info_json_describes_every_shard(parity_jobs, world):
+    world, out = parity_jobs(world)
     for r in range(world):
         with open(out / "s1_graph_a1_info" / f"params_split_info_{r}.json") as f:
             info = json.load(f)
@@ -158,12 +100,18 @@ def test_split_info_json_describes_every_shard(jobs, world):
 
 
 @pytest.mark.parametrize("world", [2, 4])
-def test_build_errors_name_argument_and_value(jobs, world):
-    world, out = jobs(world)
+def test_build_errors_name_argument_and_value(parity_jobs, world):
+    world, out = parity_jobs(world)
     for r in range(world):
         with open(out / f"errors_rank{r}.json") as f:
             errors = json.load(f)
-        assert errors["no_dp_group"].startswith("ValueError") and "'dp_group'" in errors["no_dp_group"]
-        assert "zero_sub" in errors["no_dp_group"]
-        assert errors["factored_stage1"].startswith("ValueError") and "row.net.embedding.embedding_table" in errors["factored_stage1"]
+        assert errors["all_ranks_group_without_dp"] is None  # a group of every rank needs no replicas
+        assert errors["bad_fusion"].startswith("ValueError") and "'bucket_size'" in errors["bad_fusion"]
+        assert "-1" in errors["bad_fusion"]
+        assert errors["factored_stage1"].startswith("ValueError")
+        assert "row.net.embedding.embedding_table" in errors["factored_stage1"]
         assert errors["factored_stage0"] is None  # nothing is sharded at stage 0, so any optimizer works
+        if world == 4:
+            assert errors["sub_group_without_dp"].startswith("ValueError")
+            assert "'dp_group'" in errors["sub_group_without_dp"] and "'zop'" in errors["sub_group_without_dp"]
+            assert "must tile the 4 ranks" in errors["groups_do_not_tile"] and "'zero_all'" in errors["groups_do_not_tile"]

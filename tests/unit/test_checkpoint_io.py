@@ -13,7 +13,7 @@ import mindspore as ms
 import numpy as np
 import pytest
 
-from conftest import ROOT
+from msrun_harness import REPO as ROOT
 from mindone_zero import checkpoint_io
 from mindone_zero.checkpoint_io import (
     atomic_save_checkpoint,

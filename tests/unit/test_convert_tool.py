@@ -7,7 +7,7 @@ import sys
 import mindspore as ms
 import numpy as np
 
-from conftest import ROOT
+from msrun_harness import REPO as ROOT
 from mindone_zero.checkpoint_io import atomic_save_checkpoint, write_split_info
 from mindone_zero.partition import ShardSpec, split_all
 

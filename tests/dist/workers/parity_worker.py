@@ -20,13 +20,40 @@ sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", ".."))
 from models import FactoredOptimizer, LossNet, TinyNet, init_weights, make_optimizer, micro_batch  # noqa: E402
 
 from mindone_zero import ZeroHelper, prepare_train_network  # noqa: E402
+from mindone_zero.comm import GroupComm  # noqa: E402
 from mindone_zero.optimizer_states import find_optimizer_states  # noqa: E402
 
 CLIP_NORM = 2.0
 
 
+class CallCounter:
+    """Counts the GroupComm collective calls a PYNATIVE step makes (Python runs every call)."""
+
+    METHODS = ("all_reduce", "all_reduce_mean", "reduce_scatter", "all_gather", "broadcast")
+
+    def __init__(self, train):
+        self.counts = {}
+        seen = set()
+        for _, cell in train.cells_and_names():
+            if isinstance(cell, GroupComm) and id(cell) not in seen:
+                seen.add(id(cell))
+                for name in self.METHODS:
+                    object.__setattr__(cell, name, self._wrap(cell, name, getattr(cell, name)))
+
+    def _wrap(self, cell, name, method):
+        kind = "all_reduce" if name == "all_reduce_mean" else name
+
+        def counted(*args, **kwargs):
+            key = f"{kind}@{cell.group}"
+            self.counts[key] = self.counts.get(key, 0) + 1
+            return method(*args, **kwargs)
+
+        return counted
+
+
 def run_case(case, out, rank, world):
     ms.set_context(mode=ms.GRAPH_MODE if case["mode"] == "graph" else ms.PYNATIVE_MODE)
+    groups = dict(optimizer_parallel_group="zop", dp_group="zdp") if case.get("hybrid") else {}
     net = init_weights(TinyNet(with_scalar=case.get("net", "full") == "full"))
     loss_net = LossNet(net)
     opt = make_optimizer(net.trainable_params(), case.get("optimizer", "adam"))
@@ -35,8 +62,10 @@ def run_case(case, out, rank, world):
     train = prepare_train_network(
         loss_net, opt, scale_sense=scale, zero_stage=case["stage"], gradient_accumulation_steps=accum,
         clip_grad=case["clip"], clip_norm=CLIP_NORM, params_split_info=os.path.join(out, case["name"] + "_info"),
+        comm_fusion=case.get("fusion"), optimizer_offload=case.get("offload", False), **groups,
     )
     train.set_train(True)
+    counter = CallCounter(train) if case.get("count_calls") else None
     losses, overflows, scales = [], [], []
     for step in range(case["steps"]):
         for micro in range(accum):
@@ -59,9 +88,12 @@ def run_case(case, out, rank, world):
     np.savez(os.path.join(out, f"{case['name']}_rank{rank}.npz"), losses=np.array(losses),
              overflows=np.array(overflows), scales=np.array(scales), final_scale=float(train.scale_sense.asnumpy()),
              **{"param/" + k: v for k, v in params.items()})
+    plan = train.comm_plan
     with open(os.path.join(out, f"{case['name']}_rank{rank}.json"), "w") as f:
         json.dump({"specs": specs, "state_bytes": int(state_bytes), "master_bytes": int(master_bytes),
-                   "split": [bool(s) for s in helper.split]}, f)
+                   "split": [bool(s) for s in helper.split], "offload": helper.optimizer_offload,
+                   "plan": [list(e) for e in plan.entries],
+                   "calls_per_step": {k: v / case["steps"] for k, v in counter.counts.items()} if counter else None}, f)
 
 
 def _error_of(fn):
@@ -72,17 +104,33 @@ def _error_of(fn):
     return None
 
 
+def create_groups(rank, world):
+    """zero_all: every rank under another name; at N=4 the hybrid grid zop {0,1}/{2,3} (shards)
+    and zdp {0,2}/{1,3} (replicas)."""
+    create_group("zero_all", list(range(world)))
+    if world == 4:
+        create_group("zop", [0, 1] if rank < 2 else [2, 3])
+        create_group("zdp", [0, 2] if rank % 2 == 0 else [1, 3])
+
+
 def run_error_checks(out, rank, world):
     """Build-time errors that need a distributed job; writes errors_rank{r}.json."""
-    create_group("zero_sub", list(range(world)))  # all ranks, but not the world group by name
     net = LossNet(init_weights(TinyNet()))
+
+    def build(**kwargs):
+        return prepare_train_network(net, make_optimizer(net.trainable_params()), zero_stage=1,
+                                     params_split_info=os.path.join(out, "errors_info"), **kwargs)
+
     results = {
-        "no_dp_group": _error_of(lambda: prepare_train_network(
-            net, make_optimizer(net.trainable_params()), zero_stage=1, optimizer_parallel_group="zero_sub")),
+        "all_ranks_group_without_dp": _error_of(lambda: build(optimizer_parallel_group="zero_all")),
+        "bad_fusion": _error_of(lambda: build(comm_fusion={"allreduce": {"bucket_size": -1}})),
         "factored_stage1": _error_of(lambda: ZeroHelper(FactoredOptimizer(net.trainable_params()), zero_stage=1,
                                                          params_split_info=os.path.join(out, "errors_info"))),
         "factored_stage0": _error_of(lambda: ZeroHelper(FactoredOptimizer(net.trainable_params()), zero_stage=0)),
     }
+    if world == 4:
+        results["sub_group_without_dp"] = _error_of(lambda: build(optimizer_parallel_group="zop"))
+        results["groups_do_not_tile"] = _error_of(lambda: build(optimizer_parallel_group="zop", dp_group="zero_all"))
     with open(os.path.join(out, f"errors_rank{rank}.json"), "w") as f:
         json.dump(results, f)
 
@@ -96,6 +144,7 @@ def main():
     init()
     ms.set_auto_parallel_context(parallel_mode=ms.ParallelMode.DATA_PARALLEL, gradients_mean=True)
     rank, world = get_rank(), get_group_size()
+    create_groups(rank, world)
     run_error_checks(args.out, rank, world)
     for case in json.loads(args.cases):
         run_case(case, args.out, rank, world)

@@ -1,0 +1,165 @@
+"""Communication fusion: many small tensors sent as one collective per bucket.
+
+[Note: buckets]
+Tensors are grouped, in order and per dtype, into buckets of at most ``bucket_size`` bytes
+(a tensor larger than that gets a bucket of its own). A bucket is flattened into one buffer,
+sent through one collective, and cut back into its tensors. For reduce-scatter the buffer is
+laid out rank-major, ``[rank 0's block of every tensor | rank 1's block | ...]``, so that one
+reduce-scatter leaves each rank exactly its own blocks; all-gather undoes the same layout.
+A bucket of one tensor is sent as it is, with no copy, which is also what "fusion off" means.
+
+``FusionConfig`` reads MindOne's dict (``{"allreduce": {"openstate": True, "bucket_size": 5e8},
+"reduce_scatter": {...}, "allgather": {...}}``); a kind that is missing or has
+``openstate: False`` sends one collective per tensor.
+"""
+from dataclasses import dataclass
+from typing import List, Optional, Sequence, Tuple
+
+import numpy as np
+from mindspore import nn, ops
+
+from .comm import CommPlan, GroupComm
+
+__all__ = ["FusionConfig", "plan_buckets", "BucketedComm"]
+
+_KINDS = ("allreduce", "reduce_scatter", "allgather")
+
+
+@dataclass(frozen=True)
+class FusionConfig:
+    """Bucket size in bytes per collective kind; None sends one collective per tensor."""
+
+    allreduce: Optional[int] = None
+    reduce_scatter: Optional[int] = None
+    allgather: Optional[int] = None
+
+    @classmethod
+    def from_mindone(cls, comm_fusion) -> "FusionConfig":
+        """Parse MindOne's ``comm_fusion`` dict (None: no fusion).
+
+        Raises:
+            TypeError / ValueError: naming the offending key and value.
+        """
+        if comm_fusion is None:
+            return cls()
+        if not isinstance(comm_fusion, dict):
+            raise TypeError(f"For 'ZeroHelper', the argument 'comm_fusion' must be a dict or None, but got {comm_fusion!r}.")
+        unknown = sorted(set(comm_fusion) - set(_KINDS))
+        if unknown:
+            raise ValueError(
+                f"For 'ZeroHelper', the argument 'comm_fusion' may only have the keys {list(_KINDS)}, but got {unknown}."
+            )
+        sizes = {}
+        for kind, cfg in comm_fusion.items():
+            if not isinstance(cfg, dict):
+                raise TypeError(f"For 'ZeroHelper', comm_fusion[{kind!r}] must be a dict, but got {cfg!r}.")
+            if not cfg.get("openstate", True):
+                continue
+            size = cfg.get("bucket_size", 5e8)
+            if isinstance(size, bool) or not isinstance(size, (int, float)) or size <= 0:
+                raise ValueError(
+                    f"For 'ZeroHelper', comm_fusion[{kind!r}]['bucket_size'] must be a positive number of bytes, "
+                    f"but got {size!r}."
+                )
+            sizes[kind] = int(size)
+        return cls(**sizes)
+
+
+def plan_buckets(nbytes: Sequence[int], dtypes: Sequence[str], bucket_size: Optional[int]) -> List[List[int]]:
+    """Indices of the tensors in each bucket, per [Note: buckets]. Pure; no communication."""
+    if bucket_size is None:
+        return [[i] for i in range(len(nbytes))]
+    buckets, open_by_dtype = [], {}
+    for i, (size, dtype) in enumerate(zip(nbytes, dtypes)):
+        current = open_by_dtype.get(dtype)
+        if current is not None and current[1] + size <= bucket_size:
+            current[0].append(i)
+            current[1] += size
+            continue
+        bucket = [i]
+        buckets.append(bucket)
+        open_by_dtype[dtype] = [bucket, size]
+    return buckets
+
+
+class BucketedComm(nn.Cell):
+    """Fused collectives over one group for a fixed list of tensor shapes.
+
+    Built once on every rank (not collective); its methods are collective over the group and
+    take or return tuples in the order of ``shapes``. ``plan`` records each collective a call
+    issues (see ``CommPlan``).
+
+    Args:
+        comm: the group's ``GroupComm``.
+        shapes: shape of each tensor as given to ``all_reduce_mean``/``reduce_scatter`` (for
+            reduce-scatter, the padded full shape) or, for ``all_gather``, the shard shape.
+        templates: Parameters (or Tensors) with the dtype of each tensor; tensors of different
+            dtypes never share a bucket.
+        bucket_size: bytes per bucket, or None for one collective per tensor.
+    """
+
+    def __init__(self, comm: GroupComm, shapes: Sequence[Tuple[int, ...]], templates, bucket_size: Optional[int]):
+        super().__init__(auto_prefix=False)
+        self.comm = comm
+        self.shapes = tuple(tuple(int(d) for d in s) for s in shapes)
+        self.numels = tuple(int(np.prod(s)) for s in self.shapes)
+        nbytes = [n * t.itemsize for n, t in zip(self.numels, templates)]
+        dtypes = [str(t.dtype) for t in templates]
+        self.buckets = tuple(tuple(b) for b in plan_buckets(nbytes, dtypes, bucket_size))
+        self.bucket_bytes = tuple(sum(nbytes[i] for i in b) for b in self.buckets)
+
+    def record(self, plan: CommPlan, kind: str, scale: float = 1.0) -> None:
+        """Add one entry per bucket to ``plan``; ``scale`` turns shard bytes into full bytes."""
+        for size in self.bucket_bytes:
+            plan.add(kind, self.comm.group, int(size * scale), self.comm.size)
+
+    def all_reduce_mean(self, tensors):
+        """Mean over the group of every tensor, one all-reduce per bucket."""
+        out = list(tensors)
+        for bucket in self.buckets:
+            if len(bucket) == 1:
+                out[bucket[0]] = self.comm.all_reduce_mean(tensors[bucket[0]])
+                continue
+            flat = ops.concat([tensors[i].reshape(-1) for i in bucket], 0)
+            flat = self.comm.all_reduce_mean(flat)
+            offset = 0
+            for i in bucket:
+                out[i] = flat[offset:offset + self.numels[i]].reshape(self.shapes[i])
+                offset += self.numels[i]
+        return tuple(out)
+
+    def reduce_scatter(self, tensors):
+        """Sum over the group, then this rank's dim-0 block of every (padded) tensor."""
+        n = self.comm.size
+        out = list(tensors)
+        for bucket in self.buckets:
+            if len(bucket) == 1:
+                out[bucket[0]] = self.comm.reduce_scatter(tensors[bucket[0]])
+                continue
+            # rank-major layout: row r of each (n, numel / n) view holds rank r's block
+            flat = ops.concat([tensors[i].reshape(n, -1) for i in bucket], 1).reshape(-1)
+            mine = self.comm.reduce_scatter(flat)
+            offset = 0
+            for i in bucket:
+                block = self.numels[i] // n
+                out[i] = mine[offset:offset + block].reshape((self.shapes[i][0] // n,) + self.shapes[i][1:])
+                offset += block
+        return tuple(out)
+
+    def all_gather(self, shards):
+        """Every rank's shard of every tensor, concatenated along dim 0 in rank order."""
+        n = self.comm.size
+        out = list(shards)
+        for bucket in self.buckets:
+            if len(bucket) == 1:
+                out[bucket[0]] = self.comm.all_gather(shards[bucket[0]])
+                continue
+            flat = ops.concat([shards[i].reshape(-1) for i in bucket], 0)
+            full = self.comm.all_gather(flat).reshape(n, -1)
+            offset = 0
+            for i in bucket:
+                cols = full[:, offset:offset + self.numels[i]]
+                out[i] = cols.reshape((n * self.shapes[i][0],) + self.shapes[i][1:])
+                offset += self.numels[i]
+        return tuple(out)
+

@@ -1,0 +1,27 @@
+import json
+
+import pytest
+
+from msrun_harness import run_msrun
+from parity_cases import CASES
+
+
+@pytest.fixture(scope="session")
+def parity_jobs(tmp_path_factory):
+    """world size -> (world, output folder) of that world size's training job, run once on first use."""
+    done = {}
+
+    def get(world):
+        if world not in done:
+            out = tmp_path_factory.mktemp(f"parity_N{world}")
+            try:
+                run_msrun("tests/dist/workers/parity_worker.py", world, out, ["--cases", json.dumps(CASES[world])],
+                          timeout=1500)
+                done[world] = out
+            except AssertionError as e:  # a failed job fails every test that reads it, without rerunning
+                done[world] = e
+        if isinstance(done[world], AssertionError):
+            raise done[world]
+        return world, done[world]
+
+    return get

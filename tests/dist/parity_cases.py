@@ -1,0 +1,55 @@
+"""The training cases that one msrun job per world size runs (tests/dist/workers/parity_worker.py).
+
+Every test of training behaviour reads these jobs' files (tests/dist/conftest.py runs each job
+once per session), so that N=2 and N=4 each cost one msrun start-up.
+"""
+STEPS = 10
+STAGES = (0, 1, 2)
+MODES = ("graph", "pynative")
+# (accumulation, clip, optimizer): clipping is checked with Momentum because Adam's update is
+# nearly invariant to a gradient scale, so a wrong clip factor would go unseen.
+CONFIGS = {"a1": (1, False, "adam"), "a2clip": (2, True, "momentum")}
+EXTRA = {"a1clip": (1, True, "momentum")}  # GRAPH_MODE only, to keep the job short
+OVERFLOW_STEP = 3
+# Optimizer states are found generically; these are the optimizers the issue names (Adam runs
+# in every case above).
+OPTIMIZERS = ("adamw", "sgd", "momentum")
+# Fusion buckets small enough that TinyNet's gradients need several, large enough to merge some.
+FUSION_BUCKET = 400
+FUSION = {kind: {"openstate": True, "bucket_size": FUSION_BUCKET} for kind in ("allreduce", "reduce_scatter", "allgather")}
+
+
+def _case(name, stage, mode="graph", accum=1, clip=False, optimizer="adam", steps=STEPS, **extra):
+    return dict(name=name, mode=mode, stage=stage, accum=accum, clip=clip, optimizer=optimizer, steps=steps, **extra)
+
+
+def cases_for(world):
+    cases = []
+    for stage in STAGES:
+        for mode in MODES:
+            configs = dict(CONFIGS, **(EXTRA if mode == "graph" else {}))
+            for key, (accum, clip, opt) in configs.items():
+                cases.append(_case(f"s{stage}_{mode}_{key}", stage, mode, accum, clip, opt))
+        if stage > 0 and world == 2:  # optimizer coverage does not depend on the world size
+            for opt in OPTIMIZERS:
+                cases.append(_case(f"s{stage}_graph_opt_{opt}", stage, optimizer=opt, steps=5,
+                                   net="noscalar" if opt == "adamw" else "full"))
+        cases.append(_case(f"s{stage}_graph_overflow", stage, steps=6, overflow_step=OVERFLOW_STEP, dynamic_scale=True))
+        # issue 5: fusion (with clipping and accumulation, PYNATIVE counts the real calls), offload
+        cases.append(_case(f"s{stage}_graph_fusion", stage, accum=2, clip=True, optimizer="momentum", fusion=FUSION))
+        cases.append(_case(f"s{stage}_pynative_fusion", stage, "pynative", fusion=FUSION, steps=3, count_calls=True))
+        cases.append(_case(f"s{stage}_pynative_unfused", stage, "pynative", steps=3, count_calls=True))
+        cases.append(_case(f"s{stage}_graph_offload", stage, offload=True, steps=5))
+        if world == 4:  # hybrid: shards within {0,1},{2,3}, replicas across {0,2},{1,3}
+            cases.append(_case(f"s{stage}_graph_hybrid", stage, accum=2, clip=True, optimizer="momentum", hybrid=True))
+            cases.append(_case(f"s{stage}_pynative_hybrid", stage, "pynative", hybrid=True, steps=5))
+            cases.append(_case(f"s{stage}_graph_hybrid_fusion", stage, hybrid=True, fusion=FUSION, steps=5))
+    return cases
+
+
+CASES = {world: cases_for(world) for world in (2, 4)}
+
+
+def world_cases(select):
+    """(world, case) pairs of every job whose case satisfies ``select``."""
+    return [(w, c) for w in (2, 4) for c in CASES[w] if select(c)]
