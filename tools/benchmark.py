@@ -1,0 +1,370 @@
+"""Benchmark ZeRO stages 0-3 at several world sizes on the demo LM: memory, speed, communication.
+
+    python tools/benchmark.py --config configs/benchmark.yaml --out outputs/benchmark
+
+One msrun job per world size (``tools/benchmark_worker.py``) runs every stage in turn. For each
+(world size N, stage) the report gives:
+
+* measured model-state bytes per rank (``mindone_zero.memory_measure.measure_model_states``)
+  and their ratio to ``estimate_model_states_memory`` with the config's bytes per parameter
+  (default fp32 training with Adam: 4 B parameter, 4 B gradient, 8 B optimizer states, two
+  fp32 moments). Gradients are held between micro-steps only as accumulation buffers, so the
+  default config accumulates 2 micro-steps; stages 1-2 also keep a 1/N fp32 master copy of the
+  parameters (4/N B per parameter beyond the formula), which shows as a ratio above 1;
+* the median optimizer-step time and its ratio to stage 0 at the same N. On the CPU backend
+  ReduceScatter (and sub-group AllGather) are emulated with AllReduce, so stages 1-3 move more
+  bytes than the native path would, and times are those of the emulation;
+* collectives and bytes per optimizer step per rank on the native path, counted from the shard
+  layout (``native_collectives``; ring algorithm: all-reduce sends 2(N-1)/N of the tensor,
+  reduce-scatter and all-gather (N-1)/N), next to the ZeRO paper's 2Φ (stages 0-2) and 3Φ
+  (stage 3), Φ = parameter bytes. With accumulation our stages 2-3 communicate every
+  micro-step, and stage 3 keeps the forward-gathered parameters for backward instead of
+  gathering them again, hence 2Φ per micro-step rather than the paper's 3Φ. When the train
+  network carries the library's ``CommPlan`` (``train_net.comm_plan``), its volume is checked
+  against this count.
+
+Writes ``benchmark.md`` (the tables), ``results.json`` and, if matplotlib is installed
+(``pip install -e .[plot]``), ``benchmark.png`` into ``--out``; prints the tables.
+"""
+import argparse
+import copy
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+from pathlib import Path
+from statistics import median
+from typing import Dict, List, Sequence, Tuple
+
+import yaml
+
+REPO = Path(__file__).resolve().parents[1]
+if str(REPO) not in sys.path:
+    sys.path.insert(0, str(REPO))
+
+from mindone_zero.memory import estimate_model_states_memory  # noqa: E402
+from tools.train_config import build_config  # noqa: E402
+
+BENCH_DEFAULTS = {
+    "world_sizes": [2, 4],
+    "stages": [0, 1, 2, 3],
+    "mode": "graph",
+    "warmup_steps": 2,
+    "timed_steps": 6,
+    "global_batch_size": 16,
+    "gradient_accumulation_steps": 2,
+    "learning_rate": 1.0e-3,
+    "clip_grad": True,
+    "init_seed": 0,
+    "timeout_s": 600,
+    "param_bytes": 4,
+    "grad_bytes": 4,
+    "optimizer_bytes": 8,
+}
+RING = {"all_reduce": 2.0, "reduce_scatter": 1.0, "all_gather": 1.0, "broadcast": 1.0}
+PAPER_FACTOR = {0: 2, 1: 2, 2: 2, 3: 3}
+MEMORY_KINDS = ("params", "master_shards", "optimizer_states", "accumulation", "ema", "other")
+
+
+def _fail(key, what, value):
+    raise ValueError(f"For 'load_benchmark_config', the argument '{key}' must be {what}, but got {value!r}.")
+
+
+def load_benchmark_config(path: str) -> dict:
+    """Sections ``model`` and ``data`` (as in ``configs/train_lm.yaml``) and ``benchmark``.
+
+    Raises:
+        ValueError: unknown key or bad value, naming it. OSError: unreadable file.
+    """
+    with open(path, encoding="utf-8") as f:
+        loaded = yaml.safe_load(f) or {}
+    if not isinstance(loaded, dict):
+        _fail("config", "a mapping", loaded)
+    loaded = dict(loaded)
+    bench = copy.deepcopy(BENCH_DEFAULTS)
+    for key, value in (loaded.pop("benchmark", None) or {}).items():
+        if key not in bench:
+            _fail(f"benchmark.{key}", f"one of {sorted(bench)}", key)
+        bench[key] = value
+    if "train" in loaded:
+        _fail("train", "absent (the benchmark has its own 'benchmark' section)", loaded["train"])
+    cfg = build_config(loaded, {}, f"the file '{path}'")
+    _check_bench(bench)
+    return {"model": cfg["model"], "data": cfg["data"], "benchmark": bench}
+
+
+def _check_bench(bench: dict) -> None:
+    sizes, stages = bench["world_sizes"], bench["stages"]
+    if not isinstance(sizes, list) or not sizes or any(not isinstance(n, int) or n < 1 for n in sizes):
+        _fail("benchmark.world_sizes", "a non-empty list of integers >= 1", sizes)
+    if not isinstance(stages, list) or 0 not in stages or any(s not in (0, 1, 2, 3) for s in stages):
+        _fail("benchmark.stages", "a list of stages from [0, 1, 2, 3] including 0 (the baseline)", stages)
+    if bench["mode"] not in ("graph", "pynative"):
+        _fail("benchmark.mode", "'graph' or 'pynative'", bench["mode"])
+    for key in ("timed_steps", "global_batch_size", "gradient_accumulation_steps", "timeout_s"):
+        if not isinstance(bench[key], int) or bench[key] < 1:
+            _fail(f"benchmark.{key}", "an integer >= 1", bench[key])
+    for n in sizes:
+        if bench["global_batch_size"] % (n * bench["gradient_accumulation_steps"]):
+            _fail("benchmark.global_batch_size", f"a multiple of N x accumulation for N={n}", bench["global_batch_size"])
+
+
+# ----------------------------------------------------------------------------- communication model
+def _prod(shape: Sequence[int]) -> int:
+    n = 1
+    for d in shape:
+        n *= int(d)
+    return n
+
+
+def native_collectives(layout: List[dict], stage: int, accum: int, clip_grad: bool) -> List[Tuple[str, int]]:
+    """Collectives of one optimizer step on one rank, as native ops: ``[(kind, tensor bytes)]``.
+
+    ``layout`` has, per parameter, ``shape`` (full), ``padded_shape``, ``itemsize`` and ``split``
+    (as ``tools/benchmark_worker.py`` writes it). Tensor bytes are the full (padded) tensor a
+    collective works on. Follows [Note: gradient reduction] in ``mindone_zero/zero_helper.py``:
+    one overflow-flag all-reduce per micro-step; gradients reduced every micro-step at stages 2-3
+    (and whenever ``accum == 1``), else once per optimizer step; stages 1-2 reduce-scatter sharded
+    gradients and all-gather the updated shards once per step; stage 3 all-gathers each sharded
+    parameter in forward and reduce-scatters its gradient in backward, every micro-step;
+    replicated parameters are all-reduced; one global-norm all-reduce per step when clipping at
+    stages >= 1. Pure arithmetic, no MindSpore.
+    """
+    entries = [("all_reduce", 4)] * accum
+    reduces = accum if (stage in (2, 3) or accum == 1) else 1
+    for p in layout:
+        full = _prod(p["shape"]) * p["itemsize"]
+        padded = _prod(p["padded_shape"] or p["shape"]) * p["itemsize"]
+        if stage == 3 and p["split"]:
+            entries += [("all_gather", padded), ("reduce_scatter", padded)] * accum
+        elif stage in (1, 2) and p["split"]:
+            entries += [("reduce_scatter", padded)] * reduces + [("all_gather", padded)]
+        else:
+            entries += [("all_reduce", full)] * reduces
+    if clip_grad and stage > 0:
+        entries.append(("all_reduce", 4))
+    return entries
+
+
+def ring_volume(entries: Sequence[Sequence], world: int) -> float:
+    """Bytes one rank sends for ``entries`` ((kind, bytes, ...)) with ring algorithms over ``world`` ranks."""
+    return sum(RING[e[0]] * (world - 1) / world * e[1] for e in entries)
+
+
+# ----------------------------------------------------------------------------- running the jobs
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def run_world(config_path: str, world: int, out: Path, timeout_s: int) -> None:
+    """One msrun job with ``world`` CPU workers running every stage; results in ``out``.
+
+    Raises:
+        RuntimeError: the job failed or timed out (with the tail of the worker logs).
+    """
+    out.mkdir(parents=True, exist_ok=True)
+    for stale in out.glob("stage*_rank*.json"):
+        stale.unlink()  # never report an earlier run's numbers
+    log_dir = out / "msrun_logs"
+    cmd = ["msrun", f"--worker_num={world}", f"--local_worker_num={world}", f"--master_port={_free_port()}",
+           f"--log_dir={log_dir}", "--join=True", str(REPO / "tools" / "benchmark_worker.py"),
+           "--config", str(Path(config_path).resolve()), "--out", str(out.resolve())]
+    env = dict(os.environ, GLOG_v=os.environ.get("GLOG_v", "3"))
+    env["PYTHONPATH"] = os.pathsep.join([str(REPO), env.get("PYTHONPATH", "")])
+    with open(out / "msrun.out", "w") as log:
+        proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True)
+        try:
+            code = proc.wait(timeout=timeout_s)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+            code = None
+    if code != 0:
+        tails = []
+        for path in sorted(log_dir.glob("worker_*.log")):
+            lines = [t for t in path.read_text(errors="replace").splitlines() if not t.startswith(("[WARNING]", "[INFO]"))]
+            tails.append(f"--- {path}\n" + "\n".join(lines[-30:]))
+        what = f"timed out after {timeout_s}s" if code is None else f"exited with {code}"
+        raise RuntimeError(f"For 'benchmark', the msrun job with N={world} {what}.\n" + "\n".join(tails))
+
+
+def _load_ranks(out: Path, stage: int, world: int) -> List[dict]:
+    ranks = []
+    for r in range(world):
+        with open(out / f"stage{stage}_rank{r}.json") as f:
+            ranks.append(json.load(f))
+    return ranks
+
+
+def summarize(cfg: dict, out: Path, world: int) -> List[dict]:
+    """One row per stage at ``world`` ranks from the workers' JSON files in ``out``."""
+    bench = cfg["benchmark"]
+    rows = []
+    for stage in bench["stages"]:
+        ranks = _load_ranks(out, stage, world)
+        r0 = ranks[0]
+        num_params = sum(_prod(p["shape"]) for p in r0["layout"])
+        phi = sum(_prod(p["shape"]) * p["itemsize"] for p in r0["layout"])
+        estimate = estimate_model_states_memory(num_params, world, stage, bench["param_bytes"], bench["grad_bytes"],
+                                                bench["optimizer_bytes"])
+        ours = native_collectives(r0["layout"], stage, r0["accum"], r0["clip_grad"])
+        plan = [(e[0], e[2]) for e in r0["comm_plan"]]
+        rows.append({
+            "world": world, "stage": stage, "effective_stage": r0["effective_stage"], "num_params": num_params,
+            "phi_bytes": phi, "memory": {k: max(r["memory"][k] for r in ranks) for k in r0["memory"]},
+            "memory_equal_on_ranks": all(r["memory"] == r0["memory"] for r in ranks), "estimate": estimate,
+            "step_time": median(r0["step_times"]), "collectives": len(ours), "volume": ring_volume(ours, world),
+            "volume_a1": ring_volume(native_collectives(r0["layout"], stage, 1, r0["clip_grad"]), world),
+            "library_plan_volume": ring_volume(plan, world) if plan else None,
+            "library_plan_collectives": len(plan) if plan else None,
+            "paper_volume": PAPER_FACTOR[stage] * phi, "first_loss": r0["losses"][0], "last_loss": r0["losses"][-1],
+        })
+    base = next(r["step_time"] for r in rows if r["stage"] == 0)
+    for row in rows:
+        row["time_ratio"] = row["step_time"] / base
+        row["memory_ratio"] = row["memory"]["total"] / row["estimate"]
+    return rows
+
+
+# ----------------------------------------------------------------------------- report
+def _kib(n: float) -> str:
+    return f"{n / 1024:.1f} KiB"
+
+
+def render_tables(cfg: dict, rows: List[dict]) -> str:
+    """The markdown report: main table, bytes by kind, and how to read them."""
+    bench = cfg["benchmark"]
+    p, g, k = bench["param_bytes"], bench["grad_bytes"], bench["optimizer_bytes"]
+    lines = [
+        f"Demo LM ({rows[0]['num_params']} parameters, Φ = {rows[0]['phi_bytes']} B of fp32 parameters), Adam, "
+        f"global batch {bench['global_batch_size']}, {bench['gradient_accumulation_steps']} micro-steps per "
+        f"optimizer step, {bench['mode']} mode, {bench['timed_steps']} timed steps after {bench['warmup_steps']} "
+        f"warm-up, CPU backend.",
+        "",
+        f"| N | stage | model states / rank | estimate ({p}+{g}+{k} B) | measured / estimate | median step | "
+        f"vs stage 0 | collectives / step | native bytes / step / rank | in Φ' | in Φ' at 1 micro-step | paper |",
+        "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+    ]
+    for r in rows:
+        unit = r["phi_bytes"] * (r["world"] - 1) / r["world"]  # Φ' = Φ (N-1)/N: the paper's Φ on N ranks
+        lines.append(
+            f"| {r['world']} | {r['stage']} | {_kib(r['memory']['total'])} | {_kib(r['estimate'])} | "
+            f"{r['memory_ratio']:.3f} | {r['step_time'] * 1e3:.1f} ms | {r['time_ratio']:.2f}x | {r['collectives']} | "
+            f"{_kib(r['volume'])} | {r['volume'] / unit:.2f}Φ' | {r['volume_a1'] / unit:.2f}Φ' | "
+            f"{PAPER_FACTOR[r['stage']]}Φ |"
+        )
+    lines += ["", "Measured bytes per rank by kind (`measure_model_states`):", "",
+              "| N | stage | " + " | ".join(MEMORY_KINDS) + " | total |",
+              "|---:|---:|" + "---:|" * (len(MEMORY_KINDS) + 1)]
+    for r in rows:
+        cells = " | ".join(str(r["memory"][kind]) for kind in MEMORY_KINDS + ("total",))
+        lines.append(f"| {r['world']} | {r['stage']} | {cells} |")
+    lines += ["", *_notes(rows)]
+    return "\n".join(lines)
+
+
+def _notes(rows: List[dict]) -> List[str]:
+    notes = [
+        "- Estimate: `estimate_model_states_memory` (ZeRO paper). Gradients are held only as accumulation buffers; "
+        "stages 1-2 also keep a 1/N fp32 master copy of the parameters, which the formula does not count.",
+        "- Step time: CPU backend, where ReduceScatter and sub-group AllGather are emulated with AllReduce; the "
+        "native-path bytes are what Ascend/GPU would move.",
+        "- Native bytes: ring algorithms (all-reduce 2(N-1)/N of the tensor, reduce-scatter and all-gather (N-1)/N), "
+        "per optimizer step, overflow-flag and norm all-reduces included; Φ' = Φ (N-1)/N, the paper's Φ for N ranks. "
+        "Stages 2-3 communicate every micro-step; the next column is the same count with one micro-step per step. "
+        "Paper: 2Φ for stages 0-2, 3Φ for stage 3, per step without accumulation (its stage 3 gathers the "
+        "parameters again in backward; ours keeps the forward-gathered ones).",
+    ]
+    for r in rows:
+        if r["effective_stage"] != r["stage"]:
+            notes.append(f"- N={r['world']} stage {r['stage']} ran as stage {r['effective_stage']} (fallback).")
+        if not r["memory_equal_on_ranks"]:
+            notes.append(f"- N={r['world']} stage {r['stage']}: ranks hold different bytes; the maximum is shown.")
+        plan = r["library_plan_volume"]
+        if plan is not None and abs(plan - r["volume"]) > 1e-6 * max(plan, 1.0):
+            notes.append(f"- N={r['world']} stage {r['stage']}: the library's CommPlan gives {plan:.0f} B "
+                         f"({r['library_plan_collectives']} collectives), this count {r['volume']:.0f} B.")
+    return notes
+
+
+def plot(rows: List[dict], path: Path) -> bool:
+    """Bar charts of memory, step time and communication per stage and N; False without matplotlib."""
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return False
+    worlds = sorted({r["world"] for r in rows})
+    stages = sorted({r["stage"] for r in rows})
+    fig, axes = plt.subplots(1, 3, figsize=(15, 4.2))
+    width = 0.8 / (2 * len(worlds))
+    for i, world in enumerate(worlds):
+        sel = [next(r for r in rows if r["world"] == world and r["stage"] == s) for s in stages]
+        xs = [s + (2 * i - len(worlds)) * width + width / 2 for s in stages]
+        axes[0].bar(xs, [r["memory"]["total"] / 1024 for r in sel], width, label=f"measured N={world}")
+        axes[0].bar([x + width for x in xs], [r["estimate"] / 1024 for r in sel], width, label=f"estimate N={world}",
+                    alpha=0.5)
+        axes[1].bar([s + (i - len(worlds) / 2 + 0.5) * 0.8 / len(worlds) for s in stages],
+                    [r["time_ratio"] for r in sel], 0.8 / len(worlds), label=f"N={world}")
+        axes[2].bar([s + (i - len(worlds) / 2 + 0.5) * 0.8 / len(worlds) for s in stages],
+                    [r["volume_a1"] / (r["phi_bytes"] * (world - 1) / world) for r in sel], 0.8 / len(worlds),
+                    label=f"N={world}")
+    axes[2].plot(stages, [PAPER_FACTOR[s] for s in stages], "k_", markersize=30, label="paper (2Φ / 3Φ)")
+    titles = ("model states per rank (KiB)", "median step time / stage 0", "native bytes per step (1 micro-step) / Φ'")
+    for ax, title in zip(axes, titles):
+        ax.set_title(title)
+        ax.set_xticks(stages)
+        ax.set_xlabel("ZeRO stage")
+        ax.legend(fontsize=7)
+    fig.tight_layout()
+    tmp = path.with_name("." + path.name + ".tmp.png")
+    fig.savefig(tmp, dpi=110)
+    plt.close(fig)
+    os.replace(tmp, path)
+    return True
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--config", default=str(REPO / "configs" / "benchmark.yaml"))
+    parser.add_argument("--out", default="outputs/benchmark")
+    parser.add_argument("--world_sizes", type=int, nargs="+", help="override benchmark.world_sizes")
+    parser.add_argument("--stages", type=int, nargs="+", help="override benchmark.stages (must include 0)")
+    args = parser.parse_args(argv)
+    try:
+        cfg = load_benchmark_config(args.config)
+        for key in ("world_sizes", "stages"):
+            if getattr(args, key):
+                cfg["benchmark"][key] = getattr(args, key)
+        _check_bench(cfg["benchmark"])
+    except (ValueError, OSError) as err:
+        parser.error(str(err))
+    out = Path(args.out)
+    rows = []
+    for world in cfg["benchmark"]["world_sizes"]:
+        print(f"running N={world}: stages {cfg['benchmark']['stages']} ...", flush=True)
+        resolved = out / "config.yaml"
+        out.mkdir(parents=True, exist_ok=True)
+        resolved.write_text(yaml.safe_dump(cfg))
+        run_world(str(resolved), world, out / f"N{world}", cfg["benchmark"]["timeout_s"])
+        rows += summarize(cfg, out / f"N{world}", world)
+    report = render_tables(cfg, rows)
+    (out / "benchmark.md").write_text(report + "\n")
+    (out / "results.json").write_text(json.dumps(rows, indent=1))
+    print(report)
+    if plot(rows, out / "benchmark.png"):
+        print(f"chart: {out / 'benchmark.png'}")
+    else:
+        print("chart skipped: matplotlib is not installed (pip install -e '.[plot]')")
+    print(f"tables: {out / 'benchmark.md'}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
