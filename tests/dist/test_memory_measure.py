@@ -1,0 +1,85 @@
+"""measure_model_states against bytes computed by hand from TinyNet's shapes, stages 0-3 at N=2.
+
+One msrun job builds TinyNet + Adam + EMA with 2 accumulation steps at every stage
+(tests/dist/workers/memory_worker.py). Expected bytes follow DESIGN §3 directly: a parameter
+with ndim >= 1 is cut into N blocks of ceil(d0 / N) rows (zero padding included); the 0-d
+``temperature`` stays whole.
+"""
+import json
+import math
+
+import numpy as np
+import pytest
+
+from models import CLASSES, EMB, SEQ, VOCAB
+from msrun_harness import run_msrun
+
+WORLD = 2
+STAGES = (0, 1, 2, 3)
+F32 = 4
+# TinyNet's parameters (tests/models.py), full shapes.
+SHAPES = {
+    "temperature": (),
+    "embedding.embedding_table": (VOCAB, EMB),
+    "norm.gamma": (EMB,),
+    "norm.beta": (EMB,),
+    "conv.weight": (3, 1, 3, 3),
+    "conv.bias": (3,),
+    "head.weight": (CLASSES, 3 * SEQ * EMB),
+    "head.bias": (CLASSES,),
+}
+
+
+def _full(shape):
+    return int(np.prod(shape, dtype=np.int64)) * F32
+
+
+def _shard(shape):
+    if not shape:
+        return _full(shape)  # 0-d: replicated
+    return math.ceil(shape[0] / WORLD) * int(np.prod(shape[1:], dtype=np.int64)) * F32
+
+
+FULL = sum(_full(s) for s in SHAPES.values())
+SHARD = sum(_shard(s) for s in SHAPES.values())
+MASTER = sum(_shard(s) for s in SHAPES.values() if s)  # 0-d parameters need no master copy
+
+# Adam keeps moment1 and moment2; accumulation buffers are full at stages 0-1 (local sums reduced
+# once per step) and shards at stages 2-3; stage 3 holds the network itself as shards.
+EXPECTED = {
+    0: dict(params=FULL, master_shards=0, optimizer_states=2 * FULL, accumulation=FULL, ema=FULL),
+    1: dict(params=FULL, master_shards=MASTER, optimizer_states=2 * SHARD, accumulation=FULL, ema=SHARD),
+    2: dict(params=FULL, master_shards=MASTER, optimizer_states=2 * SHARD, accumulation=SHARD, ema=SHARD),
+    3: dict(params=SHARD, master_shards=0, optimizer_states=2 * SHARD, accumulation=SHARD, ema=SHARD),
+}
+
+
+@pytest.fixture(scope="module")
+def measured(tmp_path_factory):
+    out = tmp_path_factory.mktemp("memory_N2")
+    run_msrun("tests/dist/workers/memory_worker.py", WORLD, out, ["--stages", ",".join(map(str, STAGES))],
+              timeout=600)
+    results = {}
+    for stage in STAGES:
+        for rank in range(WORLD):
+            with open(out / f"stage{stage}_rank{rank}.json") as f:
+                results[stage, rank] = json.load(f)
+    return results
+
+
+def test_hand_computed_sizes_differ_between_stages():
+    # Guards the test itself: padding must make the shard sizes uneven (3 and 7 and 11 rows on 2 ranks).
+    assert 2 * SHARD > FULL and MASTER < SHARD
+
+
+@pytest.mark.parametrize("rank", range(WORLD))
+@pytest.mark.parametrize("stage", STAGES)
+def test_measured_bytes_match_hand_computed(measured, stage, rank):
+    result = measured[stage, rank]
+    assert result["stage"] == stage
+    memory = result["memory"]
+    for kind, expected in EXPECTED[stage].items():
+        assert memory[kind] == expected, (kind, memory)
+    # Scalars only: loss scale, accumulation counters, Adam's step, learning rate, beta powers, EMA count.
+    assert 0 < memory["other"] <= 16 * F32
+    assert memory["total"] == sum(v for k, v in memory.items() if k != "total")
