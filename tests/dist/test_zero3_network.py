@@ -22,14 +22,20 @@ UNSHARDED = {"net.frozen"}  # requires_grad=False: untouched, no zero_spec
 
 @pytest.fixture(scope="module")
 def job(tmp_path_factory):
-    """Run each world size once; return {size: out_dir}."""
+    """size -> output folder of that world size's job, run once on first use. A failed job fails
+    every test that reads it, without being rerun (a rerun would hide a flaky failure)."""
     outs = {}
 
     def get(size):
         if size not in outs:
             out = tmp_path_factory.mktemp(f"zero3_net_n{size}")
-            run_msrun(str(WORKER), size, out, timeout=600)
-            outs[size] = out
+            try:
+                run_msrun(str(WORKER), size, out, timeout=600)
+                outs[size] = out
+            except AssertionError as err:
+                outs[size] = err
+        if isinstance(outs[size], AssertionError):
+            raise outs[size]
         return outs[size]
 
     return get
