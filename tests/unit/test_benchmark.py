@@ -1,0 +1,109 @@
+"""tools/benchmark.py without msrun: the native-path communication count, its config, the report."""
+import importlib.util
+import json
+
+import pytest
+import yaml
+
+from conftest import ROOT
+from tools.benchmark import (load_benchmark_config, native_collectives, plot, render_tables, ring_volume,
+                             summarize)
+
+# A (5, 3) fp32 parameter sharded over 2 ranks (padded to 6 rows) and a replicated 0-d one.
+LAYOUT = [
+    {"name": "w", "shape": [5, 3], "padded_shape": [6, 3], "itemsize": 4, "split": True},
+    {"name": "t", "shape": [], "padded_shape": [], "itemsize": 4, "split": False},
+]
+STAGE0_LAYOUT = [dict(p, split=False) for p in LAYOUT]
+FLAG = ("all_reduce", 4)  # overflow flag each micro-step; also the clipping norm at stages >= 1
+
+
+@pytest.mark.parametrize("stage,accum,expected", [
+    (0, 1, [FLAG, ("all_reduce", 60), ("all_reduce", 4)]),
+    # stage 0 with accumulation reduces the local sums once per optimizer step
+    (0, 2, [FLAG, FLAG, ("all_reduce", 60), ("all_reduce", 4)]),
+    (1, 2, [FLAG, FLAG, ("reduce_scatter", 72), ("all_gather", 72), ("all_reduce", 4), FLAG]),
+    (2, 2, [FLAG, FLAG, ("reduce_scatter", 72), ("reduce_scatter", 72), ("all_gather", 72),
+            ("all_reduce", 4), ("all_reduce", 4), FLAG]),
+    (3, 2, [FLAG, FLAG, ("all_gather", 72), ("reduce_scatter", 72), ("all_gather", 72), ("reduce_scatter", 72),
+            ("all_reduce", 4), ("all_reduce", 4), FLAG]),
+])
+def test_native_collectives_per_stage(stage, accum, expected):
+    layout = STAGE0_LAYOUT if stage == 0 else LAYOUT
+    assert native_collectives(layout, stage, accum, clip_grad=True) == expected
+
+
+def test_norm_all_reduce_only_when_clipping_at_stages_1_to_3():
+    for stage in (1, 2, 3):
+        assert len(native_collectives(LAYOUT, stage, 1, True)) == len(native_collectives(LAYOUT, stage, 1, False)) + 1
+    assert native_collectives(STAGE0_LAYOUT, 0, 1, True) == native_collectives(STAGE0_LAYOUT, 0, 1, False)
+
+
+def test_ring_volume_matches_the_paper_for_one_micro_step():
+    # Φ = 64 B with no padding: every stage sends 2Φ(N-1)/N per rank and micro-step besides the 4-byte
+    # flags (stage 3 keeps the forward-gathered parameter for backward, so it is 2Φ, not the paper's 3Φ).
+    world = 4
+    layout = [dict(LAYOUT[0], shape=[8, 2], padded_shape=[8, 2])]
+    phi = 64
+    for stage in (1, 2, 3):
+        entries = [e for e in native_collectives(layout, stage, 1, clip_grad=False) if e[1] != 4]
+        assert ring_volume(entries, world) == 2 * phi * (world - 1) / world
+    entries = [e for e in native_collectives([dict(layout[0], split=False)], 0, 1, False) if e[1] != 4]
+    assert ring_volume(entries, world) == 2 * phi * (world - 1) / world
+    assert ring_volume([("all_reduce", 100), ("all_gather", 100)], 2) == 150.0
+
+
+def test_shipped_config():
+    cfg = load_benchmark_config(str(ROOT / "configs" / "benchmark.yaml"))
+    bench = cfg["benchmark"]
+    assert bench["world_sizes"] == [2, 4] and bench["stages"] == [0, 1, 2, 3]
+    assert (bench["param_bytes"], bench["grad_bytes"], bench["optimizer_bytes"]) == (4, 4, 8)
+    assert bench["gradient_accumulation_steps"] > 1  # so that gradients are held, as the formula counts them
+
+
+@pytest.mark.parametrize("text,fragment", [
+    ({"benchmark": {"stages": [1, 2]}}, "'benchmark.stages' must be a list of stages from [0, 1, 2, 3] including 0"),
+    ({"benchmark": {"world_sizes": [0]}}, "'benchmark.world_sizes' must be a non-empty list of integers >= 1"),
+    ({"benchmark": {"global_batch_size": 12}}, "multiple of N x accumulation for N=4, but got 12"),
+    ({"benchmark": {"speed": 1}}, "'benchmark.speed' must be one of"),
+    ({"train": {"steps": 1}}, "'train' must be absent"),
+    ({"model": {"n_heads": 5}}, "'n_heads' must be a divisor of d_model=64, but got 5"),
+])
+def test_bad_config(tmp_path, text, fragment):
+    path = tmp_path / "b.yaml"
+    path.write_text(yaml.safe_dump(text))
+    with pytest.raises(ValueError) as err:
+        load_benchmark_config(str(path))
+    assert fragment in str(err.value)
+
+
+def _fake_results(folder, world, stage, step_time, memory):
+    folder.mkdir(parents=True, exist_ok=True)
+    layout = STAGE0_LAYOUT if stage == 0 else LAYOUT
+    for rank in range(world):
+        record = {"stage": stage, "world": world, "rank": rank, "memory": memory, "step_times": [step_time] * 3,
+                  "losses": [3.0, 2.0], "layout": layout, "comm_plan": [], "accum": 2, "clip_grad": True,
+                  "effective_stage": stage}
+        (folder / f"stage{stage}_rank{rank}.json").write_text(json.dumps(record))
+
+
+def test_summary_report_and_chart(tmp_path):
+    cfg = load_benchmark_config(str(ROOT / "configs" / "benchmark.yaml"))
+    kinds = ("params", "master_shards", "optimizer_states", "accumulation", "ema", "other")
+    # 16 parameters: fp32 Adam with accumulation at stage 0 holds 4 + 8 + 4 bytes each = 256 B.
+    totals = {0: (64, 0, 128, 64), 1: (64, 32, 64, 64), 2: (64, 32, 64, 32), 3: (32, 0, 64, 32)}
+    for stage, parts in totals.items():
+        memory = dict(zip(kinds, parts + (0, 0)), total=sum(parts))
+        _fake_results(tmp_path, 2, stage, 0.1 * (stage + 1), memory)
+    rows = summarize(cfg, tmp_path, 2)
+    # (4+4+8)P, (4+4)P + 8P/2, 4P + (4+8)P/2, (4+4+8)P/2 with P = 16
+    assert [r["estimate"] for r in rows] == [256, 192, 160, 128]
+    assert [round(r["memory_ratio"], 4) for r in rows] == [1.0, 1.1667, 1.2, 1.0]
+    assert [round(r["time_ratio"], 6) for r in rows] == [1.0, 2.0, 3.0, 4.0]
+    report = render_tables(cfg, rows)
+    assert "| 2 | 3 | 0.1 KiB | 0.1 KiB | 1.000 | 400.0 ms | 4.00x | 9 |" in report
+    assert "| 2 | 1 | 64 | 32 | 64 | 64 | 0 | 0 | 224 |" in report
+    png = tmp_path / "chart.png"
+    has_matplotlib = importlib.util.find_spec("matplotlib") is not None
+    assert plot(rows, png) is has_matplotlib
+    assert png.is_file() is has_matplotlib
