@@ -1,0 +1,345 @@
+"""Save and resume a ZeRO train network, with resharding; gather its full parameters online.
+
+The file-level pieces (atomic writes, split-info JSON, lazy readers, the offline combine) live in
+``checkpoint_io`` and ``checkpoint_readers``; this module decides what each rank writes and
+reads, and keeps the ranks in step. Every public function here except ``latest_checkpoint`` is
+collective over the world group.
+
+See [Note: checkpoint layout] and [Note: resharding] in ``checkpoint_plan.py`` for what each
+rank writes and reads.
+
+[Note: checkpoint completion]
+A step folder is complete when it holds ``meta.json``; nothing reads an incomplete one.
+``save_train_state`` (1) checks its arguments on every rank and agrees (one all-reduce) that all
+ranks can go on; (2) each rank writes its files, each atomically ([Note: atomic files] in
+checkpoint_io.py); (3) agrees that every rank succeeded, else global rank 0 removes the step
+folder and every rank raises; (4) global rank 0 writes ``meta.json`` and only then rewrites
+``ckpt_dir/latest``, both atomically; (5) agrees once more and returns. A crash at any point
+leaves ``latest`` naming the previous complete checkpoint. The agreements are also what keeps a
+failure on one rank from hanging the others in a later collective.
+"""
+import os
+import shutil
+from contextlib import contextmanager
+from typing import Dict, Optional
+
+import mindspore as ms
+import numpy as np
+from mindspore import Tensor
+
+from .checkpoint_io import atomic_save_checkpoint, atomic_write_json, write_split_info
+from .checkpoint_plan import (KINDS, LATEST, LOAD, META, SPLIT_INFO_DIR, Layout, SavedCheckpoint, build_layout,
+                              check_dir, check_step, is_complete, latest_checkpoint, plan_load, resolve_step_dir,
+                              step_dir_name, world_and_rank)
+from .checkpoint_readers import FORMATS, format_of_path
+from .comm import GroupComm
+from .train_step import TrainOneStepWrapper
+
+__all__ = ["save_train_state", "load_train_state", "latest_checkpoint", "gather_full_params", "save_full_checkpoint",
+           "step_dir_name"]
+
+
+# ----------------------------------------------------------------------------- agreement
+
+
+@contextmanager
+def _eager():
+    """Run the enclosed eager collectives in PYNATIVE_MODE: in GRAPH_MODE each call with a new
+    input shape would compile a graph of its own. The previous mode is restored."""
+    mode = ms.get_context("mode")
+    if mode != ms.PYNATIVE_MODE:
+        ms.set_context(mode=ms.PYNATIVE_MODE)
+    try:
+        yield
+    finally:
+        if mode != ms.PYNATIVE_MODE:
+            ms.set_context(mode=mode)
+
+
+def _world_comm(train_net) -> GroupComm:
+    """The helper's world-group Cell; one of our own when ZeRO runs outside DATA_PARALLEL (stage
+    0 fallback), where the helper has none but the ranks must still agree."""
+    comm = getattr(train_net.zero_helper, "world_comm", None)
+    if comm is None:
+        comm = _FALLBACK_COMM.setdefault("world", GroupComm())
+    return comm
+
+
+_FALLBACK_COMM = {}
+
+
+def _agree(train_net, error: Optional[BaseException], caller: str) -> None:
+    """Collective: raise on every rank if ``error`` is set on any rank.
+
+    The failing rank re-raises its own exception; the others raise RuntimeError naming the
+    failing global ranks. One all-reduce of a vector of one flag per global rank.
+    """
+    world, rank = world_and_rank()
+    failed = [rank] if error is not None else []
+    if world > 1:
+        flags = np.zeros((world,), np.float32)
+        flags[rank] = 1.0 if error is not None else 0.0
+        with _eager():
+            total = _world_comm(train_net).all_reduce(Tensor(flags)).asnumpy()
+        failed = [int(i) for i in np.nonzero(total > 0)[0]]
+    if error is not None:
+        raise error
+    if failed:
+        raise RuntimeError(f"For '{caller}', global rank(s) {failed} failed (see their logs); nothing was changed here.")
+
+
+def _attempt(fn):
+    """(result, None) or (None, the exception ``fn`` raised)."""
+    try:
+        return fn(), None
+    except Exception as err:  # noqa: BLE001 - handed to _agree, which re-raises it
+        return None, err
+
+
+def _check_train_net(train_net, caller: str) -> None:
+    if not isinstance(train_net, TrainOneStepWrapper):
+        raise TypeError(
+            f"For '{caller}', the argument 'train_net' must be a TrainOneStepWrapper (from prepare_train_network), "
+            f"but got {type(train_net).__name__}."
+        )
+
+
+# ----------------------------------------------------------------------------- save
+
+
+def save_train_state(train_net, ckpt_dir, step: int, format: str = "ckpt") -> str:  # noqa: A002 (MindSpore's name)
+    """Save everything needed to resume ``train_net`` into ``ckpt_dir/step_{step:08d}/``.
+
+    Collective: every rank of the world must call it with the same arguments; it returns on
+    every rank only when the checkpoint is complete. What each rank writes, and the JSON, follow
+    [Note: checkpoint layout]; the protocol that keeps a crash from leaving a half checkpoint is
+    [Note: checkpoint completion]. The network keeps training normally afterwards (in
+    GRAPH_MODE the agreements run eagerly and the mode is restored).
+
+    Save at optimizer-step boundaries when you may resume on another number of ranks: a
+    checkpoint taken between micro-steps of gradient accumulation resumes only on the same
+    world size and groups (see ``load_train_state``).
+
+    Args:
+        train_net (TrainOneStepWrapper): from ``prepare_train_network``.
+        ckpt_dir (str): root folder (shared by all ranks); created if needed.
+        step (int): step number recorded in the checkpoint and its folder name.
+        format (str): ``"ckpt"`` or ``"safetensors"``.
+
+    Returns:
+        str: the step folder.
+
+    Raises:
+        TypeError / ValueError: bad arguments (before anything is written).
+        FileExistsError: a complete checkpoint of ``step`` already exists in ``ckpt_dir``.
+        RuntimeError: another rank failed; the step folder was removed and ``latest`` is unchanged.
+        Exception: whatever failed on this rank (a full disk, say), after the same clean-up.
+    """
+    caller = "save_train_state"
+    _check_train_net(train_net, caller)
+    ckpt_dir = check_dir(ckpt_dir, caller)
+    check_step(step, caller)
+    if format not in FORMATS:
+        raise ValueError(f"For '{caller}', the argument 'format' must be one of {list(FORMATS)}, but got {format!r}.")
+    layout = build_layout(train_net, caller)
+    step_dir = os.path.join(ckpt_dir, step_dir_name(step))
+    _, error = _attempt(lambda: _prepare_step_dir(layout, step_dir))
+    _agree(train_net, error, caller)
+    _, error = _attempt(lambda: _write_rank_files(layout, step_dir, format))
+    _agree_or_clean(train_net, error, caller, layout, step_dir)
+    error = None
+    if layout.rank == 0:
+        _, error = _attempt(lambda: _write_meta(train_net, layout, ckpt_dir, step_dir, int(step), format))
+    _agree_or_clean(train_net, error, caller, layout, step_dir)
+    return step_dir
+
+
+def _prepare_step_dir(layout: Layout, step_dir: str) -> None:
+    if is_complete(step_dir):
+        raise FileExistsError(
+            f"For 'save_train_state', the checkpoint '{step_dir}' already exists and is complete; "
+            f"remove it or save under another 'step'."
+        )
+    if layout.rank == 0:
+        # Left by an interrupted save. Only rank 0 touches the folder here; the others write (and
+        # create folders) only after the agreement that follows, so they cannot race this.
+        if os.path.isdir(step_dir):
+            shutil.rmtree(step_dir)
+        os.makedirs(step_dir)
+
+
+def _agree_or_clean(train_net, error, caller, layout, step_dir) -> None:
+    try:
+        _agree(train_net, error, caller)
+    except BaseException:
+        if layout.rank == 0 and not is_complete(step_dir):
+            shutil.rmtree(step_dir, ignore_errors=True)
+        raise
+
+
+def _write_rank_files(layout: Layout, step_dir: str, fmt: str) -> None:
+    for kind in KINDS:
+        index = layout.my_file(kind)
+        if not layout.items[kind] or index is None:
+            continue
+        path = os.path.join(step_dir, layout.file_names(kind, fmt)[index])
+        atomic_save_checkpoint({it.param.name: it.param for it in layout.items[kind]}, path, fmt)
+    if layout.replica == 0:
+        entries = [it.entry for kind in KINDS for it in layout.items[kind]]
+        write_split_info(entries, os.path.join(step_dir, SPLIT_INFO_DIR), layout.op_rank)
+
+
+def _write_meta(train_net, layout: Layout, ckpt_dir: str, step_dir: str, step: int, fmt: str) -> None:
+    files = {kind: layout.file_names(kind, fmt) for kind in KINDS if layout.items[kind]}
+    split_info = [f"{SPLIT_INFO_DIR}/params_split_info_{r}.json" for r in range(layout.op_size)]
+    sizes = {}
+    for name in [f for names in files.values() for f in names] + split_info:
+        path = os.path.join(step_dir, name)
+        if not os.path.isfile(path):
+            raise FileNotFoundError(
+                f"For 'save_train_state', the file '{path}' is missing after every rank reported success; "
+                f"is 'ckpt_dir' on a file system shared by all ranks?"
+            )
+        sizes[name] = os.path.getsize(path)
+    micro = int(train_net.accum_step.asnumpy()) if layout.accum_steps > 1 else 0
+    meta = {
+        "format_version": 1, "step": step, "zero_stage": layout.stage, "world_size": layout.world,
+        "op_group_size": layout.op_size, "dp_size": layout.dp_size, "format": fmt,
+        "gradient_accumulation_steps": layout.accum_steps, "accum_step": micro,
+        "files": files, "split_info": split_info, "sizes": sizes,
+    }
+    atomic_write_json(meta, os.path.join(step_dir, META))
+    atomic_write_json({"step": step, "dir": os.path.basename(step_dir)}, os.path.join(ckpt_dir, LATEST))
+
+
+# ----------------------------------------------------------------------------- load
+
+
+def _apply(plan: list) -> None:
+    for param, fetch in plan:
+        block = np.asarray(fetch())
+        if tuple(block.shape) != tuple(param.shape):  # guarded by _plan; set_data must never change shapes
+            raise RuntimeError(f"For '{LOAD}', {param.name!r}: block {block.shape} != held {tuple(param.shape)}.")
+        param.set_data(Tensor(block, param.dtype))
+
+
+def load_train_state(train_net, ckpt_dir, step: Optional[int] = None) -> int:
+    """Load a checkpoint of ``save_train_state`` into a freshly prepared ``train_net``.
+
+    Collective: every rank must call it. Build ``train_net`` with ``prepare_train_network`` (same
+    stage, same network and optimizer types) *before* loading; every Parameter keeps the shape it
+    has (``set_data`` with the same shape), so nothing compiled changes. Nothing is changed on any
+    rank unless every rank validated the whole checkpoint first.
+
+    Resharding: a checkpoint written by N ranks loads into M != N ranks. Each rank builds each of
+    its blocks (network at stage 3, optimizer states, masters, EMA) from the full tensor, merging
+    the N saved shards one tensor at a time (``partition.merge_arrays``) and cutting its own
+    block (``partition.split_array``). A checkpoint saved between micro-steps of gradient
+    accumulation cannot be resharded (its buffers hold per-rank partial sums): it loads only with
+    the same world size, optimizer group size and ``gradient_accumulation_steps``. At a step
+    boundary the accumulation buffers are zero and are simply reset. Split-info JSON written by
+    MindOne (no ``shape``) is accepted; its split tensors are taken to have no padding.
+
+    Args:
+        train_net (TrainOneStepWrapper): the train network to fill.
+        ckpt_dir (str): root folder of ``save_train_state``, or one complete step folder.
+        step (int): step to load; None loads ``latest_checkpoint(ckpt_dir)``.
+
+    Returns:
+        int: the step of the loaded checkpoint.
+
+    Raises:
+        FileNotFoundError: no complete checkpoint, or a file listed in ``meta.json`` is missing.
+        ValueError: another stage, names or shapes that differ from ``train_net`` or across rank
+            files, a split-info JSON whose group size or rank disagrees with ``meta.json``, a
+            truncated or corrupted file, or a mid-accumulation checkpoint on another layout. The
+            message names the file and the problem.
+        RuntimeError: the same failure happened on another rank.
+    """
+    _check_train_net(train_net, LOAD)
+    ckpt_dir = check_dir(ckpt_dir, LOAD)
+    check_step(step, LOAD, allow_none=True)
+
+    def prepare():
+        saved = SavedCheckpoint(resolve_step_dir(ckpt_dir, step))
+        return saved.meta["step"], plan_load(build_layout(train_net, LOAD), saved)
+
+    result, error = _attempt(prepare)
+    _agree(train_net, error, LOAD)
+    _, error = _attempt(lambda: _apply(result[1]))
+    _agree(train_net, error, LOAD)
+    return result[0]
+
+
+# ----------------------------------------------------------------------------- online combine
+
+
+def gather_full_params(train_net, rank0_only: bool = False, include_ema: bool = False) -> Dict[str, np.ndarray]:
+    """Full, unpadded tensors of ``train_net``'s network (and EMA) on every rank, or on rank 0 only.
+
+    Collective over the world (every rank must call it): sharded tensors (network parameters at
+    stage 3, EMA weights at stages >= 1) are all-gathered over the optimizer parallel group one
+    at a time, eagerly (PYNATIVE for the call, the previous mode restored). Whole tensors are
+    copied. Peak extra memory on a rank is the returned dict plus one padded tensor.
+
+    Args:
+        train_net (TrainOneStepWrapper): from ``prepare_train_network``.
+        rank0_only (bool): other ranks take part in the gathers but return ``{}``.
+        include_ema (bool): add the EMA weights under their names ``ema.<param name>``.
+
+    Returns:
+        dict: parameter name -> numpy array, in the network's order, then the EMA's.
+
+    Raises:
+        TypeError: ``train_net`` is not a TrainOneStepWrapper.
+        ValueError: ``include_ema`` is True but ``train_net`` has no EMA.
+    """
+    caller = "gather_full_params"
+    _check_train_net(train_net, caller)
+    if include_ema and train_net.ema is None:
+        raise ValueError(f"For '{caller}', the argument 'include_ema' is True, but 'train_net' has no EMA.")
+    layout = build_layout(train_net, caller)
+    items = layout.items["network"] + (layout.items["ema"] if include_ema else [])
+    keep = not rank0_only or layout.rank == 0
+    out = {}
+    with _eager():
+        for it in items:
+            if it.held.split and layout.op_size > 1:
+                value = train_net.zero_helper.op_comm.all_gather(it.param).asnumpy()[:it.held.shape[0]]
+            else:
+                value = it.param.asnumpy()
+            if keep:
+                out[it.param.name] = value
+    return out
+
+
+def save_full_checkpoint(train_net, path, include_ema: bool = False) -> str:
+    """Gather the full network (and EMA) and write one inference checkpoint at ``path`` (rank 0).
+
+    Collective (every rank must call it; it returns when the file exists). The file is written
+    atomically by global rank 0 with ``atomic_save_checkpoint``; its names are the network's, so
+    ``mindspore.load_param_into_net`` loads it into the unsharded network.
+
+    Args:
+        train_net (TrainOneStepWrapper): from ``prepare_train_network``.
+        path (str): destination ending with ``.ckpt`` or ``.safetensors``.
+        include_ema (bool): also store the EMA weights (``ema.<param name>``).
+
+    Returns:
+        str: ``path``.
+
+    Raises:
+        ValueError: ``path`` has another extension; ``include_ema`` without an EMA.
+        RuntimeError / OSError: writing failed (on rank 0, or reported by it).
+    """
+    caller = "save_full_checkpoint"
+    _check_train_net(train_net, caller)
+    path = check_dir(path, caller, "path")
+    if not path.endswith(tuple("." + f for f in FORMATS)):
+        raise ValueError(f"For '{caller}', the argument 'path' must end with '.ckpt' or '.safetensors', but got {path!r}.")
+    full = gather_full_params(train_net, rank0_only=True, include_ema=include_ema)
+    error = None
+    if world_and_rank()[1] == 0:
+        _, error = _attempt(lambda: atomic_save_checkpoint(full, path, format_of_path(path)))
+    _agree(train_net, error, caller)
+    return path
