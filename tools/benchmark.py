@@ -316,6 +316,7 @@ def plot(rows: List[dict], path: Path) -> bool:
                     [r["volume_a1"] / (r["phi_bytes"] * (world - 1) / world) for r in sel], 0.8 / len(worlds),
                     label=f"N={world}")
     axes[2].plot(stages, [PAPER_FACTOR[s] for s in stages], "k_", markersize=30, label="paper (2Φ / 3Φ)")
+    axes[2].set_ylim(0, 4)
     titles = ("model states per rank (KiB)", "median step time / stage 0", "native bytes per step (1 micro-step) / Φ'")
     for ax, title in zip(axes, titles):
         ax.set_title(title)

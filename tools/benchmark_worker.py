@@ -1,8 +1,8 @@
-"""msrun worker of ``tools/benchmark.py``: one ZeRO stage after another on the demo LM.
+"""msrun worker of ``tools/benchmark.py``: every ZeRO stage of the config on the demo LM.
 
-For each stage of the config it builds the model afresh, wraps it with
-``prepare_train_network``, measures this rank's model-state bytes
-(``measure_model_states``), runs ``warmup_steps + timed_steps`` optimizer steps and writes
+For each stage it builds the model afresh, wraps it with ``prepare_train_network``, measures
+this rank's model-state bytes (``measure_model_states``) and runs ``warmup_steps`` optimizer
+steps (compilation); then it times ``timed_steps`` steps per stage in turns, and writes
 ``<out>/stage{s}_rank{r}.json``: the bytes by kind, the timed step durations, the shard layout
 of every parameter (for the communication model in ``tools/benchmark.py``) and the library's
 own ``CommPlan`` when the train network has one.
@@ -44,37 +44,70 @@ def _plan_entries(train_net) -> list:
     return [list(e) for e in entries]
 
 
-def run_stage(cfg: dict, stage: int, rank: int, world: int, out: Path) -> None:
-    """Build, measure and time one stage; write this rank's JSON. Collective."""
-    bench, model, data = cfg["benchmark"], cfg["model"], cfg["data"]
-    accum = bench["gradient_accumulation_steps"]
-    net = init_lm_weights(build_lm(model), bench["init_seed"])
-    optimizer = nn.Adam(net.trainable_params(), learning_rate=bench["learning_rate"])
-    train_net = prepare_train_network(
-        LMLoss(net), optimizer, zero_stage=stage, gradient_accumulation_steps=accum, clip_grad=bench["clip_grad"],
-        params_split_info=str(out / "params_info" / f"stage{stage}"),
-    )
-    train_net.set_train(True)
-    memory = measure_model_states(train_net)
-    micro = bench["global_batch_size"] // (world * accum)
-    times, losses = [], []
-    for step in range(bench["warmup_steps"] + bench["timed_steps"]):
-        arrays = reversal_batch(data["seed"], step, bench["global_batch_size"], data["num_digits"], model["vocab_size"])
+class StageRun:
+    """One stage's train network on this rank: built, measured, and stepped on demand."""
+
+    def __init__(self, cfg: dict, stage: int, rank: int, world: int, out: Path):
+        bench, model = cfg["benchmark"], cfg["model"]
+        self.cfg, self.stage, self.rank, self.world = cfg, stage, rank, world
+        self.accum = bench["gradient_accumulation_steps"]
+        self.micro = bench["global_batch_size"] // (world * self.accum)
+        net = init_lm_weights(build_lm(model), bench["init_seed"])
+        optimizer = nn.Adam(net.trainable_params(), learning_rate=bench["learning_rate"])
+        self.train_net = prepare_train_network(
+            LMLoss(net), optimizer, zero_stage=stage, gradient_accumulation_steps=self.accum,
+            clip_grad=bench["clip_grad"], params_split_info=str(out / "params_info" / f"stage{stage}"),
+        )
+        self.train_net.set_train(True)
+        self.memory = measure_model_states(self.train_net)
+        self.times, self.losses, self.step = [], [], 0
+
+    def run_step(self, timed: bool) -> None:
+        """One optimizer step (``accum`` micro-steps); collective."""
+        data, model, bench = self.cfg["data"], self.cfg["model"], self.cfg["benchmark"]
+        arrays = reversal_batch(data["seed"], self.step, bench["global_batch_size"], data["num_digits"],
+                                model["vocab_size"])
         t0 = time.perf_counter()
-        for m in range(accum):
-            k = rank * accum + m
-            loss, _, _ = train_net(*(Tensor(a[k * micro:(k + 1) * micro]) for a in arrays))
-            losses.append(float(loss.asnumpy()))  # asnumpy waits for the step to finish
-        if step >= bench["warmup_steps"]:
-            times.append(time.perf_counter() - t0)
-    result = {"stage": stage, "world": world, "rank": rank, "memory": memory, "step_times": times,
-              "losses": losses, "layout": _layout(train_net.zero_helper), "comm_plan": _plan_entries(train_net),
-              "accum": accum, "clip_grad": bench["clip_grad"],
-              "effective_stage": int(train_net.zero_helper.zero_stage)}
-    path = out / f"stage{stage}_rank{rank}.json"
-    tmp = path.with_suffix(".json.tmp")
-    tmp.write_text(json.dumps(result))
-    os.replace(tmp, path)
+        for m in range(self.accum):
+            k = self.rank * self.accum + m
+            loss, _, _ = self.train_net(*(Tensor(a[k * self.micro:(k + 1) * self.micro]) for a in arrays))
+            self.losses.append(float(loss.asnumpy()))  # asnumpy waits for the step to finish
+        if timed:
+            self.times.append(time.perf_counter() - t0)
+        self.step += 1
+
+    def write(self, out: Path) -> None:
+        helper = self.train_net.zero_helper
+        result = {"stage": self.stage, "world": self.world, "rank": self.rank, "memory": self.memory,
+                  "step_times": self.times, "losses": self.losses, "layout": _layout(helper),
+                  "comm_plan": _plan_entries(self.train_net), "accum": self.accum,
+                  "clip_grad": self.cfg["benchmark"]["clip_grad"], "effective_stage": int(helper.zero_stage)}
+        path = out / f"stage{self.stage}_rank{self.rank}.json"
+        tmp = path.with_suffix(".json.tmp")
+        tmp.write_text(json.dumps(result))
+        os.replace(tmp, path)
+
+
+def run_all(cfg: dict, rank: int, world: int, out: Path) -> None:
+    """Build and warm up every stage, then time them in turns. Collective.
+
+    Timed steps go round-robin over the stages (stage 0, 1, 2, 3, 0, 1, ...), so that a load
+    change on a shared machine slows every stage alike instead of whichever ran at the time.
+    """
+    bench = cfg["benchmark"]
+    runs = []
+    for stage in bench["stages"]:
+        t0 = time.perf_counter()
+        run = StageRun(cfg, stage, rank, world, out)
+        for _ in range(bench["warmup_steps"]):
+            run.run_step(timed=False)
+        runs.append(run)
+        print(f"rank {rank}: stage {stage} built and warmed up in {time.perf_counter() - t0:.1f}s", flush=True)
+    for _ in range(bench["timed_steps"]):
+        for run in runs:
+            run.run_step(timed=True)
+    for run in runs:
+        run.write(out)
 
 
 def main(argv=None) -> int:
@@ -90,10 +123,7 @@ def main(argv=None) -> int:
     rank, world = get_rank(), get_group_size()
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    for stage in cfg["benchmark"]["stages"]:
-        t0 = time.perf_counter()
-        run_stage(cfg, stage, rank, world, out)
-        print(f"rank {rank}: stage {stage} done in {time.perf_counter() - t0:.1f}s", flush=True)
+    run_all(cfg, rank, world, out)
     return 0
 
 
