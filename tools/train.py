@@ -117,11 +117,13 @@ class History:
         path.write_text("".join(line + "\n" for line in kept))
 
     def add(self, record: dict) -> None:
+        """Append one step's record (rank 0 only)."""
         if self.enabled:
             with open(self.path, "a") as f:
                 f.write(json.dumps(record) + "\n")
 
     def losses(self):
+        """The losses recorded so far, in step order ([] on other ranks)."""
         return [json.loads(line)["loss"] for line in self.path.read_text().splitlines()] if self.enabled else []
 
 
@@ -206,7 +208,7 @@ class Job:
         self.micro_batch_size = per_rank_batch(cfg, world)
         self.net = init_lm_weights(build_lm(cfg["model"]), train["init_seed"])
         self.loss_net = LMLoss(self.net)
-        optimizer = _make_optimizer(nn, self.net.trainable_params(), train)
+        optimizer = _make_optimizer(self.net.trainable_params(), train)
         ema = EMA(self.net, ema_decay=train["ema_decay"]) if train["ema"] else None
         scale = train["loss_scale"]
         if train["dynamic_loss_scale"]:
@@ -223,6 +225,7 @@ class Job:
         self.ms = ms
 
     def log(self, *parts) -> None:
+        """Print on rank 0 only."""
         if self.rank == 0:
             print(*parts, flush=True)
 
@@ -249,7 +252,9 @@ class Job:
         return evaluate_loss(self.loss_net, self.cfg)
 
 
-def _make_optimizer(nn, params, train):
+def _make_optimizer(params, train):
+    from mindspore import nn
+
     lr, wd = train["learning_rate"], train["weight_decay"]
     if train["optimizer"] == "adamw":
         return nn.AdamWeightDecay(params, learning_rate=lr, weight_decay=wd)
@@ -287,7 +292,8 @@ def report_memory(job) -> dict:
     num_params = sum(_full_size(p) for p in job.net.trainable_params())
     estimate = estimate_model_states_memory(num_params, job.world, stage, param_bytes=4, grad_bytes=4, optimizer_bytes=8)
     job.log(f"ZeRO paper estimate, stage {stage}, N={job.world}, {num_params} parameters, fp32 Adam (4+4+8 B): "
-            f"{format_bytes(estimate)} per rank")
+            f"{format_bytes(estimate)} per rank (counts parameters, gradients and optimizer states; not the EMA, "
+            f"the fp32 master shards of stages 1-2 or scalars; gradients are held only as accumulation buffers)")
     return dict(measured, num_params=num_params, estimate=estimate)
 
 
@@ -302,8 +308,11 @@ def _full_size(param) -> int:
     return n
 
 
-def train_steps(job, start: int, history: History) -> list:
-    """Optimizer steps ``start .. steps - 1``; logs progress, saves checkpoints. Returns the losses."""
+def train_steps(job, start: int, history: History):
+    """Optimizer steps ``start .. steps - 1``; logs progress, saves checkpoints.
+
+    Collective. Returns (losses, step times); the first step's time (compilation) is left out.
+    """
     train = job.cfg["train"]
     steps, accum, interval = train["steps"], train["gradient_accumulation_steps"], train["ckpt_interval"]
     times, losses = [], []
@@ -340,7 +349,7 @@ def verify_combined(job, step_dir: str, eval_loss: float) -> float:
 
     from tools.lm_model import LMLoss, build_lm
 
-    path = combine_checkpoint(step_dir)
+    path = combine_checkpoint(step_dir)  # at stages 0-2 the network file is already whole
     fresh = LMLoss(build_lm(job.cfg["model"]))
     wanted = {p.name for p in fresh.trainable_params()}
     full = {k: v for k, v in ms.load_checkpoint(path).items() if k in wanted}
@@ -417,6 +426,7 @@ def run(args, cfg) -> dict:
 
 
 def main(argv=None) -> int:
+    """Entry point: under msrun, train on this rank; otherwise launch msrun. Returns the exit code."""
     argv = sys.argv[1:] if argv is None else list(argv)
     args, cfg = parse_args(argv)
     if not under_msrun():
