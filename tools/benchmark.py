@@ -332,6 +332,7 @@ def plot(rows: List[dict], path: Path) -> bool:
 
 
 def main(argv=None) -> int:
+    """Run the msrun jobs, print and write the report; returns the exit code."""
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--config", default=str(REPO / "configs" / "benchmark.yaml"))
     parser.add_argument("--out", default="outputs/benchmark")

@@ -77,6 +77,7 @@ class StageRun:
         self.step += 1
 
     def write(self, out: Path) -> None:
+        """Write this rank's results to ``out/stage{s}_rank{r}.json`` (atomically)."""
         helper = self.train_net.zero_helper
         result = {"stage": self.stage, "world": self.world, "rank": self.rank, "memory": self.memory,
                   "step_times": self.times, "losses": self.losses, "layout": _layout(helper),
@@ -111,6 +112,7 @@ def run_all(cfg: dict, rank: int, world: int, out: Path) -> None:
 
 
 def main(argv=None) -> int:
+    """Worker entry point (under msrun): every stage of ``--config``, results in ``--out``."""
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--config", required=True)
     parser.add_argument("--out", required=True)
