@@ -2,8 +2,8 @@
 
 The file-level pieces (atomic writes, split-info JSON, lazy readers, the offline combine) live in
 ``checkpoint_io`` and ``checkpoint_readers``; this module decides what each rank writes and
-reads, and keeps the ranks in step. Every public function here except ``latest_checkpoint`` is
-collective over the world group.
+reads, and keeps the ranks in step. Every public function here except ``latest_checkpoint`` and
+``step_dir_name`` is collective over the world group.
 
 See [Note: checkpoint layout] and [Note: resharding] in ``checkpoint_plan.py`` for what each
 rank writes and reads.
