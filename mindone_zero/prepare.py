@@ -85,7 +85,7 @@ def prepare_train_network(network, optimizer, scale_sense=1.0, ema=None, updates
     _check_step_args(gradient_accumulation_steps, clip_grad, clip_norm, ema)
     _check_groups("prepare_train_network", optimizer_parallel_group, dp_group)
     FusionConfig.from_mindone(comm_fusion)
-    if zero_stage == 3:
+    if zero_stage == 3 and not any(getattr(p, "zero_spec", None) is not None for p in network.get_parameters()):
         network = prepare_network(network, 3, optimizer_parallel_group, parallel_modules)
     helper = ZeroHelper(optimizer, zero_stage, optimizer_parallel_group, dp_group, optimizer_offload,
                         comm_fusion, params_split_info)

@@ -113,7 +113,7 @@ class TrainOneStepWrapper(nn.Cell):
         scale = self.scale_sense * 1.0  # read the scale before the update cell may change it
         sens = ops.ones_like(loss) * ops.cast(scale, loss.dtype)
         grads = self.grad(self.network, self.weights)(*inputs, sens)
-        grads = self._unscale(grads, scale)
+        grads = self._unscale(self._shard_shaped(grads), scale)
         if self.reduce_each_micro_step:
             grads = self.zero_helper.reduce_grads(grads)
         overflow = self.zero_helper.any_rank(ops.logical_not(_all_finite(grads)))
@@ -124,6 +124,17 @@ class TrainOneStepWrapper(nn.Cell):
         else:
             loss = ops.depend(loss, self._accumulate(grads, overflow))
         return loss, overflow, scale
+
+    def _shard_shaped(self, grads):
+        """PYNATIVE hands a ZeRO-3 parameter that got no gradient this step a zero gradient of
+        its full shape; such a gradient is replaced by zeros of the shard's shape (static check)."""
+        out = ()
+        for i in range(len(grads)):
+            if grads[i].shape == self.weights[i].shape:
+                out += (grads[i],)
+            else:
+                out += (ops.zeros_like(self.weights[i]),)
+        return out
 
     def _unscale(self, grads, scale):
         inv = 1.0 / scale

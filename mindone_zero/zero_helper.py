@@ -132,7 +132,8 @@ class ZeroHelper(nn.Cell):
         for p in self.params:
             spec = getattr(p, "zero_spec", None)
             if self.zero_stage == 3 and spec is not None:
-                specs.append(spec)
+                # the name at sharding time may have gained a prefix since (a loss Cell around it)
+                specs.append(ShardSpec(p.name, spec.shape, spec.group_size, spec.rank, spec.split))
                 continue
             split = self.zero_stage in (1, 2) and _wants_split(p) and self.op_size > 1
             specs.append(ShardSpec(p.name, tuple(p.shape), self.op_size, self.op_rank, split))

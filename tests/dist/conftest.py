@@ -3,7 +3,8 @@ import json
 import pytest
 
 from msrun_harness import run_msrun
-from parity_cases import CASES
+from parity_cases import CASES, reference_spec_of
+from zero_results import compute_references
 
 
 @pytest.fixture(scope="session")
@@ -17,6 +18,7 @@ def parity_jobs(tmp_path_factory):
             try:
                 run_msrun("tests/dist/workers/parity_worker.py", world, out, ["--cases", json.dumps(CASES[world])],
                           timeout=1500)
+                compute_references(out, [reference_spec_of(c) for c in CASES[world]])
                 done[world] = out
             except AssertionError as e:  # a failed job fails every test that reads it, without rerunning
                 done[world] = e

@@ -9,7 +9,7 @@ import json
 import numpy as np
 import pytest
 
-from parity_cases import CASES, OVERFLOW_STEP, STAGES, world_cases
+from parity_cases import CASES, OVERFLOW_STEP, STAGES, reference_spec_of, world_cases
 from zero_results import gathered_params, load_case, mean_losses, reference
 
 RTOL, ATOL = 1e-5, 1e-6
@@ -17,7 +17,8 @@ TRAINING = [pytest.param(w, c, id=f"N{w}-{c['name']}") for w, c in world_cases(l
 
 
 def _ref_for(case, out):
-    return reference(out, case["steps"], case["clip"], case["optimizer"], net=case.get("net", "full"))
+    spec = reference_spec_of(case)
+    return reference(out, spec["steps"], spec["clip"], spec["optimizer"], spec["skipped"], spec["net"])
 
 
 @pytest.mark.parametrize("world,case", TRAINING)
@@ -63,6 +64,10 @@ def test_optimizer_state_bytes_are_padded_one_nth(parity_jobs, world, stage):
             expected += 2 * value.nbytes
     for r in load_case(out, f"s{stage}_graph_a1", world):
         assert r.meta["state_bytes"] == expected
+        held = sum(v.nbytes for v in r.params.values())
+        # stage 3 holds 1/N of each parameter (padded); stages 1-2 hold them whole plus master shards
+        assert held == (expected // 2 if stage == 3 else sum(v.nbytes for v in params.values()))
+        assert r.meta["master_bytes"] == (expected // 2 if stage in (1, 2) else 0)
 
 
 @pytest.mark.parametrize("world", [2, 4])
@@ -76,7 +81,7 @@ def test_overflow_skips_step_on_every_rank(parity_jobs, world, stage):
         assert np.array_equal(r.overflows, expected_flags), r.overflows
         assert r.scales[OVERFLOW_STEP] == 2.0 ** 10 and r.scales[OVERFLOW_STEP + 1] == 2.0 ** 9
         assert r.final_scale == ranks[0].final_scale == 2.0 ** 9
-    ref = reference(out, case["steps"], False, "adam", skipped=(OVERFLOW_STEP,))
+    ref = _ref_for(case, out)
     params = gathered_params(ranks)
     for name, value in ref["params"].items():
         np.testing.assert_allclose(params[name], value, rtol=RTOL, atol=ATOL, err_msg=name)

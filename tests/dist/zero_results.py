@@ -13,18 +13,36 @@ WORKERS = Path(__file__).resolve().parent / "workers"
 REPO = WORKERS.parents[2]
 
 
+def reference_spec(steps: int, clip: bool, optimizer: str, skipped=(), net: str = "full") -> dict:
+    """Arguments of one single-process reference run."""
+    return dict(steps=int(steps), clip=bool(clip), optimizer=optimizer, skipped=list(skipped), net=net)
+
+
+def _reference_path(out_dir: Path, spec: dict) -> Path:
+    key = f"ref_{spec['steps']}_{int(spec['clip'])}_{spec['optimizer']}_{'-'.join(map(str, spec['skipped']))}_{spec['net']}"
+    return Path(out_dir) / f"{key}.npz"
+
+
+def compute_references(out_dir: Path, specs) -> None:
+    """Run every missing reference of ``specs`` in ONE process (tests/dist/workers/reference.py)."""
+    todo, seen = [], set()
+    for spec in specs:
+        path = _reference_path(out_dir, spec)
+        if not path.exists() and str(path) not in seen:
+            seen.add(str(path))
+            todo.append(dict(spec, path=str(path)))
+    if not todo:
+        return
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(REPO), str(REPO / "tests")]), GLOG_v="3")
+    subprocess.run([sys.executable, str(WORKERS / "reference.py"), json.dumps(todo)],
+                   check=True, env=env, cwd=str(out_dir), capture_output=True, timeout=600)
+
+
 def reference(out_dir: Path, steps: int, clip: bool, optimizer: str, skipped=(), net: str = "full") -> dict:
-    """Single-process whole-batch training (tests/dist/workers/reference.py), cached per args."""
-    key = f"ref_{steps}_{int(clip)}_{optimizer}_{'-'.join(map(str, skipped))}_{net}"
-    path = Path(out_dir) / f"{key}.npz"
-    if not path.exists():
-        env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(REPO), str(REPO / "tests")]), GLOG_v="3")
-        subprocess.run(
-            [sys.executable, str(WORKERS / "reference.py"), str(path), str(steps), "1" if clip else "0", optimizer,
-             ",".join(map(str, skipped)), net],
-            check=True, env=env, cwd=str(out_dir), capture_output=True, timeout=300,
-        )
-    data = np.load(path)
+    """Single-process whole-batch training: losses, pre-clip norms and final params."""
+    spec = reference_spec(steps, clip, optimizer, skipped, net)
+    compute_references(out_dir, [spec])
+    data = np.load(_reference_path(out_dir, spec))
     return {"losses": data["losses"], "norms": data["norms"],
             "params": {k[len("param/"):]: data[k] for k in data.files if k.startswith("param/")}}
 
@@ -48,14 +66,22 @@ def load_case(out_dir: Path, case: str, world: int):
 
 
 def gathered_params(ranks) -> dict:
-    """Full parameters: shards merged in rank order where the network holds shards (stage 3)."""
+    """Full parameters: where the network holds shards (stage 3), blocks merged in group-rank
+    order. With hybrid groups several ranks hold the same block; they must be bit-identical."""
     out = {}
     for name, value in ranks[0].params.items():
         spec = ranks[0].meta["specs"].get(name)
-        if spec and spec["split"]:
-            out[name] = merge_arrays([r.params[name] for r in ranks], spec["shape"][0])
-        else:
+        if not (spec and spec["split"]):
             out[name] = value
+            continue
+        blocks = {}
+        for r in ranks:
+            index = r.meta["specs"][name]["rank"]
+            if index in blocks:
+                assert np.array_equal(blocks[index], r.params[name]), f"replicas of block {index} of {name} differ"
+            else:
+                blocks[index] = r.params[name]
+        out[name] = merge_arrays([blocks[i] for i in range(spec["group_size"])], spec["shape"][0])
     return out
 
 

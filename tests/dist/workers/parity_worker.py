@@ -19,7 +19,7 @@ from mindspore.communication import create_group, get_group_size, get_rank, init
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", ".."))
 from models import FactoredOptimizer, LossNet, TinyNet, init_weights, make_optimizer, micro_batch  # noqa: E402
 
-from mindone_zero import ZeroHelper, prepare_train_network  # noqa: E402
+from mindone_zero import ZeroHelper, prepare_network, prepare_train_network  # noqa: E402
 from mindone_zero.comm import GroupComm  # noqa: E402
 from mindone_zero.optimizer_states import find_optimizer_states  # noqa: E402
 
@@ -56,6 +56,8 @@ def run_case(case, out, rank, world):
     groups = dict(optimizer_parallel_group="zop", dp_group="zdp") if case.get("hybrid") else {}
     net = init_weights(TinyNet(with_scalar=case.get("net", "full") == "full"))
     loss_net = LossNet(net)
+    if case.get("prepare_first"):
+        loss_net = prepare_network(loss_net, case["stage"], groups.get("optimizer_parallel_group"))
     opt = make_optimizer(net.trainable_params(), case.get("optimizer", "adam"))
     scale = nn.DynamicLossScaleUpdateCell(2.0 ** 10, 2, 1000) if case.get("dynamic_scale") else 1.0
     accum = case["accum"]
@@ -79,7 +81,8 @@ def run_case(case, out, rank, world):
     specs = {}
     for p in net.trainable_params():
         spec = getattr(p, "zero_spec", None)
-        specs[p.name] = {"split": bool(spec.split), "shape": list(spec.shape)} if spec is not None else None
+        specs[p.name] = {"split": bool(spec.split), "shape": list(spec.shape), "group_size": spec.group_size,
+                         "rank": spec.rank} if spec is not None else None
     helper = train.zero_helper
     # Stage 0 shards nothing, so the helper found no states; find them the same way it does.
     states = helper.opt_states or find_optimizer_states(train.optimizer, [s.shape for s in helper.specs])

@@ -2,9 +2,11 @@
 
 The reference for parity: plain ``ms.value_and_grad`` + clipping by the global norm + the
 optimizer, sharing none of mindone_zero's code.
-Usage: reference.py OUT.npz STEPS CLIP(0|1) OPTIMIZER [SKIPPED_STEPS, comma separated] [NET: full|noscalar]
-A skipped step trains on nothing (what a dropped overflow step must amount to).
+Usage: reference.py SPECS_JSON, a list of {"path", "steps", "clip", "optimizer", "skipped", "net"}
+(all computed in one process to pay MindSpore's import once). A skipped step trains on nothing
+(what a dropped overflow step must amount to); net is "full" or "noscalar".
 """
+import json
 import os
 import sys
 
@@ -43,5 +45,5 @@ def main(out, steps, clip, opt_name, skipped=(), net_kind="full"):
 
 
 if __name__ == "__main__":
-    skip = tuple(int(x) for x in sys.argv[5].split(",")) if len(sys.argv) > 5 and sys.argv[5] else ()
-    main(sys.argv[1], int(sys.argv[2]), sys.argv[3] == "1", sys.argv[4], skip, sys.argv[6] if len(sys.argv) > 6 else "full")
+    for spec in json.loads(sys.argv[1]):
+        main(spec["path"], spec["steps"], spec["clip"], spec["optimizer"], tuple(spec["skipped"]), spec["net"])
