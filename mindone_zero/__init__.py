@@ -1,4 +1,5 @@
 """mindone_zero: MindSpore-native ZeRO with MindOne's API (``mindone.trainers.zero``)."""
+from .checkpoint import gather_full_params, latest_checkpoint, load_train_state, save_full_checkpoint, save_train_state
 from .checkpoint_io import convert_checkpoints
 from .ema import EMA
 from .memory import estimate_model_states_memory
@@ -15,4 +16,9 @@ __all__ = [
     "EMA",
     "convert_checkpoints",
     "estimate_model_states_memory",
+    "save_train_state",
+    "load_train_state",
+    "latest_checkpoint",
+    "gather_full_params",
+    "save_full_checkpoint",
 ]
