@@ -1,13 +1,15 @@
 """tools/benchmark.py without msrun: the native-path communication count, its config, the report."""
 import importlib.util
 import json
+from pathlib import Path
 
 import pytest
 import yaml
 
-from conftest import ROOT
 from tools.benchmark import (load_benchmark_config, native_collectives, plot, render_tables, ring_volume,
                              summarize)
+
+ROOT = Path(__file__).resolve().parents[2]
 
 # A (5, 3) fp32 parameter sharded over 2 ranks (padded to 6 rows) and a replicated 0-d one.
 LAYOUT = [

@@ -1,6 +1,7 @@
 """tools/train.py pieces that need no msrun: config merging and errors, the LM and its data,
 the progress line, the history file, and the launcher's refusal to overwrite checkpoints."""
 import json
+from pathlib import Path
 
 import mindspore as ms
 import numpy as np
@@ -8,11 +9,12 @@ import pytest
 import yaml
 from mindspore import Tensor
 
-from conftest import ROOT
 from tools import train
 from tools.estimate_memory import count_params_from_config
 from tools.lm_model import SEP, LMLoss, build_lm, init_lm_weights, reversal_batch
 from tools.train_config import DEFAULTS, build_config, load_config, per_rank_batch
+
+ROOT = Path(__file__).resolve().parents[2]
 
 ms.set_device("CPU")
 CONFIG = ROOT / "configs" / "train_lm.yaml"
