@@ -108,7 +108,8 @@ def _check_bench(bench: dict) -> None:
             _fail(f"benchmark.{key}", "an integer >= 1", bench[key])
     for n in sizes:
         if bench["global_batch_size"] % (n * bench["gradient_accumulation_steps"]):
-            _fail("benchmark.global_batch_size", f"a multiple of N x accumulation for N={n}", bench["global_batch_size"])
+            _fail("benchmark.global_batch_size", f"a multiple of N x accumulation for N={n}",
+                  bench["global_batch_size"])
 
 
 # ----------------------------------------------------------------------------- communication model
@@ -186,7 +187,8 @@ def run_world(config_path: str, world: int, out: Path, timeout_s: int) -> None:
     if code != 0:
         tails = []
         for path in sorted(log_dir.glob("worker_*.log")):
-            lines = [t for t in path.read_text(errors="replace").splitlines() if not t.startswith(("[WARNING]", "[INFO]"))]
+            lines = [t for t in path.read_text(errors="replace").splitlines()
+                     if not t.startswith(("[WARNING]", "[INFO]"))]
             tails.append(f"--- {path}\n" + "\n".join(lines[-30:]))
         what = f"timed out after {timeout_s}s" if code is None else f"exited with {code}"
         raise RuntimeError(f"For 'benchmark', the msrun job with N={world} {what}.\n" + "\n".join(tails))
@@ -274,7 +276,8 @@ def _notes(rows: List[dict]) -> List[str]:
         "- Step time: CPU backend, where ReduceScatter and sub-group AllGather are emulated with AllReduce; the "
         "native-path bytes are what Ascend/GPU would move.",
         "- Native bytes: ring algorithms (all-reduce 2(N-1)/N of the tensor, reduce-scatter and all-gather (N-1)/N), "
-        "per optimizer step, overflow-flag and norm all-reduces included; Φ' = Φ (N-1)/N, the paper's Φ for N ranks. "
+        "per optimizer step, overflow-flag and norm all-reduces included; Φ' = Φ (N-1)/N, the paper's Φ for "
+        "N ranks. "
         "Stages 2-3 communicate every micro-step; the next column is the same count with one micro-step per step. "
         "Paper: 2Φ for stages 0-2, 3Φ for stage 3, per step without accumulation (its stage 3 gathers the "
         "parameters again in backward; ours keeps the forward-gathered ones).",

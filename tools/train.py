@@ -165,7 +165,9 @@ def resume_checkpoint(train_net, ckpt_dir: Path) -> int:
     from mindone_zero.checkpoint import load_train_state
 
     if existing_checkpoint(ckpt_dir) is None:
-        raise FileNotFoundError(f"For 'tools/train.py', '--resume' needs a checkpoint in '{ckpt_dir}', but none is complete.")
+        raise FileNotFoundError(
+            f"For 'tools/train.py', '--resume' needs a checkpoint in '{ckpt_dir}', but none is complete."
+        )
     return load_train_state(train_net, str(ckpt_dir))
 
 
@@ -290,7 +292,8 @@ def report_memory(job) -> dict:
           f"({measured['total']} B)", flush=True)
     stage = job.train_net.zero_helper.zero_stage
     num_params = sum(_full_size(p) for p in job.net.trainable_params())
-    estimate = estimate_model_states_memory(num_params, job.world, stage, param_bytes=4, grad_bytes=4, optimizer_bytes=8)
+    estimate = estimate_model_states_memory(num_params, job.world, stage, param_bytes=4, grad_bytes=4,
+                                            optimizer_bytes=8)
     job.log(f"ZeRO paper estimate, stage {stage}, N={job.world}, {num_params} parameters, fp32 Adam (4+4+8 B): "
             f"{format_bytes(estimate)} per rank (counts parameters, gradients and optimizer states; not the EMA, "
             f"the fp32 master shards of stages 1-2 or scalars; gradients are held only as accumulation buffers)")

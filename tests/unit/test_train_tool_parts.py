@@ -31,7 +31,8 @@ def pynative():
 
 def test_yaml_then_command_line_win_over_defaults(tmp_path):
     path = tmp_path / "c.yaml"
-    path.write_text(yaml.safe_dump({"train": {"zero_stage": 1, "steps": 7, "learning_rate": 1}, "model": {"d_model": 32}}))
+    loaded = {"train": {"zero_stage": 1, "steps": 7, "learning_rate": 1}, "model": {"d_model": 32}}
+    path.write_text(yaml.safe_dump(loaded))
     cfg = load_config(str(path), {"steps": 9, "clip_grad": False})
     assert cfg["train"]["zero_stage"] == 1 and cfg["train"]["steps"] == 9 and cfg["train"]["clip_grad"] is False
     assert cfg["train"]["learning_rate"] == 1.0 and cfg["model"]["d_model"] == 32
