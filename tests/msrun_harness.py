@@ -33,6 +33,51 @@ def _log_tails(log_dir: Path, lines: int = 60) -> str:
     return "\n".join(chunks) or f"(no worker logs in {log_dir})"
 
 
+def _msrun_env() -> dict:
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join([str(REPO), env.get("PYTHONPATH", "")])
+    env.setdefault("GLOG_v", "3")  # MindSpore: errors only
+    return env
+
+
+def _resolve(script) -> Path:
+    script = Path(script)
+    return script if script.is_absolute() else (REPO / script).resolve()
+
+
+def run_msrun_nodes(script: str, nodes: int, workers_per_node: int, out_dir: Path, args: Sequence[str] = (),
+                    timeout: float = 900) -> None:
+    """Run ``script`` as ``nodes`` msrun "machines" on loopback, each with its own ``--node_rank``
+    and ``workers_per_node`` workers (ranks node * workers_per_node + i), as a multi-node launch
+    would. Raises AssertionError with the log tails if any node fails or the job exceeds ``timeout``."""
+    out_dir = Path(out_dir).resolve()
+    out_dir.mkdir(parents=True, exist_ok=True)
+    port = free_port()
+    procs = []
+    for node in range(nodes):
+        log_dir = out_dir / f"msrun_logs_node{node}"
+        # node 0 is the master host; the others run msrun as on another machine (see that script)
+        launcher = ["msrun"] if node == 0 else [sys.executable, str(REPO / "tests/dist/workers/msrun_other_host.py")]
+        cmd = [*launcher, f"--worker_num={nodes * workers_per_node}", f"--local_worker_num={workers_per_node}",
+               "--master_addr=127.0.0.1", f"--master_port={port}", f"--node_rank={node}", f"--log_dir={log_dir}",
+               "--join=True", str(_resolve(script)), "--out", str(out_dir), *args]
+        procs.append((log_dir, subprocess.Popen(cmd, cwd=str(out_dir), env=_msrun_env(), stdout=subprocess.PIPE,
+                                                stderr=subprocess.STDOUT, text=True, start_new_session=True)))
+    failures = []
+    for log_dir, proc in procs:
+        try:
+            stdout, _ = proc.communicate(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            for _, p in procs:
+                if p.poll() is None:
+                    os.killpg(p.pid, signal.SIGKILL)
+            raise AssertionError(f"msrun nodes of {script} timed out after {timeout}s\n{_log_tails(log_dir)}")
+        if proc.returncode != 0:
+            failures.append(f"node log {log_dir} exit {proc.returncode}\n{stdout[-2000:]}\n{_log_tails(log_dir)}")
+    if failures:
+        raise AssertionError("\n".join(failures))
+
+
 def run_msrun(
     script: str,
     nproc: int,
@@ -48,9 +93,7 @@ def run_msrun(
     worker log tails if the job fails (when ``expect_success``) or exceeds ``timeout`` seconds.
     """
     out_dir = Path(out_dir).resolve()
-    script = Path(script)
-    if not script.is_absolute():
-        script = (REPO / script).resolve()
+    script = _resolve(script)
     out_dir.mkdir(parents=True, exist_ok=True)
     log_dir = out_dir / "msrun_logs"
     cmd = [
@@ -66,11 +109,8 @@ def run_msrun(
         str(out_dir),
         *args,
     ]
-    env = dict(os.environ)
-    env["PYTHONPATH"] = os.pathsep.join([str(REPO), env.get("PYTHONPATH", "")])
-    env.setdefault("GLOG_v", "3")  # MindSpore: errors only
     proc = subprocess.Popen(
-        cmd, cwd=str(out_dir), env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+        cmd, cwd=str(out_dir), env=_msrun_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
         start_new_session=True,
     )
     try:
