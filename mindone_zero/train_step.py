@@ -43,6 +43,19 @@ def _scale_sense_parameter(scale_sense):
     )
 
 
+class _ScaledLoss(nn.Cell):
+    """(loss * scale, loss) of ``network`` on ``inputs[:-1]``, the scale being ``inputs[-1]``;
+    the gradient of the first output is that of the loss times the loss scale."""
+
+    def __init__(self, network):
+        super().__init__(auto_prefix=False)
+        self.network = network
+
+    def construct(self, *inputs):
+        loss = self.network(*inputs[:-1])
+        return loss * ops.cast(inputs[-1], loss.dtype), loss
+
+
 def _all_finite(grads):
     finite = ops.ones((), ms.bool_)
     for g in grads:
@@ -80,7 +93,9 @@ class TrainOneStepWrapper(nn.Cell):
         self.zero_helper = zero_helper if zero_helper is not None else ZeroHelper(optimizer, 0)
         self.optimizer = optimizer
         self.weights = self.zero_helper.params
-        self.grad = ops.GradOperation(get_by_list=True, sens_param=True)
+        # One forward for the loss and the gradients (GradOperation after a separate forward
+        # runs the network twice in PYNATIVE, and at stage 3 gathers every parameter twice).
+        self.loss_and_grads = ops.value_and_grad(_ScaledLoss(network), None, self.weights, has_aux=True)
         self.scale_sense, self.scale_update = _scale_sense_parameter(scale_sense)
         self.ema = ema
         if ema is not None and updates:
@@ -109,10 +124,8 @@ class TrainOneStepWrapper(nn.Cell):
         return super().set_train(mode)
 
     def construct(self, *inputs):
-        loss = self.network(*inputs)
         scale = self.scale_sense * 1.0  # read the scale before the update cell may change it
-        sens = ops.ones_like(loss) * ops.cast(scale, loss.dtype)
-        grads = self.grad(self.network, self.weights)(*inputs, sens)
+        (_, loss), grads = self.loss_and_grads(*inputs, scale)
         grads = self._unscale(self._shard_shaped(grads), scale)
         if self.reduce_each_micro_step:
             grads = self.zero_helper.reduce_grads(grads)
