@@ -30,12 +30,28 @@ __all__ = [
     "GroupComm",
     "CommPlan",
     "world_group",
+    "init_data_parallel",
     "backend_has_native",
     "group_size_and_rank",
     "group_members",
     "check_hybrid_groups",
     "pad_dim0",
 ]
+
+
+def init_data_parallel(device_target: str = "CPU") -> Tuple[int, int]:
+    """Start a data-parallel job: set the device, initialise communication and
+    ``ParallelMode.DATA_PARALLEL``. Collective: every rank calls it once, before building cells.
+
+    Returns:
+        (this rank, world size).
+    """
+    from mindspore.communication import init
+
+    ms.set_device(device_target)
+    init()
+    ms.set_auto_parallel_context(parallel_mode=ms.ParallelMode.DATA_PARALLEL, gradients_mean=True)
+    return get_rank(), get_group_size()
 
 
 def world_group() -> str:

@@ -23,8 +23,7 @@ optimizer step on locally accumulated full gradients (stage 1), or every micro-s
 accumulating into shard-sized buffers (stage 2).
 """
 import logging
-import os
-from typing import List, Optional
+from typing import List
 
 import mindspore as ms
 import numpy as np

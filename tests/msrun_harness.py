@@ -11,7 +11,7 @@ import socket
 import subprocess
 import sys
 from pathlib import Path
-from typing import List, Optional, Sequence
+from typing import Sequence
 
 REPO = Path(__file__).resolve().parents[1]
 

@@ -23,9 +23,9 @@ if str(REPO) not in sys.path:
 
 import mindspore as ms  # noqa: E402
 from mindspore import Tensor, nn  # noqa: E402
-from mindspore.communication import get_group_size, get_rank, init  # noqa: E402
 
 from mindone_zero import prepare_train_network  # noqa: E402
+from mindone_zero.comm import init_data_parallel  # noqa: E402
 from mindone_zero.memory_measure import measure_model_states  # noqa: E402
 from tools.benchmark import load_benchmark_config  # noqa: E402
 from tools.lm_model import LMLoss, build_lm, init_lm_weights, reversal_batch  # noqa: E402
@@ -118,11 +118,8 @@ def main(argv=None) -> int:
     parser.add_argument("--out", required=True)
     args = parser.parse_args(argv)
     cfg = load_benchmark_config(args.config)
-    ms.set_device("CPU")
-    init()
-    ms.set_auto_parallel_context(parallel_mode=ms.ParallelMode.DATA_PARALLEL, gradients_mean=True)
+    rank, world = init_data_parallel()
     ms.set_context(mode=ms.GRAPH_MODE if cfg["benchmark"]["mode"] == "graph" else ms.PYNATIVE_MODE)
-    rank, world = get_rank(), get_group_size()
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     run_all(cfg, rank, world, out)

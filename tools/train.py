@@ -395,14 +395,11 @@ def finish(job, losses, times, memory, last_ckpt) -> dict:
 def run(args, cfg) -> dict:
     """The training job on this rank (under msrun). Collective throughout."""
     import mindspore as ms
-    from mindspore.communication import get_group_size, get_rank, init
+    from mindone_zero.comm import init_data_parallel
 
     train = cfg["train"]
-    ms.set_device(train["device"])
-    init()
-    ms.set_auto_parallel_context(parallel_mode=ms.ParallelMode.DATA_PARALLEL, gradients_mean=True)
+    rank, world = init_data_parallel(train["device"])
     ms.set_context(mode=ms.GRAPH_MODE if train["mode"] == "graph" else ms.PYNATIVE_MODE)
-    rank, world = get_rank(), get_group_size()
     check_fresh_run(cfg, args.resume)
     job = Job(cfg, rank, world)
     if world != train["world_size"]:

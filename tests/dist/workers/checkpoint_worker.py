@@ -25,13 +25,14 @@ import time
 import numpy as np
 import mindspore as ms
 from mindspore import Tensor, nn
-from mindspore.communication import create_group, get_group_size, get_rank, init
+from mindspore.communication import create_group
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", ".."))
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from models import LossNet, TinyNet, global_batch, init_weights, make_optimizer, micro_batch  # noqa: E402
 
 from mindone_zero import EMA, prepare_train_network  # noqa: E402
+from mindone_zero.comm import init_data_parallel  # noqa: E402
 from mindone_zero import checkpoint as ckpt_mod  # noqa: E402
 from mindone_zero.checkpoint import gather_full_params, load_train_state, save_full_checkpoint, save_train_state  # noqa: E402,E501
 
@@ -227,10 +228,7 @@ def main():
     parser.add_argument("--out", required=True)
     parser.add_argument("--cases", required=True)
     ARGS = parser.parse_args()
-    ms.set_device("CPU")
-    init()
-    ms.set_auto_parallel_context(parallel_mode=ms.ParallelMode.DATA_PARALLEL, gradients_mean=True)
-    rank, world = get_rank(), get_group_size()
+    rank, world = init_data_parallel()
     for case in json.loads(ARGS.cases):
         t0, c0 = time.time(), time.process_time()
         if case["name"].startswith("errors"):

@@ -10,13 +10,12 @@ import json
 import os
 import sys
 
-import mindspore as ms
-from mindspore.communication import get_rank, init
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", ".."))
 from models import LossNet, TinyNet, init_weights, make_optimizer  # noqa: E402
 
 from mindone_zero import EMA, prepare_train_network  # noqa: E402
+from mindone_zero.comm import init_data_parallel  # noqa: E402
 from mindone_zero.memory_measure import measure_model_states  # noqa: E402
 
 
@@ -25,10 +24,7 @@ def main():
     parser.add_argument("--out", required=True)
     parser.add_argument("--stages", default="0,1,2,3")
     args = parser.parse_args()
-    ms.set_device("CPU")
-    init()
-    ms.set_auto_parallel_context(parallel_mode=ms.ParallelMode.DATA_PARALLEL, gradients_mean=True)
-    rank = get_rank()
+    rank, _ = init_data_parallel()
     for stage in (int(s) for s in args.stages.split(",")):
         net = init_weights(TinyNet())
         ema = EMA(net, ema_decay=0.9)

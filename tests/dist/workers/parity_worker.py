@@ -14,13 +14,13 @@ import sys
 import numpy as np
 import mindspore as ms
 from mindspore import Tensor, nn
-from mindspore.communication import create_group, get_group_size, get_rank, init
+from mindspore.communication import create_group
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", ".."))
 from models import FactoredOptimizer, LossNet, TinyNet, init_weights, make_optimizer, micro_batch  # noqa: E402
 
 from mindone_zero import ZeroHelper, prepare_network, prepare_train_network  # noqa: E402
-from mindone_zero.comm import GroupComm  # noqa: E402
+from mindone_zero.comm import GroupComm, init_data_parallel  # noqa: E402
 from mindone_zero.optimizer_states import find_optimizer_states  # noqa: E402
 
 CLIP_NORM = 2.0
@@ -143,10 +143,7 @@ def main():
     parser.add_argument("--out", required=True)
     parser.add_argument("--cases", required=True)
     args = parser.parse_args()
-    ms.set_device("CPU")
-    init()
-    ms.set_auto_parallel_context(parallel_mode=ms.ParallelMode.DATA_PARALLEL, gradients_mean=True)
-    rank, world = get_rank(), get_group_size()
+    rank, world = init_data_parallel()
     create_groups(rank, world)
     run_error_checks(args.out, rank, world)
     for case in json.loads(args.cases):
