@@ -36,7 +36,7 @@ import subprocess
 import sys
 from pathlib import Path
 from statistics import median
-from typing import Dict, List, Sequence, Tuple
+from typing import List, Sequence, Tuple
 
 import yaml
 

@@ -17,7 +17,6 @@ import math
 from typing import Tuple
 
 import numpy as np
-import mindspore as ms
 from mindspore import Parameter, Tensor, nn, ops
 
 __all__ = ["TransformerLM", "LMLoss", "build_lm", "reversal_batch", "init_lm_weights", "SEP", "FIRST_SYMBOL"]

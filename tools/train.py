@@ -75,7 +75,7 @@ def launch_msrun(argv, cfg) -> int:
     cmd = ["msrun", f"--worker_num={world}", f"--local_worker_num={world}", f"--master_port={port}",
            f"--log_dir={log_dir}", "--join=True", "--tail_worker_log=0", str(Path(__file__).resolve()), *argv]
     if os.environ.get(_LAUNCHED):
-        raise RuntimeError(f"For 'tools/train.py', msrun started this script without setting MS_ROLE; not relaunching.")
+        raise RuntimeError("For 'tools/train.py', msrun started this script without setting MS_ROLE; not relaunching.")
     print("launching:", " ".join(cmd), flush=True)
     return subprocess.call(cmd, env=dict(os.environ, **{_LAUNCHED: "1"}))
 
