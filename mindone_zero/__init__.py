@@ -21,4 +21,8 @@ __all__ = [
     "latest_checkpoint",
     "gather_full_params",
     "save_full_checkpoint",
+    "PARALLEL_MODULES",
 ]
+
+# Last: parallel_modules imports mindone_zero's submodules.
+from parallel_modules import PARALLEL_MODULES  # noqa: E402

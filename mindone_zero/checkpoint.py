@@ -20,7 +20,6 @@ failure on one rank from hanging the others in a later collective.
 """
 import os
 import shutil
-from contextlib import contextmanager
 from typing import Dict, Optional
 
 import mindspore as ms
@@ -32,7 +31,7 @@ from .checkpoint_plan import (KINDS, LATEST, LOAD, META, SPLIT_INFO_DIR, Layout,
                               check_dir, check_step, is_complete, latest_checkpoint, plan_load, resolve_step_dir,
                               step_dir_name, world_and_rank)
 from .checkpoint_readers import FORMATS, format_of_path
-from .comm import GroupComm
+from .comm import GroupComm, eager_mode
 from .train_step import TrainOneStepWrapper
 
 __all__ = ["save_train_state", "load_train_state", "latest_checkpoint", "gather_full_params", "save_full_checkpoint",
@@ -40,20 +39,6 @@ __all__ = ["save_train_state", "load_train_state", "latest_checkpoint", "gather_
 
 
 # ----------------------------------------------------------------------------- agreement
-
-
-@contextmanager
-def _eager():
-    """Run the enclosed eager collectives in PYNATIVE_MODE: in GRAPH_MODE each call with a new
-    input shape would compile a graph of its own. The previous mode is restored."""
-    mode = ms.get_context("mode")
-    if mode != ms.PYNATIVE_MODE:
-        ms.set_context(mode=ms.PYNATIVE_MODE)
-    try:
-        yield
-    finally:
-        if mode != ms.PYNATIVE_MODE:
-            ms.set_context(mode=mode)
 
 
 def _world_comm(train_net) -> GroupComm:
@@ -79,7 +64,7 @@ def _agree(train_net, error: Optional[BaseException], caller: str) -> None:
     if world > 1:
         flags = np.zeros((world,), np.float32)
         flags[rank] = 1.0 if error is not None else 0.0
-        with _eager():
+        with eager_mode():
             total = _world_comm(train_net).all_reduce(Tensor(flags)).asnumpy()
         failed = [int(i) for i in np.nonzero(total > 0)[0]]
     if error is not None:
@@ -302,7 +287,7 @@ def gather_full_params(train_net, rank0_only: bool = False, include_ema: bool = 
     items = layout.items["network"] + (layout.items["ema"] if include_ema else [])
     keep = not rank0_only or layout.rank == 0
     out = {}
-    with _eager():
+    with eager_mode():
         for it in items:
             if it.held.split and layout.op_size > 1:
                 value = train_net.zero_helper.op_comm.all_gather(it.param).asnumpy()[:it.held.shape[0]]

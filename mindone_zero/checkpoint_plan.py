@@ -60,6 +60,7 @@ from mindspore.communication import GlobalComm, get_group_size, get_rank
 from .checkpoint_io import read_split_info
 from .checkpoint_readers import open_checkpoint
 from .comm import group_size_and_rank
+from .ema import ema_entries
 from .partition import ShardSpec, merge_arrays, shard_rows, split_array
 
 __all__ = ["KINDS", "META", "LATEST", "SPLIT_INFO_DIR", "LOAD", "Layout", "SavedCheckpoint", "build_layout", "check_dir",
@@ -182,9 +183,9 @@ def build_layout(train_net, caller: str) -> Layout:
             add("optimizer", p, whole(p))
     ema = train_net.ema
     if ema is not None:
-        for w, e in zip(ema.net_weight, ema.ema_weight):
+        for w, e, split in ema_entries(ema):
             i = index.get(id(w))
-            add("ema", e, like(e, i, ema.sharded) if i is not None else whole(e))
+            add("ema", e, like(e, i, split) if i is not None else whole(e))
     if train_net.accum_steps > 1:
         for i, a in enumerate(train_net.accum_grads):
             add("train_state", a, like(a, i, train_net.reduce_each_micro_step and stage > 0))

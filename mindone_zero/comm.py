@@ -18,6 +18,7 @@ The emulations give the same numbers as the native ops (additions of exact zeros
 more bytes. ``CommPlan`` therefore records what the *native* path would move, which is what
 the ZeRO paper's 2Φ / 3Φ volumes refer to.
 """
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import List, Optional, Tuple
 
@@ -28,6 +29,7 @@ from mindspore.communication import GlobalComm, get_group_size, get_rank
 
 __all__ = [
     "GroupComm",
+    "eager_mode",
     "CommPlan",
     "world_group",
     "init_data_parallel",
@@ -193,6 +195,20 @@ class GroupComm(nn.Cell):
             return ops.cast(self._broadcast0((x,))[0], x.dtype)
         keep = ops.broadcast_to(self._is_me[root], x.shape)
         return self._all_reduce(ops.select(keep, x, ops.zeros_like(x)))
+
+
+@contextmanager
+def eager_mode():
+    """Run the enclosed eager collectives in PYNATIVE_MODE: in GRAPH_MODE each call with a new
+    input shape would compile a graph of its own. The previous mode is restored."""
+    mode = ms.get_context("mode")
+    if mode != ms.PYNATIVE_MODE:
+        ms.set_context(mode=ms.PYNATIVE_MODE)
+    try:
+        yield
+    finally:
+        if mode != ms.PYNATIVE_MODE:
+            ms.set_context(mode=mode)
 
 
 def pad_dim0(x, pad: int):

@@ -115,13 +115,25 @@ class BucketedComm(nn.Cell):
 
     def all_reduce_mean(self, tensors):
         """Mean over the group of every tensor, one all-reduce per bucket."""
+        return self._all_reduce(tensors, True)
+
+    def all_reduce_sum(self, tensors):
+        """Sum over the group of every tensor, one all-reduce per bucket."""
+        return self._all_reduce(tensors, False)
+
+    def _reduce(self, x, mean: bool):
+        if mean:
+            return self.comm.all_reduce_mean(x)
+        return self.comm.all_reduce(x)
+
+    def _all_reduce(self, tensors, mean: bool):
         out = list(tensors)
         for bucket in self.buckets:
             if len(bucket) == 1:
-                out[bucket[0]] = self.comm.all_reduce_mean(tensors[bucket[0]])
+                out[bucket[0]] = self._reduce(tensors[bucket[0]], mean)
                 continue
             flat = ops.concat([tensors[i].reshape(-1) for i in bucket], 0)
-            flat = self.comm.all_reduce_mean(flat)
+            flat = self._reduce(flat, mean)
             offset = 0
             for i in bucket:
                 out[i] = flat[offset:offset + self.numels[i]].reshape(self.shapes[i])

@@ -17,13 +17,38 @@ from typing import Dict, List, Sequence
 
 from mindspore import Parameter, ParameterTuple, nn
 
-__all__ = ["find_optimizer_states", "repoint_optimizer", "check_no_unknown_states", "place_optimizer_on_host"]
+__all__ = ["find_optimizer_states", "repoint_optimizer", "check_no_unknown_states", "place_optimizer_on_host",
+           "check_optimizer", "optimizer_parameters"]
 
 _PARAM_ATTRS = ("_parameters", "parameters")
 
 
-def _aligned_tuples(optimizer: nn.Optimizer) -> Dict[str, ParameterTuple]:
-    n = len(optimizer._parameters)
+def _experimental_optimizer_class():
+    from mindspore.experimental.optim import Optimizer  # also the base of mint.optim's optimizers
+
+    return Optimizer
+
+
+def check_optimizer(optimizer, where: str) -> None:
+    """Raise TypeError unless ``optimizer`` is a ``mindspore.nn.Optimizer`` or follows
+    ``mindspore.experimental.optim.Optimizer`` (as ``mint.optim``'s do), as MindOne accepts."""
+    if not isinstance(optimizer, (nn.Optimizer, _experimental_optimizer_class())):
+        raise TypeError(
+            f"For '{where}', the argument 'optimizer' must be a mindspore.nn.Optimizer or a "
+            f"mindspore.experimental.optim.Optimizer, but got {type(optimizer).__name__}."
+        )
+
+
+def optimizer_parameters(optimizer) -> ParameterTuple:
+    """The Parameters ``optimizer`` updates, in its order (``nn.Optimizer._parameters``, or
+    ``parameters`` of a ``mindspore.experimental.optim.Optimizer``)."""
+    if isinstance(optimizer, nn.Optimizer):
+        return optimizer._parameters
+    return optimizer.parameters
+
+
+def _aligned_tuples(optimizer) -> Dict[str, ParameterTuple]:
+    n = len(optimizer_parameters(optimizer))
     return {
         attr: value
         for attr, value in vars(optimizer).items()
@@ -47,7 +72,7 @@ def find_optimizer_states(optimizer: nn.Optimizer, full_shapes: Sequence[tuple])
             nor as scalars, or the optimizer holds other non-scalar Parameters (see
             ``check_no_unknown_states``).
     """
-    params = list(optimizer._parameters)
+    params = list(optimizer_parameters(optimizer))
     states = {}
     for attr, values in _aligned_tuples(optimizer).items():
         if all(v is p for v, p in zip(values, params)):
@@ -69,7 +94,7 @@ def find_optimizer_states(optimizer: nn.Optimizer, full_shapes: Sequence[tuple])
 def check_no_unknown_states(optimizer: nn.Optimizer, states: Dict[str, List[Parameter]]) -> None:
     """Raise if ``optimizer`` holds a non-scalar Parameter that is neither a parameter, a known
     per-parameter state nor a learning-rate schedule (such states could not be sharded)."""
-    known = {id(p) for p in optimizer._parameters}
+    known = {id(p) for p in optimizer_parameters(optimizer)}
     known.update(id(v) for values in states.values() for v in values)
     for name, value in optimizer.parameters_and_names():
         if id(value) in known or value.size <= 1 or "learning_rate" in name:
@@ -88,7 +113,7 @@ def repoint_optimizer(optimizer: nn.Optimizer, new_params: Sequence[Parameter]) 
     per-group settings were derived from the old parameters at construction and are kept,
     which is right because ``new_params[i]`` stands for ``optimizer._parameters[i]``.
     """
-    old = list(optimizer._parameters)
+    old = list(optimizer_parameters(optimizer))
     if len(new_params) != len(old):
         raise ValueError(
             f"For 'repoint_optimizer', the argument 'new_params' must have {len(old)} entries, "
@@ -96,7 +121,7 @@ def repoint_optimizer(optimizer: nn.Optimizer, new_params: Sequence[Parameter]) 
         )
     aliases = [a for a, v in _aligned_tuples(optimizer).items() if all(x is p for x, p in zip(v, old))]
     new_tuple = ParameterTuple(list(new_params))
-    for attr in list(_PARAM_ATTRS) + aliases:
+    for attr in [a for a in _PARAM_ATTRS if a in vars(optimizer)] + aliases:
         setattr(optimizer, attr, new_tuple)
 
 

@@ -26,6 +26,8 @@ __all__ = [
     "split_array",
     "split_all",
     "merge_arrays",
+    "is_split_candidate",
+    "mark_shard_flag",
 ]
 
 
@@ -167,3 +169,28 @@ def merge_arrays(blocks: Sequence[np.ndarray], full_d0: int) -> np.ndarray:
             f"(expected blocks of ceil({full_d0} / {len(blocks)}) = {shard_rows(full_d0, len(blocks))} rows)."
         )
     return np.concatenate([np.asarray(b) for b in blocks], axis=0)[:full_d0]
+
+
+# [Note: split rule] (DESIGN section 3) The one rule for which Parameters ZeRO shards, at every
+# stage: trainable, ndim >= 1, and not opted out by the user with ``param.parallel_optimizer =
+# False``. After ``prepare_train_network`` the flag says instead whether this rank holds a shard
+# of the Parameter (MindOne's reading of it, used by its online-combine recipe), so the user's
+# choice is remembered in ``param.zero_opt_out`` the first time the flag is rewritten, and a
+# later preparation of the same Parameters still honours it.
+_OPT_OUT_ATTR = "zero_opt_out"
+
+
+def is_split_candidate(param) -> bool:
+    """Whether ZeRO shards ``param`` ([Note: split rule]); reads attributes only."""
+    opted_out = getattr(param, _OPT_OUT_ATTR, None)
+    if opted_out is None:
+        opted_out = getattr(param, "parallel_optimizer", True) is False
+    return bool(param.requires_grad) and len(param.shape) >= 1 and not opted_out
+
+
+def mark_shard_flag(param, holds_shard: bool) -> None:
+    """Set ``param.parallel_optimizer`` to whether this rank holds a shard of it, remembering the
+    user's opt-out first ([Note: split rule])."""
+    if getattr(param, _OPT_OUT_ATTR, None) is None:
+        setattr(param, _OPT_OUT_ATTR, getattr(param, "parallel_optimizer", True) is False)
+    param.parallel_optimizer = bool(holds_shard)

@@ -8,8 +8,10 @@ import logging
 from mindspore import nn
 
 from .comm import check_hybrid_groups, world_group
+from .ema import bind_ema_to_zero, check_ema, ema_entries
 from .fusion import FusionConfig
-from .ema import EMA
+from .optimizer_states import check_optimizer, find_optimizer_states, optimizer_parameters
+from .partition import mark_shard_flag
 from .train_step import TrainOneStepWrapper, _check_step_args
 from .zero_helper import ZeroHelper, _check_stage, _is_distributed
 
@@ -23,12 +25,32 @@ def _check_groups(where, optimizer_parallel_group, dp_group):
         check_hybrid_groups(where, optimizer_parallel_group or world_group(), dp_group)
 
 
-def prepare_network(network, zero_stage=0, optimizer_parallel_group=None, parallel_modules=None):
+def _check_module_maps(where, **maps):
+    for name, value in maps.items():
+        if value is not None and not isinstance(value, dict):
+            raise TypeError(
+                f"For '{where}', the argument '{name}' must be None or a dict of Cell classes to ZeRO-3 Cell "
+                f"classes, but got {type(value).__name__}."
+            )
+
+
+def prepare_network(network, zero_stage=0, optimizer_parallel_group=None, parallel_modules=None,
+                    special_cases_parallel_module=None):
     """Shard ``network``'s parameters in place for ZeRO-3 (other stages return it unchanged).
 
     Must run before the network (or anything using its parameters) is compiled, and before
     the optimizer is built if you want the optimizer states created at shard size. Not
     collective (no communication happens until the network runs).
+
+    Args:
+        network (nn.Cell): the network.
+        zero_stage (int): 0-3; only 3 changes the network.
+        optimizer_parallel_group (str): the group the parameters are sharded over (None: world).
+        parallel_modules (dict): ``{Cell class: ZeRO-3 Cell class}`` extending ``PARALLEL_MODULES``
+            (exact type match), classes with MindOne's constructor ``(net, zero_stage=0,
+            optimizer_parallel_group=None, cell_type=None)``.
+        special_cases_parallel_module (dict): like ``parallel_modules`` but matched with
+            ``isinstance`` (subclasses too), after the exact matches, as in MindOne.
 
     Returns:
         The network (the top Cell itself may have been replaced by its ZeRO-3 version).
@@ -36,35 +58,49 @@ def prepare_network(network, zero_stage=0, optimizer_parallel_group=None, parall
     _check_stage(zero_stage, "prepare_network")
     if not isinstance(network, nn.Cell):
         raise TypeError(f"For 'prepare_network', the argument 'network' must be a Cell, but got {type(network).__name__}.")
+    _check_module_maps("prepare_network", parallel_modules=parallel_modules,
+                       special_cases_parallel_module=special_cases_parallel_module)
     if zero_stage != 3 or not _is_distributed():
         if zero_stage == 3:
             _logger.warning("ZeRO stage 3 needs ParallelMode.DATA_PARALLEL; the network is left unsharded.")
         return network
     from parallel_modules import shard_network
 
-    return shard_network(network, group=optimizer_parallel_group, parallel_modules=parallel_modules)
+    return shard_network(network, group=optimizer_parallel_group, parallel_modules=parallel_modules,
+                         special_cases_parallel_module=special_cases_parallel_module)
 
 
 def prepare_ema(ema, zero_stage=0, optimizer_parallel_group=None):
-    """Check ``ema`` for ZeRO. Its weights are sharded when the train network is built
-    (``prepare_train_network`` binds it to the optimizer's shards at stages >= 1), so this only
-    validates and returns it, keeping MindOne's call pattern working."""
+    """Check that ``ema`` has MindOne's EMA interface ([Note: EMA interface] in ema.py).
+
+    Its weights are sharded when the train network is built (``prepare_train_network`` binds it
+    to the optimizer's shards at stages >= 1), so this only validates and returns it, keeping
+    MindOne's call pattern working. Not collective.
+
+    Raises:
+        TypeError: naming what ``ema`` lacks.
+    """
     _check_stage(zero_stage, "prepare_ema")
-    if not isinstance(ema, EMA):
-        raise TypeError(f"For 'prepare_ema', the argument 'ema' must be an EMA, but got {type(ema).__name__}.")
+    check_ema(ema, "prepare_ema")
     return ema
 
 
 def prepare_train_network(network, optimizer, scale_sense=1.0, ema=None, updates=0, drop_overflow_update=True,
                           gradient_accumulation_steps=1, clip_grad=False, clip_norm=1.0, verbose=False,
                           zero_stage=0, optimizer_offload=False, optimizer_parallel_group=None, dp_group=None,
-                          comm_fusion=None, parallel_modules=None, params_split_info="params_info"):
+                          comm_fusion=None, parallel_modules=None, params_split_info="params_info",
+                          special_cases_parallel_module=None):
     """Wrap ``network`` (returning the loss) and ``optimizer`` into a ZeRO train step.
 
     Same signature and defaults as MindOne's ``prepare_train_network``, plus
-    ``params_split_info`` (folder of the split-info JSON files). At stage 3 the network is
-    sharded here if ``prepare_network`` was not called before. Building is not collective;
-    calling the returned wrapper is (every rank of the world, every step).
+    ``params_split_info`` (folder of the split-info JSON files) and
+    ``special_cases_parallel_module`` (see ``prepare_network``). At stage 3 the network is
+    sharded here if ``prepare_network`` was not called before. ``ema`` may be any EMA with
+    MindOne's interface ([Note: EMA interface] in ema.py); ``optimizer`` an ``nn.Optimizer`` or a
+    ``mindspore.experimental.optim.Optimizer`` (``mint.optim``). Afterwards every Parameter's
+    ``parallel_optimizer`` says whether this rank holds a shard of it ([Note: split rule] in
+    partition.py). Building is not collective; calling the returned wrapper is (every rank of
+    the world, every step).
 
     Returns:
         TrainOneStepWrapper: call it with the network's inputs; returns (loss, overflow, loss_scale).
@@ -72,24 +108,56 @@ def prepare_train_network(network, optimizer, scale_sense=1.0, ema=None, updates
     Raises:
         TypeError / ValueError: naming the argument and the value, before any work is done.
     """
-    _check_stage(zero_stage, "prepare_train_network")
+    where = "prepare_train_network"
+    _check_stage(zero_stage, where)
     if not isinstance(network, nn.Cell):
-        raise TypeError(
-            f"For 'prepare_train_network', the argument 'network' must be a Cell, but got {type(network).__name__}."
-        )
-    if not isinstance(optimizer, nn.Optimizer):
-        raise TypeError(
-            f"For 'prepare_train_network', the argument 'optimizer' must be a mindspore.nn.Optimizer, "
-            f"but got {type(optimizer).__name__}."
-        )
+        raise TypeError(f"For '{where}', the argument 'network' must be a Cell, but got {type(network).__name__}.")
+    check_optimizer(optimizer, where)
     _check_step_args(gradient_accumulation_steps, clip_grad, clip_norm, ema)
-    _check_groups("prepare_train_network", optimizer_parallel_group, dp_group)
+    _check_groups(where, optimizer_parallel_group, dp_group)
+    _check_module_maps(where, parallel_modules=parallel_modules,
+                       special_cases_parallel_module=special_cases_parallel_module)
     FusionConfig.from_mindone(comm_fusion)
+    if zero_stage > 0 and _is_distributed():
+        _check_shardable_optimizer(optimizer, network, zero_stage)
     if zero_stage == 3 and not any(getattr(p, "zero_spec", None) is not None for p in network.get_parameters()):
-        network = prepare_network(network, 3, optimizer_parallel_group, parallel_modules)
+        network = prepare_network(network, 3, optimizer_parallel_group, parallel_modules, special_cases_parallel_module)
     helper = ZeroHelper(optimizer, zero_stage, optimizer_parallel_group, dp_group, optimizer_offload,
                         comm_fusion, params_split_info)
     if ema is not None and helper.zero_stage > 0:
-        helper.register_split_entries(ema.bind_to_zero(helper))
-    return TrainOneStepWrapper(network, optimizer, scale_sense, ema, updates, drop_overflow_update,
-                               gradient_accumulation_steps, clip_grad, clip_norm, verbose, helper)
+        helper.register_split_entries(bind_ema_to_zero(ema, helper))
+    train = TrainOneStepWrapper(network, optimizer, scale_sense, ema, updates, drop_overflow_update,
+                                gradient_accumulation_steps, clip_grad, clip_norm, verbose, helper)
+    _mark_shard_flags(train)
+    return train
+
+
+def _check_shardable_optimizer(optimizer, network, zero_stage) -> None:
+    """Find the optimizer's states before anything is sharded, so that one ZeRO cannot shard
+    raises here, with nothing modified (ValueError naming the state and why)."""
+    shapes = []
+    for p in optimizer_parameters(optimizer):
+        spec = getattr(p, "zero_spec", None)
+        shapes.append(tuple(spec.shape) if spec is not None else tuple(p.shape))
+    find_optimizer_states(optimizer, shapes)
+
+
+def _mark_shard_flags(train) -> None:
+    """``parallel_optimizer`` of every Parameter the train network holds: whether it is a shard."""
+    helper = train.zero_helper
+    sharded = set()
+    for spec, p, q in zip(helper.specs, helper.params, helper.opt_params):
+        if spec.split:
+            sharded.add(id(q))  # the master shard at stages 1-2, the parameter itself at stage 3
+    for values in helper.opt_states.values():
+        sharded.update(id(v) for v, spec in zip(values, helper.specs) if spec.split)
+    if train.accum_steps > 1 and train.reduce_each_micro_step and helper.zero_stage > 0:
+        sharded.update(id(a) for a, spec in zip(train.accum_grads, helper.specs) if spec.split)
+    if train.ema is not None:
+        sharded.update(id(e) for _, e, split in ema_entries(train.ema) if split)
+    for p in train.network.get_parameters():
+        spec = getattr(p, "zero_spec", None)
+        if spec is not None and spec.split and helper.zero_stage == 3:
+            sharded.add(id(p))
+    for _, p in train.parameters_and_names():
+        mark_shard_flag(p, id(p) in sharded)

@@ -10,7 +10,7 @@ import logging
 import mindspore as ms
 from mindspore import Parameter, Tensor, nn, ops
 
-from .ema import EMA
+from .ema import check_ema
 from .zero_helper import ZeroHelper
 
 __all__ = ["TrainOneStepWrapper"]
@@ -96,7 +96,7 @@ class TrainOneStepWrapper(nn.Cell):
         # One forward for the loss and the gradients (GradOperation after a separate forward
         # runs the network twice in PYNATIVE, and at stage 3 gathers every parameter twice).
         self.loss_and_grads = ops.value_and_grad(_ScaledLoss(network), None, self.weights, has_aux=True)
-        self.scale_sense, self.scale_update = _scale_sense_parameter(scale_sense)
+        self.scale_sense, self.loss_scaling_manager = _scale_sense_parameter(scale_sense)
         self.ema = ema
         if ema is not None and updates:
             ema.updates.set_data(Tensor(float(updates), ms.float32))
@@ -104,7 +104,8 @@ class TrainOneStepWrapper(nn.Cell):
         self.clip_grad = clip_grad
         self.clip_norm = float(clip_norm)
         self.accum_steps = int(gradient_accumulation_steps)
-        stage = self.zero_helper.zero_stage
+        self.verbose = verbose
+        self.zero_stage = stage = self.zero_helper.zero_stage
         # [Note: gradient reduction] in zero_helper.py: stages 0/1 reduce once per optimizer step.
         self.reduce_each_micro_step = stage in (2, 3) or self.accum_steps == 1
         self.comm_plan = self.zero_helper.comm_plan(self.accum_steps, self.reduce_each_micro_step, clip_grad)
@@ -123,6 +124,59 @@ class TrainOneStepWrapper(nn.Cell):
         self.network.set_train(mode)
         return super().set_train(mode)
 
+    # ------------------------------------------------ MindOne's (and MindSpore's) public names
+    def set_sense_scale(self, sens):
+        """Set the loss scale (a positive float or a one-element Tensor), as MindSpore's
+        ``TrainOneStepWithLossScaleCell.set_sense_scale``; a ``loss_scaling_manager`` keeps
+        updating it from there. Not collective.
+
+        Raises:
+            TypeError / ValueError: ``sens`` is not a positive number or one-element Tensor.
+        """
+        value = sens.asnumpy().reshape(-1) if isinstance(sens, Tensor) else None
+        if value is not None and value.size == 1:
+            sens = float(value[0])
+        if isinstance(sens, bool) or not isinstance(sens, (int, float)) or not sens > 0:
+            raise TypeError(
+                f"For 'set_sense_scale', the argument 'sens' must be a positive float or a one-element Tensor, "
+                f"but got {sens!r}."
+            )
+        self.scale_sense.set_data(Tensor(float(sens), ms.float32))
+
+    def run_optimizer(self, grads):
+        """MindOne's name: the optimizer step on reduced ``grads`` (collective at stages 1-2)."""
+        return self.zero_helper.run_optimizer(grads)
+
+    @property
+    def grad_reducer(self):
+        """MindOne's name: reduces gradients as this ZeRO stage does (collective)."""
+        return self.zero_helper.reduce_grads
+
+    @property
+    def accumulated_grads(self):
+        """MindOne's name of the gradient accumulation buffers (``accum_grads``)."""
+        return self.accum_grads if self.accum_steps > 1 else None
+
+    @property
+    def cur_accum_step(self):
+        """MindOne's name of the micro-step counter (``accum_step``)."""
+        return self.accum_step if self.accum_steps > 1 else None
+
+    @property
+    def reducer_flag(self):
+        """True when gradients are reduced across ranks (ParallelMode.DATA_PARALLEL)."""
+        return self.zero_helper.is_parallel
+
+    @property
+    def degree(self):
+        """Number of data-parallel ranks whose gradients are reduced."""
+        return self.zero_helper.op_size * self.zero_helper.dp_size
+
+    @property
+    def mean(self):
+        """Whether reduced gradients are averaged (stage 0 follows ``gradients_mean``)."""
+        return self.zero_helper.grads_mean
+
     def construct(self, *inputs):
         scale = self.scale_sense * 1.0  # read the scale before the update cell may change it
         (_, loss), grads = self.loss_and_grads(*inputs, scale)
@@ -130,8 +184,8 @@ class TrainOneStepWrapper(nn.Cell):
         if self.reduce_each_micro_step:
             grads = self.zero_helper.reduce_grads(grads)
         overflow = self.zero_helper.any_rank(ops.logical_not(_all_finite(grads)))
-        if self.scale_update is not None:
-            overflow = self.scale_update(self.scale_sense, overflow)
+        if self.loss_scaling_manager is not None:
+            overflow = self.loss_scaling_manager(self.scale_sense, overflow)
         if self.accum_steps == 1:
             loss = ops.depend(loss, self._optimizer_step(grads, overflow))
         else:
@@ -200,5 +254,5 @@ def _check_step_args(gradient_accumulation_steps, clip_grad, clip_norm, ema):
         raise TypeError(f"For 'TrainOneStepWrapper', the argument 'clip_grad' must be a bool, but got {clip_grad!r}.")
     if isinstance(clip_norm, bool) or not isinstance(clip_norm, (int, float)) or not clip_norm > 0:
         raise ValueError(f"For 'TrainOneStepWrapper', the argument 'clip_norm' must be > 0, but got {clip_norm!r}.")
-    if ema is not None and not isinstance(ema, EMA):
-        raise TypeError(f"For 'TrainOneStepWrapper', the argument 'ema' must be an EMA, but got {type(ema).__name__}.")
+    if ema is not None:
+        check_ema(ema, "TrainOneStepWrapper")

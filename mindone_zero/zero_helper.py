@@ -33,8 +33,9 @@ from mindspore.parallel._utils import _get_parallel_mode
 
 from .comm import CommPlan, GroupComm, check_hybrid_groups, group_size_and_rank, pad_dim0, world_group
 from .fusion import BucketedComm, FusionConfig
-from .optimizer_states import find_optimizer_states, place_optimizer_on_host, repoint_optimizer
-from .partition import ShardSpec, split_array
+from .optimizer_states import (check_optimizer, find_optimizer_states, optimizer_parameters, place_optimizer_on_host,
+                               repoint_optimizer)
+from .partition import ShardSpec, is_split_candidate, mark_shard_flag, split_array
 
 __all__ = ["ZeroHelper"]
 
@@ -52,11 +53,6 @@ def _check_stage(zero_stage, where: str) -> None:
         raise ValueError(f"For '{where}', the argument 'zero_stage' must be one of [0, 1, 2, 3], but got {zero_stage!r}.")
 
 
-def _wants_split(param: Parameter) -> bool:
-    """DESIGN §3: trainable, ndim >= 1 and not opted out with ``parallel_optimizer = False``."""
-    return param.requires_grad and len(param.shape) >= 1 and getattr(param, "parallel_optimizer", True)
-
-
 def _master_dtype(dtype):
     return ms.float32 if dtype in _LOW_PRECISION else dtype
 
@@ -68,8 +64,9 @@ class ZeroHelper(nn.Cell):
     ``any_rank`` are collective over the world (every rank must call them, in the same order).
 
     Args:
-        optimizer (nn.Optimizer): built over the network's trainable parameters (at stage 3,
-            the network must already be sharded by ``prepare_network``).
+        optimizer (nn.Optimizer | mindspore.experimental.optim.Optimizer): built over the network's
+            trainable parameters (at stage 3, the network must already be sharded by
+            ``prepare_network``).
         zero_stage (int): 0, 1, 2 or 3. Outside ``ParallelMode.DATA_PARALLEL`` a stage > 0 warns
             and falls back to 0, as MindOne does.
         optimizer_parallel_group (str): group whose ranks share one copy of the model states;
@@ -83,18 +80,14 @@ class ZeroHelper(nn.Cell):
         params_split_info (str): folder for ``params_split_info_{rank}.json`` (written at stages >= 1).
 
     Raises:
-        TypeError: ``optimizer`` is not an ``nn.Optimizer``.
+        TypeError: ``optimizer`` is neither an ``nn.Optimizer`` nor an experimental ``Optimizer``.
         ValueError: bad stage, groups, or optimizer states not shaped like their parameters.
     """
 
     def __init__(self, optimizer, zero_stage=0, optimizer_parallel_group=None, dp_group=None,
                  optimizer_offload=False, comm_fusion=None, params_split_info="params_info"):
         super().__init__(auto_prefix=False)
-        if not isinstance(optimizer, nn.Optimizer):
-            raise TypeError(
-                f"For 'ZeroHelper', the argument 'optimizer' must be a mindspore.nn.Optimizer, "
-                f"but got {type(optimizer).__name__}."
-            )
+        check_optimizer(optimizer, "ZeroHelper")
         _check_stage(zero_stage, "ZeroHelper")
         fusion = FusionConfig.from_mindone(comm_fusion)
         self.is_parallel = _is_distributed()
@@ -110,12 +103,15 @@ class ZeroHelper(nn.Cell):
         self.op_size, self.op_rank = group_size_and_rank(self.op_group) if self.is_parallel else (1, 0)
         self.dp_size, self.dp_rank = group_size_and_rank(dp_group) if (self.is_parallel and dp_group) else (1, 0)
 
-        self.params = ParameterTuple(list(optimizer._parameters))
+        self.params = ParameterTuple(list(optimizer_parameters(optimizer)))
         self.specs = self._build_specs()
         self.split = tuple(s.split for s in self.specs)
         self.pads = tuple(s.pad for s in self.specs)
         self.full_d0 = tuple(s.shape[0] if s.shape else 0 for s in self.specs)
         self.use_masters = zero_stage in (1, 2)
+        # Stage 0 follows MindSpore's gradients_mean as MindOne's does (its grad reducer);
+        # sharded stages always average, as MindOne's ZeroHelper does.
+        self.grads_mean = zero_stage > 0 or not self.is_parallel or bool(ms.get_auto_parallel_context("gradients_mean"))
         self.opt_params = self._shard_optimizer()
         if self.is_parallel:
             self._build_comms(fusion)
@@ -134,7 +130,7 @@ class ZeroHelper(nn.Cell):
                 # the name at sharding time may have gained a prefix since (a loss Cell around it)
                 specs.append(ShardSpec(p.name, spec.shape, spec.group_size, spec.rank, spec.split))
                 continue
-            split = self.zero_stage in (1, 2) and _wants_split(p) and self.op_size > 1
+            split = self.zero_stage in (1, 2) and is_split_candidate(p) and self.op_size > 1
             specs.append(ShardSpec(p.name, tuple(p.shape), self.op_size, self.op_rank, split))
         return specs
 
@@ -236,7 +232,11 @@ class ZeroHelper(nn.Cell):
             return grads
         padded = tuple(pad_dim0(grads[i], self.pads[i]) for i in self.rs_index)
         shards = self.grad_rs.reduce_scatter(padded)
-        replicated = self.grad_ar.all_reduce_mean(tuple(grads[i] for i in self.ar_index))
+        to_reduce = tuple(grads[i] for i in self.ar_index)
+        if self.grads_mean:
+            replicated = self.grad_ar.all_reduce_mean(to_reduce)
+        else:
+            replicated = self.grad_ar.all_reduce_sum(to_reduce)
         out = ()
         k_rs, k_ar = 0, 0
         for i in range(len(grads)):

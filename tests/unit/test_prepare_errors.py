@@ -49,7 +49,7 @@ def test_prepare_train_network_rejects(net, opt, kwargs, exc, words, tmp_path):
 
 
 def test_optimizer_must_be_an_optimizer(net):
-    with pytest.raises(TypeError, match="'optimizer' must be a mindspore.nn.Optimizer, but got dict"):
+    with pytest.raises(TypeError, match="'optimizer' must be a mindspore.nn.Optimizer or a mindspore.experimental.optim.Optimizer, but got dict"):
         prepare_train_network(net, {"lr": 0.1})
     with pytest.raises(TypeError, match="'optimizer'.*but got list"):
         ZeroHelper([1, 2])
@@ -67,7 +67,7 @@ def test_prepare_ema_and_network_check_stage(net):
         prepare_ema(EMA(net), zero_stage=4)
     with pytest.raises(ValueError, match="'zero_stage'.*-1"):
         prepare_network(net, zero_stage=-1)
-    with pytest.raises(TypeError, match="'ema' must be an EMA"):
+    with pytest.raises(TypeError, match="'ema' must be an nn.Cell with MindOne's EMA interface"):
         prepare_ema(object())
 
 
