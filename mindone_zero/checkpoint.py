@@ -284,7 +284,10 @@ def gather_full_params(train_net, rank0_only: bool = False, include_ema: bool = 
     if include_ema and train_net.ema is None:
         raise ValueError(f"For '{caller}', the argument 'include_ema' is True, but 'train_net' has no EMA.")
     layout = build_layout(train_net, caller)
-    items = layout.items["network"] + (layout.items["ema"] if include_ema else [])
+    items = layout.items["network"]
+    if include_ema:  # the EMA weights, not a scratch swap cache the EMA may keep beside them
+        weights = {id(e) for e in train_net.ema.ema_weight}
+        items = items + [it for it in layout.items["ema"] if id(it.param) in weights]
     keep = not rank0_only or layout.rank == 0
     out = {}
     with eager_mode():
