@@ -1,10 +1,21 @@
 import json
+from pathlib import Path
 
 import pytest
 
 from msrun_harness import run_msrun
 from parity_cases import CASES, reference_spec_of
 from zero_results import compute_references
+
+_HERE = Path(__file__).resolve().parent
+
+
+def pytest_collection_modifyitems(config, items):
+    """Every test under tests/dist launches msrun jobs: mark it ``dist`` so that
+    ``pytest -m "not dist"`` is the quick one-process tier."""
+    for item in items:
+        if _HERE in Path(str(item.fspath)).resolve().parents:
+            item.add_marker(pytest.mark.dist)
 
 
 @pytest.fixture(scope="session")
