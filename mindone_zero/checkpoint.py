@@ -22,7 +22,6 @@ import os
 import shutil
 from typing import Dict, Optional
 
-import mindspore as ms
 import numpy as np
 from mindspore import Tensor
 

@@ -50,24 +50,27 @@ buffers hold per-rank partial sums); at an optimizer-step boundary it is all zer
 import json
 import os
 import re
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import Dict, List, Optional
 
 import numpy as np
-from mindspore import Parameter
 from mindspore.communication import GlobalComm, get_group_size, get_rank
 
 from .checkpoint_io import read_split_info
 from .checkpoint_readers import open_checkpoint
 from .comm import group_size_and_rank
-from .ema import ema_entries
-from .partition import ShardSpec, merge_arrays, shard_rows, split_array
+from .inventory import Held, inventory
+from .partition import merge_arrays, shard_rows, split_array
+from .stage import StagePolicy
 
 __all__ = ["KINDS", "META", "LATEST", "SPLIT_INFO_DIR", "LOAD", "Layout", "SavedCheckpoint", "build_layout", "check_dir",
            "check_step", "is_complete", "latest_checkpoint", "plan_load", "read_meta", "resolve_step_dir",
            "step_dir_name", "world_and_rank"]
 
 KINDS = ("network", "optimizer", "ema", "train_state")
+# the file each kind of the train network's inventory is saved in
+_FILE_OF = {"params": "network", "master_shards": "optimizer", "optimizer_states": "optimizer",
+            "optimizer_other": "optimizer", "ema": "ema", "accumulation": "train_state", "other": "train_state"}
 META = "meta.json"
 LATEST = "latest"
 SPLIT_INFO_DIR = "params_info"
@@ -83,15 +86,6 @@ def _is_accum(name: str) -> bool:
 # ----------------------------------------------------------------------------- layout
 
 
-@dataclass(frozen=True)
-class _Item:
-    """One saved tensor: the Parameter, its layout as held (and saved), its split-info entry."""
-
-    param: Parameter
-    held: ShardSpec
-    entry: ShardSpec
-
-
 @dataclass
 class Layout:
     """How one train network's state is spread over the ranks. Built without communication."""
@@ -104,7 +98,7 @@ class Layout:
     dp_size: int
     replica: int
     accum_steps: int
-    items: Dict[str, List[_Item]]
+    items: Dict[str, List[Held]]
 
     def per_rank(self, kind: str) -> bool:
         """Whether ``kind`` is saved one file per op rank."""
@@ -125,7 +119,8 @@ class Layout:
 
 def per_rank_kind(kind: str, stage: int) -> bool:
     """Whether ``kind`` is saved one file per op rank (else one file, or one per global rank)."""
-    return kind != "train_state" and (stage == 3 if kind == "network" else stage >= 1)
+    policy = StagePolicy(stage)
+    return kind != "train_state" and (policy.shards_params if kind == "network" else policy.shards_optimizer)
 
 
 def _file_names(kind: str, stage: int, world: int, op_size: int, fmt: str) -> List[str]:
@@ -150,48 +145,9 @@ def build_layout(train_net, caller: str) -> Layout:
     n, r, stage = helper.op_size, helper.op_rank, helper.zero_stage
     world, rank = world_and_rank()
     dp_size, replica = group_size_and_rank(helper.dp_group) if (helper.is_parallel and helper.dp_group) else (1, 0)
-
-    def whole(p):
-        return ShardSpec(p.name, tuple(p.shape), n, r, False)
-
-    def like(p, i, split):
-        return ShardSpec(p.name, helper.specs[i].shape, n, r, bool(split and helper.specs[i].split))
-
     items = {kind: [] for kind in KINDS}
-    seen = set()
-
-    def add(kind, p, held, entry=None):
-        seen.add(id(p))
-        items[kind].append(_Item(p, held, entry or held))
-
-    index = {id(p): i for i, p in enumerate(helper.params)}
-    for p in train_net.network.get_parameters():
-        # At stage 3 shard_network's own record says how the network holds it (also for a
-        # parameter the optimizer does not update); at stages 0-2 the network holds it whole.
-        spec = getattr(p, "zero_spec", None) if stage == 3 else None
-        held = replace(spec, name=p.name) if spec is not None else whole(p)
-        i = index.get(id(p))
-        add("network", p, held, replace(helper.specs[i], name=p.name) if i is not None else held)
-    for i, (q, p) in enumerate(zip(helper.opt_params, helper.params)):
-        if q is not p:
-            add("optimizer", q, like(q, i, True))
-    for values in helper.opt_states.values():
-        for i, v in enumerate(values):
-            add("optimizer", v, like(v, i, True))
-    for _, p in helper.optimizer.parameters_and_names():
-        if id(p) not in seen:
-            add("optimizer", p, whole(p))
-    ema = train_net.ema
-    if ema is not None:
-        for w, e, split in ema_entries(ema):
-            i = index.get(id(w))
-            add("ema", e, like(e, i, split) if i is not None else whole(e))
-    if train_net.accum_steps > 1:
-        for i, a in enumerate(train_net.accum_grads):
-            add("train_state", a, like(a, i, train_net.reduce_each_micro_step and stage > 0))
-    for _, p in train_net.parameters_and_names():
-        if id(p) not in seen:
-            add("train_state", p, whole(p))
+    for held in inventory(train_net):
+        items[_FILE_OF[held.kind]].append(held)
     layout = Layout(stage, world, rank, n, r, dp_size, replica, train_net.accum_steps, items)
     _check_layout(layout, caller)
     return layout
@@ -405,7 +361,7 @@ def _check_compatible(layout: Layout, saved: SavedCheckpoint) -> None:
             )
 
 
-def _check_names(kind: str, items: List[_Item], stored, path: str, skip_accum: bool) -> None:
+def _check_names(kind: str, items: List[Held], stored, path: str, skip_accum: bool) -> None:
     mine = {it.param.name for it in items if not (skip_accum and _is_accum(it.param.name))}
     theirs = {n for n in stored if not (skip_accum and _is_accum(n))}
     if mine != theirs:
@@ -459,7 +415,7 @@ def plan_load(layout: Layout, saved: SavedCheckpoint) -> list:
     return plan
 
 
-def _fetcher(layout: Layout, saved: SavedCheckpoint, kind: str, files: list, it: _Item):
+def _fetcher(layout: Layout, saved: SavedCheckpoint, kind: str, files: list, it: Held):
     name, held = it.param.name, it.held
     if kind == "train_state":
         full, split = files[0].infos[name].shape, False

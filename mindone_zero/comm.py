@@ -30,6 +30,7 @@ from mindspore.communication import GlobalComm, get_group_size, get_rank
 __all__ = [
     "GroupComm",
     "eager_mode",
+    "is_data_parallel",
     "CommPlan",
     "world_group",
     "init_data_parallel",
@@ -54,6 +55,14 @@ def init_data_parallel(device_target: str = "CPU") -> Tuple[int, int]:
     init()
     ms.set_auto_parallel_context(parallel_mode=ms.ParallelMode.DATA_PARALLEL, gradients_mean=True)
     return get_rank(), get_group_size()
+
+
+def is_data_parallel() -> bool:
+    """Whether MindSpore runs in ``ParallelMode.DATA_PARALLEL`` (the only mode ZeRO shards in)."""
+    from mindspore.context import ParallelMode
+    from mindspore.parallel._utils import _get_parallel_mode
+
+    return _get_parallel_mode() == ParallelMode.DATA_PARALLEL
 
 
 def world_group() -> str:

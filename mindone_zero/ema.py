@@ -143,7 +143,7 @@ def bind_ema_to_zero(ema, zero_helper) -> List[ShardSpec]:
             specs.append(ShardSpec(p.name, full, n, r, is_split))
         sources.append(zero_helper.opt_params[i] if is_split else w)
         split.append(is_split)
-        gather.append(is_split and zero_helper.use_masters)
+        gather.append(is_split and not zero_helper.policy.shards_params)
         rows.append(full[0] if full else 0)
     comm = getattr(zero_helper, "op_comm", None)
     ema.net_weight = ParameterTuple(sources)

@@ -20,9 +20,9 @@ import math
 import numbers
 from fractions import Fraction
 
-__all__ = ["estimate_model_states_memory"]
+from .stage import StagePolicy, check_stage
 
-_STAGES = (0, 1, 2, 3)
+__all__ = ["estimate_model_states_memory"]
 
 
 def _check_positive(func: str, name: str, value, allow_zero: bool = False, integral: bool = False) -> None:
@@ -72,8 +72,7 @@ def estimate_model_states_memory(
     func = "estimate_model_states_memory"
     _check_positive(func, "num_params", num_params, allow_zero=True)
     _check_positive(func, "world_size", world_size, integral=True)
-    if isinstance(zero_stage, bool) or zero_stage not in _STAGES:
-        raise ValueError(f"For '{func}', the argument 'zero_stage' must be one of {list(_STAGES)}, but got {zero_stage!r}.")
+    check_stage(zero_stage, func)
     for name, value in (("param_bytes", param_bytes), ("grad_bytes", grad_bytes), ("optimizer_bytes", optimizer_bytes)):
         _check_positive(func, name, value, allow_zero=True)
 
@@ -81,12 +80,11 @@ def estimate_model_states_memory(
     # above a whole number and be rounded up one byte too many.
     p, g, k, big_p = (Fraction(v) for v in (param_bytes, grad_bytes, optimizer_bytes, num_params))
     n = int(world_size)
-    if zero_stage == 0:
-        total = (p + g + k) * big_p
-    elif zero_stage == 1:
-        total = (p + g) * big_p + k * big_p / n
-    elif zero_stage == 2:
-        total = p * big_p + (g + k) * big_p / n
-    else:
-        total = (p + g + k) * big_p / n
+    policy = StagePolicy(zero_stage)
+
+    def held(sharded: bool) -> Fraction:
+        return big_p / n if sharded else big_p
+
+    # stage 0: (p+g+k)P; 1: (p+g)P + kP/N; 2: pP + (g+k)P/N; 3: (p+g+k)P/N
+    total = p * held(policy.shards_params) + g * held(policy.shards_grads) + k * held(policy.shards_optimizer)
     return int(math.ceil(total))

@@ -7,13 +7,14 @@ import logging
 
 from mindspore import nn
 
-from .comm import check_hybrid_groups, world_group
+from .comm import check_hybrid_groups, is_data_parallel, world_group
 from .ema import bind_ema_to_zero, check_ema, ema_entries
 from .fusion import FusionConfig
 from .optimizer_states import check_optimizer, find_optimizer_states, optimizer_parameters
 from .partition import mark_shard_flag
+from .stage import StagePolicy, check_stage
 from .train_step import TrainOneStepWrapper, _check_step_args
-from .zero_helper import ZeroHelper, _check_stage, _is_distributed
+from .zero_helper import ZeroHelper
 
 __all__ = ["prepare_train_network", "prepare_network", "prepare_ema"]
 
@@ -21,7 +22,7 @@ _logger = logging.getLogger(__name__)
 
 
 def _check_groups(where, optimizer_parallel_group, dp_group):
-    if _is_distributed():
+    if is_data_parallel():
         check_hybrid_groups(where, optimizer_parallel_group or world_group(), dp_group)
 
 
@@ -55,14 +56,12 @@ def prepare_network(network, zero_stage=0, optimizer_parallel_group=None, parall
     Returns:
         The network (the top Cell itself may have been replaced by its ZeRO-3 version).
     """
-    _check_stage(zero_stage, "prepare_network")
+    check_stage(zero_stage, "prepare_network")
     if not isinstance(network, nn.Cell):
         raise TypeError(f"For 'prepare_network', the argument 'network' must be a Cell, but got {type(network).__name__}.")
     _check_module_maps("prepare_network", parallel_modules=parallel_modules,
                        special_cases_parallel_module=special_cases_parallel_module)
-    if zero_stage != 3 or not _is_distributed():
-        if zero_stage == 3:
-            _logger.warning("ZeRO stage 3 needs ParallelMode.DATA_PARALLEL; the network is left unsharded.")
+    if not StagePolicy.of(zero_stage, is_data_parallel(), "prepare_network").shards_params:
         return network
     from parallel_modules import shard_network
 
@@ -80,7 +79,7 @@ def prepare_ema(ema, zero_stage=0, optimizer_parallel_group=None):
     Raises:
         TypeError: naming what ``ema`` lacks.
     """
-    _check_stage(zero_stage, "prepare_ema")
+    check_stage(zero_stage, "prepare_ema")
     check_ema(ema, "prepare_ema")
     return ema
 
@@ -109,7 +108,7 @@ def prepare_train_network(network, optimizer, scale_sense=1.0, ema=None, updates
         TypeError / ValueError: naming the argument and the value, before any work is done.
     """
     where = "prepare_train_network"
-    _check_stage(zero_stage, where)
+    check_stage(zero_stage, where)
     if not isinstance(network, nn.Cell):
         raise TypeError(f"For '{where}', the argument 'network' must be a Cell, but got {type(network).__name__}.")
     check_optimizer(optimizer, where)
@@ -118,21 +117,25 @@ def prepare_train_network(network, optimizer, scale_sense=1.0, ema=None, updates
     _check_module_maps(where, parallel_modules=parallel_modules,
                        special_cases_parallel_module=special_cases_parallel_module)
     FusionConfig.from_mindone(comm_fusion)
-    if zero_stage > 0 and _is_distributed():
-        _check_shardable_optimizer(optimizer, network, zero_stage)
-    if zero_stage == 3 and not any(getattr(p, "zero_spec", None) is not None for p in network.get_parameters()):
-        network = prepare_network(network, 3, optimizer_parallel_group, parallel_modules, special_cases_parallel_module)
-    helper = ZeroHelper(optimizer, zero_stage, optimizer_parallel_group, dp_group, optimizer_offload,
+    policy = StagePolicy.of(zero_stage, is_data_parallel(), where)  # stage 0 without data parallelism
+    if policy.shards_optimizer:
+        _check_shardable_optimizer(optimizer)
+    if policy.shards_params and not any(getattr(p, "zero_spec", None) is not None for p in network.get_parameters()):
+        network = prepare_network(network, policy.stage, optimizer_parallel_group, parallel_modules,
+                                  special_cases_parallel_module)
+    helper = ZeroHelper(optimizer, policy.stage, optimizer_parallel_group, dp_group, optimizer_offload,
                         comm_fusion, params_split_info)
-    if ema is not None and helper.zero_stage > 0:
+    if ema is not None and policy.is_zero:
         helper.register_split_entries(bind_ema_to_zero(ema, helper))
+    if policy.is_zero:
+        helper.dump_params_split_info()
     train = TrainOneStepWrapper(network, optimizer, scale_sense, ema, updates, drop_overflow_update,
                                 gradient_accumulation_steps, clip_grad, clip_norm, verbose, helper)
     _mark_shard_flags(train)
     return train
 
 
-def _check_shardable_optimizer(optimizer, network, zero_stage) -> None:
+def _check_shardable_optimizer(optimizer) -> None:
     """Find the optimizer's states before anything is sharded, so that one ZeRO cannot shard
     raises here, with nothing modified (ValueError naming the state and why)."""
     shapes = []
@@ -151,13 +154,13 @@ def _mark_shard_flags(train) -> None:
             sharded.add(id(q))  # the master shard at stages 1-2, the parameter itself at stage 3
     for values in helper.opt_states.values():
         sharded.update(id(v) for v, spec in zip(values, helper.specs) if spec.split)
-    if train.accum_steps > 1 and train.reduce_each_micro_step and helper.zero_stage > 0:
+    if train.accum_steps > 1 and train.reduce_each_micro_step and helper.policy.is_zero:
         sharded.update(id(a) for a, spec in zip(train.accum_grads, helper.specs) if spec.split)
     if train.ema is not None:
         sharded.update(id(e) for _, e, split in ema_entries(train.ema) if split)
     for p in train.network.get_parameters():
         spec = getattr(p, "zero_spec", None)
-        if spec is not None and spec.split and helper.zero_stage == 3:
+        if spec is not None and spec.split and helper.policy.shards_params:
             sharded.add(id(p))
     for _, p in train.parameters_and_names():
         mark_shard_flag(p, id(p) in sharded)

@@ -105,9 +105,9 @@ class TrainOneStepWrapper(nn.Cell):
         self.clip_norm = float(clip_norm)
         self.accum_steps = int(gradient_accumulation_steps)
         self.verbose = verbose
-        self.zero_stage = stage = self.zero_helper.zero_stage
+        self.zero_stage = self.zero_helper.zero_stage
         # [Note: gradient reduction] in zero_helper.py: stages 0/1 reduce once per optimizer step.
-        self.reduce_each_micro_step = stage in (2, 3) or self.accum_steps == 1
+        self.reduce_each_micro_step = self.zero_helper.policy.reduce_each_micro_step(self.accum_steps)
         self.comm_plan = self.zero_helper.comm_plan(self.accum_steps, self.reduce_each_micro_step, clip_grad)
         if self.accum_steps > 1:
             like = self.zero_helper.opt_params if self.reduce_each_micro_step else self.weights
@@ -117,7 +117,7 @@ class TrainOneStepWrapper(nn.Cell):
         if verbose:
             _logger.info(
                 "TrainOneStepWrapper: ZeRO stage %d, accumulation %d, clip_grad %s (%.3g), drop_overflow_update %s",
-                stage, self.accum_steps, clip_grad, self.clip_norm, drop_overflow_update,
+                self.zero_stage, self.accum_steps, clip_grad, self.clip_norm, drop_overflow_update,
             )
 
     def set_train(self, mode=True):

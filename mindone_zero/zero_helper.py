@@ -23,34 +23,23 @@ optimizer step on locally accumulated full gradients (stage 1), or every micro-s
 accumulating into shard-sized buffers (stage 2).
 """
 import logging
-from typing import List
+from typing import List, Optional
 
 import mindspore as ms
 import numpy as np
 from mindspore import Parameter, ParameterTuple, Tensor, nn, ops
-from mindspore.context import ParallelMode
-from mindspore.parallel._utils import _get_parallel_mode
-
-from .comm import CommPlan, GroupComm, check_hybrid_groups, group_size_and_rank, pad_dim0, world_group
+from .comm import CommPlan, GroupComm, check_hybrid_groups, group_size_and_rank, is_data_parallel, pad_dim0, world_group
 from .fusion import BucketedComm, FusionConfig
 from .optimizer_states import (check_optimizer, find_optimizer_states, optimizer_parameters, place_optimizer_on_host,
                                repoint_optimizer)
-from .partition import ShardSpec, is_split_candidate, mark_shard_flag, split_array
+from .partition import ShardSpec, is_split_candidate, split_array
+from .stage import StagePolicy
 
 __all__ = ["ZeroHelper"]
 
 _logger = logging.getLogger(__name__)
 
 _LOW_PRECISION = (ms.float16, ms.bfloat16)
-
-
-def _is_distributed() -> bool:
-    return _get_parallel_mode() == ParallelMode.DATA_PARALLEL
-
-
-def _check_stage(zero_stage, where: str) -> None:
-    if zero_stage not in (0, 1, 2, 3) or isinstance(zero_stage, bool):
-        raise ValueError(f"For '{where}', the argument 'zero_stage' must be one of [0, 1, 2, 3], but got {zero_stage!r}.")
 
 
 def _master_dtype(dtype):
@@ -77,7 +66,8 @@ class ZeroHelper(nn.Cell):
             (see ``place_optimizer_on_host``); otherwise warn and run it on the device.
         comm_fusion (dict): MindOne's communication-fusion dict; None for one collective per tensor
             (see [Note: buckets] in fusion.py). ``comm_plan()`` shows the resulting collectives.
-        params_split_info (str): folder for ``params_split_info_{rank}.json`` (written at stages >= 1).
+        params_split_info (str): folder for ``params_split_info_{rank}.json``, written by
+            ``dump_params_split_info`` (``prepare_train_network`` calls it at stages >= 1).
 
     Raises:
         TypeError: ``optimizer`` is neither an ``nn.Optimizer`` nor an experimental ``Optimizer``.
@@ -88,13 +78,10 @@ class ZeroHelper(nn.Cell):
                  optimizer_offload=False, comm_fusion=None, params_split_info="params_info"):
         super().__init__(auto_prefix=False)
         check_optimizer(optimizer, "ZeroHelper")
-        _check_stage(zero_stage, "ZeroHelper")
         fusion = FusionConfig.from_mindone(comm_fusion)
-        self.is_parallel = _is_distributed()
-        if zero_stage > 0 and not self.is_parallel:
-            _logger.warning("ZeRO stage %d needs ParallelMode.DATA_PARALLEL; falling back to stage 0.", zero_stage)
-            zero_stage = 0
-        self.zero_stage = zero_stage
+        self.is_parallel = is_data_parallel()
+        self.policy = StagePolicy.of(zero_stage, self.is_parallel)
+        self.zero_stage = self.policy.stage
         self.optimizer = optimizer
         self.op_group = optimizer_parallel_group or (world_group() if self.is_parallel else None)
         self.dp_group = dp_group
@@ -108,29 +95,27 @@ class ZeroHelper(nn.Cell):
         self.split = tuple(s.split for s in self.specs)
         self.pads = tuple(s.pad for s in self.specs)
         self.full_d0 = tuple(s.shape[0] if s.shape else 0 for s in self.specs)
-        self.use_masters = zero_stage in (1, 2)
+        self.use_masters = self.policy.uses_masters
         # Stage 0 follows MindSpore's gradients_mean as MindOne's does (its grad reducer);
         # sharded stages always average, as MindOne's ZeroHelper does.
-        self.grads_mean = zero_stage > 0 or not self.is_parallel or bool(ms.get_auto_parallel_context("gradients_mean"))
+        self.grads_mean = self.policy.is_zero or not self.is_parallel or bool(ms.get_auto_parallel_context("gradients_mean"))
         self.opt_params = self._shard_optimizer()
         if self.is_parallel:
             self._build_comms(fusion)
         self.optimizer_offload = bool(optimizer_offload) and place_optimizer_on_host(optimizer)
         self.params_split_info = params_split_info
         self.extra_split_entries = []
-        if zero_stage > 0:
-            self._dump_split_info(params_split_info)
 
     # ----------------------------------------------------------------- build
     def _build_specs(self) -> List[ShardSpec]:
         specs = []
         for p in self.params:
             spec = getattr(p, "zero_spec", None)
-            if self.zero_stage == 3 and spec is not None:
+            if self.policy.shards_params and spec is not None:
                 # the name at sharding time may have gained a prefix since (a loss Cell around it)
                 specs.append(ShardSpec(p.name, spec.shape, spec.group_size, spec.rank, spec.split))
                 continue
-            split = self.zero_stage in (1, 2) and is_split_candidate(p) and self.op_size > 1
+            split = self.policy.splits_in_helper and is_split_candidate(p) and self.op_size > 1
             specs.append(ShardSpec(p.name, tuple(p.shape), self.op_size, self.op_rank, split))
         return specs
 
@@ -161,7 +146,7 @@ class ZeroHelper(nn.Cell):
         self.op_comm = GroupComm(self.op_group)
         self.world_comm = GroupComm(world_group())
         n = len(self.params)
-        reduce_here = self.zero_stage in (1, 2)
+        reduce_here = self.policy.splits_in_helper
         self.rs_index = tuple(i for i in range(n) if self.split[i] and reduce_here)
         self.ar_index = tuple(i for i in range(n) if not self.split[i])
         self.ag_index = tuple(i for i in range(n) if self.split[i] and self.use_masters)
@@ -191,7 +176,7 @@ class ZeroHelper(nn.Cell):
         op, n = self.op_group, self.op_size
         for _ in range(micro_steps):
             plan.add("all_reduce", world_group(), 4, n * self.dp_size)  # overflow flag
-        if self.zero_stage == 3:
+        if self.policy.shards_params:
             for s, p in zip(self.specs, self.params):
                 if s.split:
                     full = int(np.prod(s.padded_shape)) * p.itemsize
@@ -202,25 +187,28 @@ class ZeroHelper(nn.Cell):
             self.grad_ar.record(plan, "all_reduce")
             if self.dp_ar is not None:
                 self.dp_ar.record(plan, "all_reduce")
-        if clip_grad and self.zero_stage > 0:
+        if clip_grad and self.policy.is_zero:
             plan.add("all_reduce", op, 4, n)
         self.param_ag.record(plan, "all_gather", scale=n)
         return plan
 
-    def _dump_split_info(self, folder: str) -> None:
-        from .checkpoint_io import write_split_info  # file I/O lives with the checkpoint code
-
+    def split_info_entries(self) -> List[ShardSpec]:
+        """One split-info entry per name: parameters, optimizer states, then registered extras."""
         entries = list(self.specs)
         for values in self.opt_states.values():
             entries += [ShardSpec(v.name, s.shape, s.group_size, s.rank, s.split) for v, s in zip(values, self.specs)]
-        entries += self.extra_split_entries
-        write_split_info(entries, folder, self.op_rank)
+        return entries + self.extra_split_entries
 
     def register_split_entries(self, specs: List[ShardSpec]) -> None:
-        """Add entries (EMA weights, say) to the split-info JSON and rewrite it (stages >= 1)."""
+        """Add entries (EMA weights, say) for ``dump_params_split_info``."""
         self.extra_split_entries = self.extra_split_entries + list(specs)
-        if self.zero_stage > 0:
-            self._dump_split_info(self.params_split_info)
+
+    def dump_params_split_info(self, folder: Optional[str] = None) -> None:
+        """Write ``params_split_info_{op rank}.json`` into ``folder`` (default: the constructor's
+        ``params_split_info``), MindOne's name for it. Not collective; file I/O only."""
+        from .checkpoint_io import write_split_info  # file I/O lives with the checkpoint code
+
+        write_split_info(self.split_info_entries(), folder or self.params_split_info, self.op_rank)
 
     # ------------------------------------------------------------- construct-time
     def reduce_grads(self, grads):
@@ -266,7 +254,7 @@ class ZeroHelper(nn.Cell):
                 local_split = local_split + sq
             else:
                 replicated = replicated + sq
-        if self.is_parallel and self.zero_stage > 0:
+        if self.is_parallel and self.policy.is_zero:
             local_split = self.op_comm.all_reduce(local_split)
         return ops.sqrt(local_split + replicated)
 

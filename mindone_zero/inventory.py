@@ -1,0 +1,101 @@
+"""One inventory of the state a ZeRO train network holds on this rank, by kind.
+
+Memory measurement (``memory_measure``) sums it and checkpoints (``checkpoint_plan``) save it;
+both read this list instead of reaching into the train network themselves. Building it does
+not communicate.
+
+Every Parameter of the train network appears once, under the first kind that holds it:
+
+* ``params``: the network's Parameters (shards at stage 3);
+* ``master_shards``: the fp32 master shards the optimizer updates at stages 1-2;
+* ``optimizer_states``: the optimizer's per-parameter states (shards at stages >= 1);
+* ``optimizer_other``: the optimizer's other Parameters (learning rate, step, beta powers);
+* ``ema``: the EMA's weights and an aligned swap cache ([Note: ZeRO EMA] in ema.py);
+* ``accumulation``: gradient accumulation buffers (shards at stages 2-3);
+* ``other``: everything else (loss scale, micro-step counter, EMA update count).
+"""
+from dataclasses import dataclass, replace
+from typing import List
+
+from mindspore import Parameter
+
+from .ema import ema_entries
+from .optimizer_states import find_optimizer_states
+from .partition import ShardSpec
+
+__all__ = ["KINDS", "Held", "inventory"]
+
+KINDS = ("params", "master_shards", "optimizer_states", "optimizer_other", "ema", "accumulation", "other")
+
+
+@dataclass(frozen=True)
+class Held:
+    """One Parameter: its kind, how this rank holds it (``held.split``: a padded block of the full
+    ``held.shape``), and its split-info entry (the layout of the parameter it stands for)."""
+
+    kind: str
+    param: Parameter
+    held: ShardSpec
+    entry: ShardSpec
+
+
+def _optimizer_states(helper) -> List[Parameter]:
+    """The optimizer's per-parameter states; at stage 0 the helper did not look for them."""
+    if helper.opt_states:
+        return [v for values in helper.opt_states.values() for v in values]
+    try:
+        states = find_optimizer_states(helper.optimizer, [s.shape for s in helper.specs])
+        return [v for values in states.values() for v in values]
+    except ValueError:
+        # Not shaped like the parameters (allowed at stage 0, where nothing is sharded): every
+        # non-scalar Parameter the optimizer owns counts as a state.
+        params = {id(p) for p in helper.params}
+        return [p for _, p in helper.optimizer.parameters_and_names() if id(p) not in params and p.size > 1]
+
+
+def inventory(train_net) -> List[Held]:
+    """Every Parameter ``train_net`` (a ``TrainOneStepWrapper``) holds, classified (see the module
+    docstring), in a fixed order: network, optimizer, EMA, then the train step's own."""
+    helper = train_net.zero_helper
+    n, r = helper.op_size, helper.op_rank
+    index = {id(p): i for i, p in enumerate(helper.params)}
+    out, seen = [], set()
+
+    def whole(p):
+        return ShardSpec(p.name, tuple(p.shape), n, r, False)
+
+    def like(p, i, split):
+        """Held like parameter ``i``: a block of its full shape when ``split`` and it is split."""
+        return ShardSpec(p.name, helper.specs[i].shape, n, r, bool(split and helper.specs[i].split))
+
+    def add(kind, p, held, entry=None):
+        if id(p) not in seen:
+            seen.add(id(p))
+            out.append(Held(kind, p, held, entry or held))
+
+    for p in train_net.network.get_parameters():
+        # At stage 3 shard_network's own record says how the network holds it (also for a
+        # parameter the optimizer does not update); at stages 0-2 the network holds it whole.
+        spec = getattr(p, "zero_spec", None) if helper.policy.shards_params else None
+        held = replace(spec, name=p.name) if spec is not None else whole(p)
+        i = index.get(id(p))
+        add("params", p, held, replace(helper.specs[i], name=p.name) if i is not None else held)
+    for i, (q, p) in enumerate(zip(helper.opt_params, helper.params)):
+        if q is not p:
+            add("master_shards", q, like(q, i, True))
+    aligned = {id(v): i for values in helper.opt_states.values() for i, v in enumerate(values)}
+    for v in _optimizer_states(helper):
+        add("optimizer_states", v, like(v, aligned[id(v)], True) if id(v) in aligned else whole(v))
+    for _, p in helper.optimizer.parameters_and_names():
+        add("optimizer_other", p, whole(p))
+    if train_net.ema is not None:
+        for w, e, split in ema_entries(train_net.ema):
+            i = index.get(id(w))
+            add("ema", e, like(e, i, split) if i is not None else whole(e))
+    if train_net.accum_steps > 1:
+        sharded = train_net.reduce_each_micro_step and helper.policy.is_zero
+        for i, a in enumerate(train_net.accum_grads):
+            add("accumulation", a, like(a, i, sharded))
+    for _, p in train_net.parameters_and_names():
+        add("other", p, whole(p))
+    return out
