@@ -21,7 +21,7 @@ from mindspore import Parameter
 
 from .ema import ema_entries
 from .optimizer_states import find_optimizer_states
-from .partition import ShardSpec
+from .partition import ShardSpec, zero_spec_of
 
 __all__ = ["KINDS", "Held", "inventory"]
 
@@ -76,7 +76,7 @@ def inventory(train_net) -> List[Held]:
     for p in train_net.network.get_parameters():
         # At stage 3 shard_network's own record says how the network holds it (also for a
         # parameter the optimizer does not update); at stages 0-2 the network holds it whole.
-        spec = getattr(p, "zero_spec", None) if helper.policy.shards_params else None
+        spec = zero_spec_of(p) if helper.policy.shards_params else None
         held = replace(spec, name=p.name) if spec is not None else whole(p)
         i = index.get(id(p))
         add("params", p, held, replace(helper.specs[i], name=p.name) if i is not None else held)

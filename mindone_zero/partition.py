@@ -13,7 +13,7 @@ Padding rows are zero at the start and stay zero during training: their gradient
 so plain SGD/Adam/Momentum never move them (weight decay of zero is zero).
 """
 from dataclasses import dataclass
-from typing import List, Sequence, Tuple
+from typing import List, Optional, Sequence, Tuple
 
 import numpy as np
 
@@ -28,6 +28,8 @@ __all__ = [
     "merge_arrays",
     "is_split_candidate",
     "mark_shard_flag",
+    "zero_spec_of",
+    "set_zero_spec",
 ]
 
 
@@ -178,6 +180,19 @@ def merge_arrays(blocks: Sequence[np.ndarray], full_d0: int) -> np.ndarray:
 # choice is remembered in ``param.zero_opt_out`` the first time the flag is rewritten, and a
 # later preparation of the same Parameters still honours it.
 _OPT_OUT_ATTR = "zero_opt_out"
+# A Parameter sharded by ZeRO-3's shard_network records its layout here (read it with zero_spec_of).
+_SPEC_ATTR = "zero_spec"
+
+
+def zero_spec_of(param) -> "Optional[ShardSpec]":
+    """The ``ShardSpec`` ZeRO-3 recorded on ``param`` when sharding the network (``split`` False
+    for a trainable parameter kept whole), or None for a parameter ZeRO-3 has not seen."""
+    return getattr(param, _SPEC_ATTR, None)
+
+
+def set_zero_spec(param, spec: "ShardSpec") -> None:
+    """Record ``spec`` as ``param``'s ZeRO-3 layout (done once, by ``shard_parameter``)."""
+    setattr(param, _SPEC_ATTR, spec)
 
 
 def is_split_candidate(param) -> bool:

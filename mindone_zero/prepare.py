@@ -11,7 +11,7 @@ from .comm import check_hybrid_groups, is_data_parallel, world_group
 from .ema import bind_ema_to_zero, check_ema, ema_entries
 from .fusion import FusionConfig
 from .optimizer_states import check_optimizer, find_optimizer_states, optimizer_parameters
-from .partition import mark_shard_flag
+from .partition import mark_shard_flag, zero_spec_of
 from .stage import StagePolicy, check_stage
 from .train_step import TrainOneStepWrapper, _check_step_args
 from .zero_helper import ZeroHelper
@@ -65,8 +65,8 @@ def prepare_network(network, zero_stage=0, optimizer_parallel_group=None, parall
         return network
     from parallel_modules import shard_network
 
-    return shard_network(network, group=optimizer_parallel_group, parallel_modules=parallel_modules,
-                         special_cases_parallel_module=special_cases_parallel_module)
+    special = {} if special_cases_parallel_module is None else {"special_cases_parallel_module": special_cases_parallel_module}
+    return shard_network(network, group=optimizer_parallel_group, parallel_modules=parallel_modules, **special)
 
 
 def prepare_ema(ema, zero_stage=0, optimizer_parallel_group=None):
@@ -120,7 +120,7 @@ def prepare_train_network(network, optimizer, scale_sense=1.0, ema=None, updates
     policy = StagePolicy.of(zero_stage, is_data_parallel(), where)  # stage 0 without data parallelism
     if policy.shards_optimizer:
         _check_shardable_optimizer(optimizer)
-    if policy.shards_params and not any(getattr(p, "zero_spec", None) is not None for p in network.get_parameters()):
+    if policy.shards_params and not any(zero_spec_of(p) is not None for p in network.get_parameters()):
         network = prepare_network(network, policy.stage, optimizer_parallel_group, parallel_modules,
                                   special_cases_parallel_module)
     helper = ZeroHelper(optimizer, policy.stage, optimizer_parallel_group, dp_group, optimizer_offload,
@@ -140,7 +140,7 @@ def _check_shardable_optimizer(optimizer) -> None:
     raises here, with nothing modified (ValueError naming the state and why)."""
     shapes = []
     for p in optimizer_parameters(optimizer):
-        spec = getattr(p, "zero_spec", None)
+        spec = zero_spec_of(p)
         shapes.append(tuple(spec.shape) if spec is not None else tuple(p.shape))
     find_optimizer_states(optimizer, shapes)
 
@@ -159,7 +159,7 @@ def _mark_shard_flags(train) -> None:
     if train.ema is not None:
         sharded.update(id(e) for _, e, split in ema_entries(train.ema) if split)
     for p in train.network.get_parameters():
-        spec = getattr(p, "zero_spec", None)
+        spec = zero_spec_of(p)
         if spec is not None and spec.split and helper.policy.shards_params:
             sharded.add(id(p))
     for _, p in train.parameters_and_names():

@@ -32,7 +32,7 @@ from .comm import CommPlan, GroupComm, check_hybrid_groups, group_size_and_rank,
 from .fusion import BucketedComm, FusionConfig
 from .optimizer_states import (check_optimizer, find_optimizer_states, optimizer_parameters, place_optimizer_on_host,
                                repoint_optimizer)
-from .partition import ShardSpec, is_split_candidate, split_array
+from .partition import ShardSpec, is_split_candidate, split_array, zero_spec_of
 from .stage import StagePolicy
 
 __all__ = ["ZeroHelper"]
@@ -110,7 +110,7 @@ class ZeroHelper(nn.Cell):
     def _build_specs(self) -> List[ShardSpec]:
         specs = []
         for p in self.params:
-            spec = getattr(p, "zero_spec", None)
+            spec = zero_spec_of(p)
             if self.policy.shards_params and spec is not None:
                 # the name at sharding time may have gained a prefix since (a loss Cell around it)
                 specs.append(ShardSpec(p.name, spec.shape, spec.group_size, spec.rank, spec.split))

@@ -301,8 +301,10 @@ def report_memory(job) -> dict:
 
 
 def _full_size(param) -> int:
-    """Elements of ``param`` before ZeRO-3 sharding (its ``zero_spec`` shape when sharded)."""
-    spec = getattr(param, "zero_spec", None)
+    """Elements of ``param`` before ZeRO-3 sharding (its recorded full shape when sharded)."""
+    from mindone_zero.partition import zero_spec_of
+
+    spec = zero_spec_of(param)
     if spec is None:
         return int(param.size)
     n = 1
