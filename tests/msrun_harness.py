@@ -130,3 +130,15 @@ def run_msrun(
 def load_json(path: Path) -> dict:
     with open(path) as f:
         return json.load(f)
+
+
+def worker_args():
+    """The worker side of ``run_msrun(script, n, out, ["--cases", json])``: (out folder, list of
+    case dicts) from the command line of a worker script."""
+    import argparse
+
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--out", required=True)
+    parser.add_argument("--cases", required=True)
+    args = parser.parse_args()
+    return args.out, json.loads(args.cases)

@@ -13,7 +13,6 @@ Each case: {"name", "mode": "graph"|"pynative", "stage", "fusion": bool, "optimi
 Writes DIR/{name}_rank{r}.npz (losses, evals, full params and EMA weights) and .json (flags).
 Also DIR/errors_rank{r}.json: bad EMA / optimizer inputs, and whether anything was modified.
 """
-import argparse
 import json
 import os
 import sys
@@ -23,6 +22,7 @@ import mindspore as ms
 from mindspore import Parameter, ParameterTuple, Tensor, nn, ops
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", ".."))
+from msrun_harness import worker_args  # noqa: E402
 from models import FactoredOptimizer  # noqa: E402
 
 from mindone_zero import prepare_train_network  # noqa: E402
@@ -270,14 +270,11 @@ def run_error_checks(out, rank):
 
 
 def main():
-    parser = argparse.ArgumentParser()
-    parser.add_argument("--out", required=True)
-    parser.add_argument("--cases", required=True)
-    args = parser.parse_args()
+    out, cases = worker_args()
     rank, _ = init_data_parallel()
-    run_error_checks(args.out, rank)
-    for case in json.loads(args.cases):
-        run_case(case, args.out, rank)
+    run_error_checks(out, rank)
+    for case in cases:
+        run_case(case, out, rank)
         print(f"rank {rank}: case {case['name']} done", flush=True)
 
 

@@ -6,7 +6,6 @@ Each case: {"name", "mode": "graph"|"pynative", "stage", "accum", "clip", "steps
             "dynamic_scale" (optional)}.
 Writes DIR/{name}_rank{r}.npz (losses, overflow, scales, params) and DIR/{name}_rank{r}.json.
 """
-import argparse
 import json
 import os
 import sys
@@ -17,6 +16,7 @@ from mindspore import Tensor, nn
 from mindspore.communication import create_group
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", ".."))
+from msrun_harness import worker_args  # noqa: E402
 from models import FactoredOptimizer, LossNet, TinyNet, init_weights, make_optimizer, micro_batch  # noqa: E402
 
 from mindone_zero import ZeroHelper, prepare_network, prepare_train_network  # noqa: E402
@@ -139,15 +139,12 @@ def run_error_checks(out, rank, world):
 
 
 def main():
-    parser = argparse.ArgumentParser()
-    parser.add_argument("--out", required=True)
-    parser.add_argument("--cases", required=True)
-    args = parser.parse_args()
+    out, cases = worker_args()
     rank, world = init_data_parallel()
     create_groups(rank, world)
-    run_error_checks(args.out, rank, world)
-    for case in json.loads(args.cases):
-        run_case(case, args.out, rank, world)
+    run_error_checks(out, rank, world)
+    for case in cases:
+        run_case(case, out, rank, world)
         print(f"rank {rank}: case {case['name']} done", flush=True)
 
 
