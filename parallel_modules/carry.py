@@ -45,8 +45,8 @@ _CARRIED_INTERNALS = ("training", "requires_grad", "_dynamic_shape_inputs", "_ji
                       "_saved_tensors_pack_hook", "_saved_tensors_unpack_hook", "_amp_level")
 # Containers shared with the replacement, so that a handle the user holds still acts on them.
 _SHARED = ("_lazy_non_persistent_buffers_set", "_lazy_forward_pre_hook", "_lazy_forward_pre_hook_with_kwargs",
-           "_lazy_forward_hook", "_lazy_forward_hook_with_kwargs", "_lazy_forward_hook_always_called", "_lazy_backward_hook",
-           "_lazy_backward_pre_hook")
+           "_lazy_forward_hook", "_lazy_forward_hook_with_kwargs", "_lazy_forward_hook_always_called",
+           "_lazy_backward_hook", "_lazy_backward_pre_hook")
 _BARE_CELL_KEYS = frozenset(nn.Cell().__dict__)
 
 

@@ -145,7 +145,9 @@ def _wrapper_args(args: tuple, kwargs: dict):
 def check_zero_stage(owner: str, zero_stage) -> None:
     """Raise ValueError naming ``owner`` unless ``zero_stage`` is one of 0, 1, 2, 3."""
     if isinstance(zero_stage, bool) or zero_stage not in (0, 1, 2, 3):
-        raise ValueError(f"For '{owner}', the argument 'zero_stage' must be one of [0, 1, 2, 3], but got {zero_stage!r}.")
+        raise ValueError(
+            f"For '{owner}', the argument 'zero_stage' must be one of [0, 1, 2, 3], but got {zero_stage!r}."
+        )
 
 
 def check_group(owner: str, name: str, group) -> None:
