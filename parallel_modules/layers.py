@@ -8,11 +8,12 @@ same before and after wrapping. Its ``construct`` gathers every parameter throug
 computes. Child Cells of the original (``nn.Dense``'s activation) are kept as children.
 
 The constructor signature follows MindOne's ``mindone.models.modules.parallel`` Cells:
-``Cls(net, zero_stage=3, op_group=None, cell_type=None)``; ``cell_type`` is the compute dtype
-(None: taken from ``net.to_float(...)``, else the parameter dtype). ``to_float`` flags of
-``net`` are copied onto the new Cell (not onto its gather wrappers, which cast explicitly), so
-inputs are cast as before. Building one shards its parameters in place (``shard_parameter``);
-calling it is collective over ``op_group``.
+``Cls(net, zero_stage=0, optimizer_parallel_group=None, cell_type=None)`` (``op_group=`` is a
+keyword alias of the group); below stage 3 the Cell is a no-op wrapper computing what ``net``
+computes. ``cell_type`` is the compute dtype (None: taken from ``net.to_float(...)``, else the
+parameter dtype). ``to_float`` flags of ``net`` are copied onto the new Cell (not onto its
+gather wrappers, which cast explicitly), so inputs are cast as before. At stage 3 building one
+shards its parameters in place (``shard_parameter``) and calling it is collective over the group.
 
 mint Conv and Embedding kernels do not exist on MindSpore's CPU backend (2.10); their ZeRO-3
 Cells are built and checked structurally there and run on Ascend/GPU.
@@ -21,17 +22,38 @@ from typing import Optional
 
 from mindspore import mint, nn, ops
 
-from .param_wrapper import ZeroParamWrapper, compute_dtype_of, gather_attr_name, shard_parameter
+from .carry import carry_cell_state, check_carryable, is_recompute_scoped, reapply_recompute, recompute_options
+from .param_wrapper import (ZeroParamWrapper, check_compute_dtype, check_group, check_zero_stage, compute_dtype_of,
+                            gather_attr_name)
 
 __all__ = ["Dense", "Linear", "Conv1d", "Conv2d", "Conv3d", "Embedding", "ZeroCell", "PARALLEL_MODULES"]
 
 
 class ZeroCell(nn.Cell):
-    """Base of the ZeRO-3 layer Cells: takes over ``net``'s parameters and child Cells.
+    """Base of the ZeRO-3 layer Cells: takes over ``net``'s parameters, children and settings.
 
-    Subclasses list the originals they accept, the config attributes and child Cells they copy,
-    and the parameter attributes they gather. ``shard_network`` does not rewrite the ``construct``
-    of a ZeroCell: it gathers its parameters itself.
+    ``Cls(net, zero_stage=0, optimizer_parallel_group=None, cell_type=None)``, MindOne's order
+    and defaults; ``op_group=`` is accepted as a keyword alias of ``optimizer_parallel_group``.
+
+    * ``zero_stage == 3``: the parameters are sharded in place over ``optimizer_parallel_group``
+      (None: the world group) and ``construct`` gathers them (``<name>_zero_gather``, a
+      ``ZeroParamWrapper`` returning ``cell_type``; None: ``net``'s ``to_float`` dtype, else the
+      parameter's). Calling it is collective over the group.
+    * ``zero_stage < 3``: a no-op as in MindOne: nothing is sharded, the gather attributes are
+      identities, and the Cell computes exactly what ``net`` computes.
+
+    Either way the Cell keeps the same Parameter objects under the same attribute names (so
+    names and checkpoints match) and what the user set on ``net`` ([Note: carried state] in
+    ``carry.py``): flags such as ``to_float``, train/grad mode, hooks, plain attributes, extra
+    parameters and child Cells, and ``recompute()``, re-applied around the new ``construct``.
+    ``shard_network`` does not rewrite the ``construct`` of a ZeroCell: it gathers its parameters
+    itself.
+
+    Raises:
+        TypeError: if ``net`` is not one of the accepted layer types, the group is not None or a
+            str, ``cell_type`` is not a float dtype, or both group keywords are given.
+        ValueError: if ``zero_stage`` is not one of 0, 1, 2, 3, or ``net`` holds state that cannot
+            be carried over (``Cell.shard``). All checks run before anything is modified.
     """
 
     zero3_gathers_itself = True
@@ -40,32 +62,57 @@ class ZeroCell(nn.Cell):
     child_cells = ()
     param_attrs = ("weight", "bias")
 
-    def __init__(self, net: nn.Cell, zero_stage: int = 3, op_group: Optional[str] = None, cell_type=None):
+    def __init__(self, net: nn.Cell, zero_stage: int = 0, optimizer_parallel_group: Optional[str] = None,
+                 cell_type=None, *, op_group: Optional[str] = None):
         # auto_prefix=False: taking over child Cells must not rename their parameters.
         super().__init__(auto_prefix=False)
-        name = type(self).__name__
-        if not isinstance(net, self.accepts):
-            accepted = [f"{c.__module__}.{c.__name__}" for c in self.accepts]
-            raise TypeError(f"For '{name}', the argument 'net' must be one of {accepted}, but got {type(net)}.")
-        if zero_stage != 3:
-            raise ValueError(f"For '{name}', the argument 'zero_stage' must be 3, but got {zero_stage!r}.")
+        group = self._check_args(net, zero_stage, optimizer_parallel_group, cell_type, op_group)
         copy_attrs, param_attrs = self._layout(net)
-        extra = sorted(set(net._params) - set(param_attrs)) + sorted(set(net._cells) - set(self.child_cells))
-        if extra:
-            raise ValueError(f"For '{name}', the argument 'net' holds attributes {extra} that {name} would drop.")
-        self.add_flags(**{k: v for k, v in net.get_flags().items() if k in ("fp16", "fp32", "bf16")})
         cell_type = compute_dtype_of(net) if cell_type is None else cell_type
+        self.zero_stage = zero_stage
+        self.optimizer_parallel_group = group
         for attr in copy_attrs:
             setattr(self, attr, getattr(net, attr))
         for attr in self.child_cells:
             setattr(self, attr, getattr(net, attr, None))
         self.zero3_param_attrs = param_attrs
+        for attr, param in net._params.items():
+            setattr(self, attr, param)
+        for attr, child in net._cells.items():
+            if attr not in self.child_cells and attr != "_recompute_cell":
+                setattr(self, attr, child)
         for attr in param_attrs:
             param = getattr(net, attr, None)
             setattr(self, attr, param)
             if param is not None:
-                shard_parameter(param, op_group)
-                setattr(self, gather_attr_name(attr), ZeroParamWrapper(param, op_group, cell_type))
+                setattr(self, gather_attr_name(attr), ZeroParamWrapper(param, zero_stage, group, cell_type))
+        self._build(net)
+        carry_cell_state(net, self)
+        options = recompute_options(net)
+        if options is not None:
+            reapply_recompute(self, options)
+        elif is_recompute_scoped(self):
+            self._recompute(False, True)
+
+    def _check_args(self, net, zero_stage, group, cell_type, op_group) -> Optional[str]:
+        name = type(self).__name__
+        if not isinstance(net, self.accepts):
+            accepted = [f"{c.__module__}.{c.__name__}" for c in self.accepts]
+            raise TypeError(f"For '{name}', the argument 'net' must be one of {accepted}, but got {type(net)}.")
+        check_zero_stage(name, zero_stage)
+        if op_group is not None and group is not None:
+            raise TypeError(
+                f"For '{name}', the arguments 'optimizer_parallel_group' and 'op_group' are aliases; pass one, but "
+                f"got {group!r} and {op_group!r}."
+            )
+        group = op_group if group is None else group
+        check_group(name, "optimizer_parallel_group", group)
+        check_compute_dtype(name, "cell_type", cell_type)
+        check_carryable(name, net)
+        return group
+
+    def _build(self, net):
+        """Subclass hook: set up the Cell's own primitives (after the parameters are taken over)."""
 
     def _layout(self, net):
         """(config attributes to copy, parameter attributes to take over) for ``net``."""
@@ -88,8 +135,7 @@ class Dense(ZeroCell):
     copy_attrs = ("in_channels", "out_channels", "has_bias", "activation_flag")
     child_cells = ("activation",)
 
-    def __init__(self, net, zero_stage=3, op_group=None, cell_type=None):
-        super().__init__(net, zero_stage, op_group, cell_type)
+    def _build(self, net):
         self.matmul = ops.MatMul(transpose_b=True)
         self.bias_add = ops.BiasAdd()
 
@@ -113,8 +159,7 @@ class Linear(ZeroCell):
     accepts = (nn.Linear, mint.nn.Linear)
     copy_attrs = ("in_features", "out_features", "has_bias")
 
-    def __init__(self, net, zero_stage=3, op_group=None, cell_type=None):
-        super().__init__(net, zero_stage, op_group, cell_type)
+    def _build(self, net):
         self.dense = ops.Dense()
 
     def construct(self, x):
@@ -132,8 +177,7 @@ class _Conv(ZeroCell):
     mint_attrs = ("padding_mode", "_reversed_padding", "stride", "padding", "dilation", "groups")
     mint_op = ""
 
-    def __init__(self, net, zero_stage=3, op_group=None, cell_type=None):
-        super().__init__(net, zero_stage, op_group, cell_type)
+    def _build(self, net):
         self.is_mint = isinstance(net, self.accepts[1])
 
     def _layout(self, net):
@@ -223,30 +267,33 @@ class Embedding(ZeroCell):
     (parameter ``weight``) with the table gathered.
 
     Raises:
-        ValueError: for a ``mint.nn.Embedding`` with ``max_norm``: it renormalises the table in
-            place, which a gathered copy cannot do.
+        ValueError: at stage 3, for a ``mint.nn.Embedding`` with ``max_norm``: it renormalises the
+            table in place, which a gathered copy cannot do.
     """
 
     accepts = (nn.Embedding, mint.nn.Embedding)
 
-    def __init__(self, net, zero_stage=3, op_group=None, cell_type=None):
-        if isinstance(net, mint.nn.Embedding) and getattr(net, "max_norm", None) is not None:
+    def _check_args(self, net, zero_stage, group, cell_type, op_group):
+        if zero_stage == 3 and isinstance(net, mint.nn.Embedding) and getattr(net, "max_norm", None) is not None:
             raise ValueError(
                 f"For 'Embedding', the argument 'net' must have max_norm None at ZeRO-3 (it renormalises "
                 f"the table in place), but got max_norm={net.max_norm}."
             )
-        super().__init__(net, zero_stage, op_group, cell_type)
+        return super()._check_args(net, zero_stage, group, cell_type, op_group)
+
+    def _build(self, net):
         self.is_mint = isinstance(net, mint.nn.Embedding)
 
     def _layout(self, net):
         if isinstance(net, mint.nn.Embedding):
-            return ("num_embeddings", "embedding_dim", "padding_idx", "norm_type", "scale_grad_by_freq"), ("weight",)
+            return (("num_embeddings", "embedding_dim", "padding_idx", "max_norm", "norm_type", "scale_grad_by_freq"),
+                    ("weight",))
         return ("vocab_size", "embedding_size", "use_one_hot", "on_value", "off_value", "one_hot", "array_mul",
                 "gather", "padding_idx"), ("embedding_table",)
 
     def construct(self, ids):
         if self.is_mint:
-            return ops.embedding(ids, self.weight_zero_gather(self.weight), self.padding_idx, None,
+            return ops.embedding(ids, self.weight_zero_gather(self.weight), self.padding_idx, self.max_norm,
                                  self.norm_type, self.scale_grad_by_freq)
         table = self.embedding_table_zero_gather(self.embedding_table)
         out_shape = ids.shape + (self.embedding_size,)

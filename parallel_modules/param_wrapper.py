@@ -26,7 +26,7 @@ from mindone_zero.partition import ShardSpec, split_array
 
 __all__ = [
     "ZeroParamWrapper", "shard_parameter", "is_split_candidate", "compute_dtype_of", "gather_attr_name",
-    "ZERO_SPEC_ATTR", "GATHER_SUFFIX",
+    "check_zero_stage", "check_group", "check_compute_dtype", "ZERO_SPEC_ATTR", "GATHER_SUFFIX",
 ]
 
 ZERO_SPEC_ATTR = "zero_spec"
@@ -109,6 +109,59 @@ def compute_dtype_of(cell: nn.Cell):
     return None
 
 
+_OUR_FORM = ("group", "compute_dtype")
+_MINDONE_FORM = ("zero_stage", "optimizer_parallel_group", "cell_type")
+_ALIASES = (("group", "optimizer_parallel_group"), ("compute_dtype", "cell_type"))
+
+
+def _wrapper_args(args: tuple, kwargs: dict):
+    """(zero_stage, group, compute_dtype, names used) from either constructor form of ``ZeroParamWrapper``."""
+    mindone_form = bool(args) and isinstance(args[0], int) and not isinstance(args[0], bool)
+    names = _MINDONE_FORM if mindone_form else _OUR_FORM
+    if len(args) > len(names):
+        raise TypeError(
+            f"For 'ZeroParamWrapper', the arguments after 'param' must be at most {list(names)}, but got "
+            f"{len(args)} positional values {args!r}."
+        )
+    given = dict(zip(names, args))
+    for key, value in kwargs.items():
+        if key not in _OUR_FORM + _MINDONE_FORM:
+            raise TypeError(f"For 'ZeroParamWrapper', got an unexpected keyword argument {key!r}.")
+        if key in given:
+            raise TypeError(f"For 'ZeroParamWrapper', got multiple values for the argument {key!r}.")
+        given[key] = value
+    resolved = []
+    for ours, theirs in _ALIASES:
+        if ours in given and theirs in given:
+            raise TypeError(
+                f"For 'ZeroParamWrapper', the arguments {ours!r} and {theirs!r} are aliases; pass one, but got "
+                f"{given[ours]!r} and {given[theirs]!r}."
+            )
+        name = theirs if theirs in given else ours
+        resolved.append((name, given.get(name)))
+    return given.get("zero_stage", 3), resolved[0], resolved[1]
+
+
+def check_zero_stage(owner: str, zero_stage) -> None:
+    """Raise ValueError naming ``owner`` unless ``zero_stage`` is one of 0, 1, 2, 3."""
+    if isinstance(zero_stage, bool) or zero_stage not in (0, 1, 2, 3):
+        raise ValueError(
+            f"For '{owner}', the argument 'zero_stage' must be one of [0, 1, 2, 3], but got {zero_stage!r}."
+        )
+
+
+def check_group(owner: str, name: str, group) -> None:
+    """Raise TypeError naming ``owner`` and ``name`` unless ``group`` is None or a str."""
+    if group is not None and not isinstance(group, str):
+        raise TypeError(f"For '{owner}', the argument '{name}' must be None or a str, but got {group!r}.")
+
+
+def check_compute_dtype(owner: str, name: str, dtype) -> None:
+    """Raise TypeError naming ``owner`` and ``name`` unless ``dtype`` is None or a MindSpore float type."""
+    if dtype is not None and dtype not in _ITEMSIZE:
+        raise TypeError(f"For '{owner}', the argument '{name}' must be None or a float dtype, but got {dtype!r}.")
+
+
 class ZeroParamWrapper(nn.Cell):
     """Gather a ZeRO-3 parameter shard for use in forward; reduce-scatter its gradient in backward.
 
@@ -121,32 +174,55 @@ class ZeroParamWrapper(nn.Cell):
     of this rank's block. For a parameter that is not split (``zero_spec.split`` False) forward
     only casts and backward returns the local gradient in the parameter's dtype.
 
-    Building it shards ``param`` in place if that has not happened yet (``shard_parameter``).
-    Calling it is collective over ``group`` when the parameter is split: every rank must run
-    the same forward and backward.
+    Two constructor forms, told apart by the type of the second argument:
 
-    Args:
-        param: the Parameter this wrapper gathers (it is not owned by the wrapper).
-        group: communication group name; None means the world group.
-        compute_dtype: dtype the gathered tensor is returned in; None keeps the parameter's.
+    * ours: ``ZeroParamWrapper(param, group=None, compute_dtype=None)``; the stage is 3;
+    * MindOne's: ``ZeroParamWrapper(param, zero_stage, optimizer_parallel_group=None, cell_type=None)``
+      (second argument an int). Keywords ``zero_stage=``, ``optimizer_parallel_group=`` (alias of
+      ``group``) and ``cell_type=`` (alias of ``compute_dtype``) are accepted with either form.
+
+    At stage 3, building it shards ``param`` in place if that has not happened yet
+    (``shard_parameter``), and calling it is collective over ``group`` when the parameter is
+    split: every rank must run the same forward and backward. Below stage 3 it is an identity
+    (no cast, no sharding, no communication), as MindOne's layers use ``nn.Identity`` there.
+
+    Attributes:
+        need_rewrite (bool): always False. MindOne's wrapper sets it when the parameter still has
+            to be cut by the caller (``param.assign_value(block)``); this wrapper has already cut
+            it when it was built, so a MindOne-style layer that cuts when ``need_rewrite`` is True
+            leaves the shard alone instead of cutting it a second time.
+        is_split (bool): whether the parameter is held as a 1/N block (stage 3, split candidate).
+        zero_stage, optimizer_parallel_group, cell_type: the constructor arguments (MindOne's names).
 
     Raises:
-        TypeError: if ``param`` is not a Parameter or ``compute_dtype`` is not a MindSpore float type.
+        TypeError: if ``param`` is not a Parameter, ``group`` is not None or a str,
+            ``compute_dtype`` is not a MindSpore float type, or the arguments fit neither form.
+        ValueError: if ``zero_stage`` is not one of 0, 1, 2, 3.
     """
 
-    def __init__(self, param: Parameter, group: Optional[str] = None, compute_dtype=None):
+    def __init__(self, param: Parameter, *args, **kwargs):
         super().__init__(auto_prefix=False)
+        zero_stage, (group_name, group), (dtype_name, compute_dtype) = _wrapper_args(args, kwargs)
         if not isinstance(param, Parameter):
             raise TypeError(f"For 'ZeroParamWrapper', the argument 'param' must be a Parameter, but got {type(param)}.")
-        if compute_dtype is not None and compute_dtype not in _ITEMSIZE:
-            raise TypeError(
-                f"For 'ZeroParamWrapper', the argument 'compute_dtype' must be None or a float dtype, "
-                f"but got {compute_dtype!r}."
-            )
-        self.gather = _GatherShard(shard_parameter(param, group), param.dtype, group, compute_dtype)
+        check_zero_stage("ZeroParamWrapper", zero_stage)
+        check_group("ZeroParamWrapper", group_name, group)
+        check_compute_dtype("ZeroParamWrapper", dtype_name, compute_dtype)
+        self.zero_stage = zero_stage
+        self.optimizer_parallel_group = group
+        self.cell_type = compute_dtype
+        self.need_rewrite = False
+        self.sharded = zero_stage == 3
+        self.is_split = False
+        if self.sharded:
+            spec = shard_parameter(param, group)
+            self.is_split = spec.split
+            self.gather = _GatherShard(spec, param.dtype, group, compute_dtype)
 
     def construct(self, x):
-        """The full tensor of shard ``x``, in the compute dtype."""
+        """The full tensor of shard ``x``, in the compute dtype (``x`` itself below stage 3)."""
+        if not self.sharded:
+            return x
         # PYNATIVE keeps the autograd leaf a Parameter got at creation, with its full shape;
         # a custom bprop whose input is that leaf is checked against the stale shape. A same-shape
         # reshape (a view, no copy) gives the custom bprop an input with the shard's real shape.

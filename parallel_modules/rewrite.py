@@ -542,12 +542,13 @@ def _compile(plan: RewritePlan, mplan: _MethodPlan) -> types.FunctionType:
     return new
 
 
-def apply_rewrites(plans: List[RewritePlan], make_wrapper: Callable[[Parameter, object], nn.Cell]) -> None:
+def apply_rewrites(plans: List[RewritePlan], make_wrapper: Callable[[Parameter, object, nn.Cell], nn.Cell]) -> None:
     """Step 3 of [Note: generic rewrite]: add the gather wrappers and swap each Cell's class.
 
     Args:
         plans: from ``plan_rewrites``.
-        make_wrapper: ``(param, compute_dtype) -> Cell`` building (or reusing) the gather wrapper.
+        make_wrapper: ``(param, compute_dtype, reading Cell) -> Cell`` building (or reusing) the
+            gather wrapper.
     """
     for plan in plans:
         methods = {}
@@ -558,7 +559,7 @@ def apply_rewrites(plans: List[RewritePlan], make_wrapper: Callable[[Parameter, 
                 if not target.emit:
                     methods[key] = target.func
         for read in plan.reads.values():
-            setattr(plan.cell, read.attr, make_wrapper(read.param, read.compute_dtype))
+            setattr(plan.cell, read.attr, make_wrapper(read.param, read.compute_dtype, plan.cell))
         if methods:
             object.__setattr__(plan.cell, "__class__", _dynamic_class(plan.original_class, methods))
 

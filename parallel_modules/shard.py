@@ -7,14 +7,17 @@ from mindspore.communication import GlobalComm
 
 from mindone_zero.comm import world_group
 
-from .layers import PARALLEL_MODULES
+from .carry import (carry_hooks, check_carryable, is_recompute_scoped, reapply_recompute, recompute_options,
+                    spread_recompute_scope)
+from .layers import PARALLEL_MODULES, ZeroCell
 from .param_wrapper import ZeroParamWrapper, compute_dtype_of, is_split_candidate, shard_parameter
 from .rewrite import apply_rewrites, plan_rewrites
 
 __all__ = ["shard_network"]
 
 
-def shard_network(network: nn.Cell, group: Optional[str] = None, parallel_modules: Optional[Dict] = None) -> nn.Cell:
+def shard_network(network: nn.Cell, group: Optional[str] = None, parallel_modules: Optional[Dict] = None,
+                  special_cases_parallel_module: Optional[Dict] = None) -> nn.Cell:
     """Rewrite ``network`` in place for ZeRO-3 over ``group`` and return it.
 
     After the call every trainable Parameter with ``ndim >= 1`` not marked
@@ -26,16 +29,26 @@ def shard_network(network: nn.Cell, group: Optional[str] = None, parallel_module
 
     How the parameters are used:
 
-    * Cells whose exact type is a key of ``PARALLEL_MODULES`` (updated with ``parallel_modules``)
-      are replaced by ``cls(cell, zero_stage=3, op_group=group, cell_type=<to_float dtype>)``,
-      wherever they sit (attributes, ``SequentialCell``, ``CellList``, ``CellDict``, the top Cell,
-      hence the return value). Replacement keeps the Parameter objects and their attribute names,
-      so names and checkpoints match. A replacement class must gather every split parameter it
-      holds (``ZeroParamWrapper``) and must not rely on the generic path.
+    * A Cell whose exact type is a key of ``PARALLEL_MODULES`` (updated with ``parallel_modules``),
+      or failing that an instance of a key of ``special_cases_parallel_module`` (first match in
+      dict order), is replaced as MindOne does it: ``new = cls(cell, 3, group)`` (positional:
+      MindOne's ``(net, zero_stage, optimizer_parallel_group)``), then ``new.to_float(dtype)`` if
+      ``cell`` had a ``to_float`` dtype that ``new`` does not carry. This happens wherever the Cell
+      sits (attributes, ``SequentialCell``, ``CellList``, ``CellDict``, the top Cell, hence the
+      return value). The library's layer Cells keep the Parameter objects and their attribute
+      names, so names and checkpoints match. A replacement class must gather every split
+      parameter it holds (``ZeroParamWrapper``, either constructor form; its ``need_rewrite`` is
+      False, so a MindOne-style class does not cut the parameter a second time).
     * Every other Cell, including subclasses of the mapped layers, goes through the generic path
       ([Note: generic rewrite] in ``rewrite.py``): reads of sharded parameters in its code are
       rewritten to gather. A Cell class that gathers its own parameters can opt out with a class
       attribute ``zero3_gathers_itself = True``.
+
+    What the user set on the Cells is kept ([Note: carried state] in ``carry.py``): flags, hooks
+    (also on user replacement classes), attributes, and ``recompute()``, re-applied with the same
+    options around the new ``construct`` (so the gathers are recomputed in backward rather than
+    their full tensors kept), in GRAPH_MODE and PYNATIVE_MODE. Gather wrappers are shared between
+    the Cells reading one parameter in one dtype, except between recomputed and other Cells.
 
     In forward a sharded parameter is all-gathered (in the reading Cell's ``to_float`` dtype, cast
     before the gather when that is narrower); in backward its gradient is reduce-scattered and
@@ -43,28 +56,33 @@ def shard_network(network: nn.Cell, group: Optional[str] = None, parallel_module
     this rank's block, shaped like the shard. Used without a train wrapper, ``network(x)`` gives
     the unsharded network's output.
 
-    Call it once, on every rank of ``group``, after ``to_float`` and before anything is compiled.
-    Building is not collective (each rank cuts its own copy; ranks starting from different
-    initial values end up with one consistent set of blocks), but running the network is.
-    The rewritten Cells get dynamic classes, so the network can be deep-copied but not pickled.
+    Call it once, on every rank of ``group``, after ``to_float`` (and ``recompute``) and before
+    anything is compiled. Building is not collective (each rank cuts its own copy; ranks starting
+    from different initial values end up with one consistent set of blocks), but running the
+    network is. The rewritten Cells get dynamic classes, so the network can be deep-copied but not
+    pickled.
 
     Args:
         network: the network to shard.
         group: communication group name; None means the world group.
         parallel_modules: ``{original Cell class: ZeRO-3 Cell class}`` extending or overriding
-            ``PARALLEL_MODULES``.
+            ``PARALLEL_MODULES`` (matched by exact type).
+        special_cases_parallel_module: ``{Cell class: ZeRO-3 Cell class}`` matched with
+            ``isinstance`` after the exact-type match (MindOne's argument of that name); None: none.
 
     Returns:
         nn.Cell: the network (a new object only when the top Cell itself was replaced).
 
     Raises:
         TypeError: if an argument has the wrong type.
-        ValueError: if ``network`` was already sharded, or uses a sharded parameter in a way the
-            generic path cannot rewrite (the message names the Cell, method and parameter). These
-            checks run before anything is modified.
+        ValueError: if ``network`` was already sharded, uses a sharded parameter in a way the
+            generic path cannot rewrite (the message names the Cell, method and parameter), or
+            holds state that cannot be carried (``Cell.shard``). These checks run before anything
+            is modified.
     """
-    mapping = _check_args(network, group, parallel_modules)
-    replaced = {id(c) for _, c in network.cells_and_names() if type(c) in mapping}
+    match = _check_args(network, group, parallel_modules, special_cases_parallel_module)
+    replaced = {id(c) for _, c in network.cells_and_names() if match(c) is not None}
+    recomputed = _recompute_records(network, replaced)
     trainable = [p for _, p in network.parameters_and_names() if p.requires_grad]
     split_ids = {id(p) for p in trainable if is_split_candidate(p)}
 
@@ -72,37 +90,60 @@ def shard_network(network: nn.Cell, group: Optional[str] = None, parallel_module
         return id(cell) in replaced or getattr(cell, "zero3_gathers_itself", False)
 
     plans = plan_rewrites(network, split_ids, skip)
-    network = _replace_cells(network, mapping, group)
+    network, new_cells = _replace_cells(network, match, group)
     for param in trainable:
         shard_parameter(param, group)
     wrappers = {}
 
-    def make_wrapper(param, compute_dtype):
-        key = (id(param), compute_dtype)
+    def make_wrapper(param, compute_dtype, reader):
+        key = (id(param), compute_dtype, is_recompute_scoped(reader))
         if key not in wrappers:
             wrappers[key] = ZeroParamWrapper(param, group, compute_dtype)
         return wrappers[key]
 
     apply_rewrites(plans, make_wrapper)
+    _restore_recompute(recomputed, new_cells)
+    spread_recompute_scope(network)
     return network
 
 
-def _check_args(network, group, parallel_modules) -> dict:
+def _recompute_records(network: nn.Cell, replaced: set) -> list:
+    """[(cell, recompute options)] for the Cells marked with ``recompute()``; checks the replaced
+    Cells can be carried (raises before anything is modified)."""
+    records = []
+    for _, cell in network.cells_and_names():
+        if id(cell) in replaced:
+            check_carryable("shard_network", cell)
+        options = recompute_options(cell)
+        if options is not None:
+            records.append((cell, options))
+    return records
+
+
+def _restore_recompute(records: list, new_cells: dict) -> None:
+    """Re-apply each recorded ``recompute()`` on the Cell as it is now (its construct may have been
+    rewritten, its children replaced), except on replacements that did it themselves."""
+    for cell, options in records:
+        target = new_cells.get(id(cell), cell)
+        if target is cell or not target._has_config_recompute:
+            reapply_recompute(target, options)
+
+
+def _check_args(network, group, parallel_modules, special_cases):
+    """Validate the arguments; return ``match(cell) -> replacement class or None``."""
     if not isinstance(network, nn.Cell):
         raise TypeError(f"For 'shard_network', the argument 'network' must be a Cell, but got {type(network)}.")
     if group is not None and not isinstance(group, str):
         raise TypeError(f"For 'shard_network', the argument 'group' must be None or a str, but got {group!r}.")
-    if parallel_modules is not None and not isinstance(parallel_modules, dict):
-        raise TypeError(
-            f"For 'shard_network', the argument 'parallel_modules' must be None or a dict, but got "
-            f"{type(parallel_modules)}."
-        )
-    for key, value in (parallel_modules or {}).items():
-        if not (isinstance(key, type) and issubclass(key, nn.Cell)) or not callable(value):
-            raise TypeError(
-                f"For 'shard_network', the argument 'parallel_modules' must map Cell classes to ZeRO-3 Cell "
-                f"classes, but got {key!r}: {value!r}."
-            )
+    for arg, value in (("parallel_modules", parallel_modules), ("special_cases_parallel_module", special_cases)):
+        if value is not None and not isinstance(value, dict):
+            raise TypeError(f"For 'shard_network', the argument '{arg}' must be None or a dict, but got {type(value)}.")
+        for key, cls in (value or {}).items():
+            if not (isinstance(key, type) and issubclass(key, nn.Cell)) or not callable(cls):
+                raise TypeError(
+                    f"For 'shard_network', the argument '{arg}' must map Cell classes to ZeRO-3 Cell classes, but "
+                    f"got {key!r}: {cls!r}."
+                )
     for name, cell in network.cells_and_names():
         if "zero3_original_class" in type(cell).__dict__:
             raise ValueError(
@@ -111,19 +152,35 @@ def _check_args(network, group, parallel_modules) -> dict:
             )
     mapping = dict(PARALLEL_MODULES)
     mapping.update(parallel_modules or {})
-    return mapping
+    special = list((special_cases or {}).items())
+
+    def match(cell):
+        if type(cell) in mapping:
+            return mapping[type(cell)]
+        return next((cls for key, cls in special if isinstance(cell, key)), None)
+
+    return match
 
 
-def _replace_cells(network: nn.Cell, mapping: dict, group: Optional[str]) -> nn.Cell:
-    """Replace every Cell whose exact type is mapped, at any depth; shared Cells stay shared."""
+def _replace_cells(network: nn.Cell, match, group: Optional[str]):
+    """Replace every matched Cell, at any depth; shared Cells stay shared.
+
+    Returns:
+        (the network, {id(original Cell): its replacement}).
+    """
     new_cells = {}
     # MindOne-style classes expect a group name; there is none before communication is initialised.
     op_group = group if group is not None or not GlobalComm.INITED else world_group()
 
     def convert(cell):
         if id(cell) not in new_cells:
-            cls = mapping[type(cell)]
-            new_cells[id(cell)] = cls(cell, zero_stage=3, op_group=op_group, cell_type=compute_dtype_of(cell))
+            new = match(cell)(cell, 3, op_group)
+            dtype = compute_dtype_of(cell)
+            if dtype is not None and compute_dtype_of(new) is None:
+                new.to_float(dtype)
+            if not isinstance(new, ZeroCell):  # the library's Cells carry the rest themselves
+                carry_hooks(cell, new)
+            new_cells[id(cell)] = new
         return new_cells[id(cell)]
 
     seen = set()
@@ -133,15 +190,15 @@ def _replace_cells(network: nn.Cell, mapping: dict, group: Optional[str]) -> nn.
             return
         seen.add(id(parent))
         for name, child in list(parent._cells.items()):
-            if child is None:
-                continue
-            if type(child) in mapping:
+            if child is None or new_cells.get(id(child)) is parent:
+                continue  # a MindOne-style replacement holding its original (`self.net = net`)
+            if id(child) in new_cells or match(child) is not None:
                 # Direct dict assignment: Cell.__setattr__ would rename the parameters.
                 parent._cells[name] = convert(child)
                 if isinstance(parent, nn.SequentialCell):
                     parent.cell_list = list(parent._cells.values())
             walk(parent._cells[name])
 
-    top = convert(network) if type(network) in mapping else network
+    top = convert(network) if match(network) is not None else network
     walk(top)
-    return top
+    return top, new_cells

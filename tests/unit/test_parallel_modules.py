@@ -120,15 +120,20 @@ def _layer_cases():
 
 
 @PYNATIVE
+@pytest.mark.parametrize("stage", [0, 3])
 @pytest.mark.parametrize("index", range(8))
-def test_layer_cells_match_originals(mode, index):
+def test_layer_cells_match_originals(mode, index, stage):
     layer, inputs = _layer_cases()[index]
     inputs = [Tensor(x) for x in inputs]
     ref = _layer_cases()[index][0]
     _copy_weights(layer, ref)
     params = {name: p for name, p in layer.parameters_and_names()}
-    wrapped = pm.PARALLEL_MODULES[type(layer)](layer)
+    wrapped = pm.PARALLEL_MODULES[type(layer)](layer, stage)
     assert {name: p for name, p in wrapped.parameters_and_names()} == params  # same objects, same names
+    # Below stage 3 nothing is sharded (no zero_spec); at stage 3 the layer's own parameters are
+    # (a child's, like PReLU's, are left to shard_network's generic path).
+    own = [getattr(wrapped, a) for a in wrapped.zero3_param_attrs if getattr(wrapped, a) is not None]
+    assert own and all(hasattr(p, "zero_spec") == (stage == 3) for p in own)
     np.testing.assert_allclose(wrapped(*inputs).asnumpy(), ref(*inputs).asnumpy(), rtol=1e-6, atol=1e-6)
     for a, b in zip(_grads(wrapped, *inputs), _grads(ref, *inputs)):
         np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
@@ -142,7 +147,7 @@ def test_mint_layer_cells_build(layer):
     # mint Conv/Embedding kernels do not exist on CPU (MindSpore 2.10): structure only.
     original = layer()
     params = dict(original.parameters_and_names())
-    wrapped = pm.PARALLEL_MODULES[type(original)](original)
+    wrapped = pm.PARALLEL_MODULES[type(original)](original, 3)
     assert dict(wrapped.parameters_and_names()) == params and wrapped.is_mint
     assert all(isinstance(getattr(wrapped, name + "_zero_gather"), pm.ZeroParamWrapper) for name in params)
 
@@ -150,16 +155,28 @@ def test_mint_layer_cells_build(layer):
 def test_layer_cell_errors():
     with pytest.raises(TypeError, match="'net' must be one of"):
         pm.Dense(nn.Conv2d(1, 1, 1))
-    with pytest.raises(ValueError, match="'zero_stage' must be 3, but got 2"):
-        pm.Dense(nn.Dense(2, 3), zero_stage=2)
+    for bad in (5, -1, True, "3"):
+        with pytest.raises(ValueError, match=rf"'zero_stage' must be one of \[0, 1, 2, 3\], but got {bad!r}"):
+            pm.Dense(nn.Dense(2, 3), zero_stage=bad)
+    with pytest.raises(TypeError, match="'optimizer_parallel_group' must be None or a str, but got 7"):
+        pm.Dense(nn.Dense(2, 3), 3, 7)
+    with pytest.raises(TypeError, match="'optimizer_parallel_group' and 'op_group' are aliases"):
+        pm.Dense(nn.Dense(2, 3), 3, "a", op_group="b")
+    with pytest.raises(TypeError, match="'cell_type' must be None or a float dtype, but got mindspore.int32"):
+        pm.Dense(nn.Dense(2, 3), 3, None, ms.int32)
     with pytest.raises(ValueError, match="max_norm"):
-        pm.Embedding(mint.nn.Embedding(11, 4, max_norm=1.0))
+        pm.Embedding(mint.nn.Embedding(11, 4, max_norm=1.0), 3)
+    pm.Embedding(mint.nn.Embedding(11, 4, max_norm=1.0), 0)  # a no-op below stage 3: max_norm is kept
+    dense = nn.Dense(2, 3)
+    with pytest.raises(ValueError, match="zero_stage"):
+        pm.Dense(dense, 4)
+    assert not hasattr(dense.weight, "zero_spec") and dense.weight.shape == (3, 2)  # nothing modified
 
 
 @PYNATIVE
 def test_to_float_gathers_in_compute_dtype(mode):
     dense = nn.Dense(4, 3).to_float(ms.float16)
-    wrapped = pm.Dense(dense)
+    wrapped = pm.Dense(dense, 3)
     assert wrapped.weight_zero_gather.gather.compute_dtype == ms.float16 and wrapped.get_flags()["fp16"]
     x = Tensor(np.ones((2, 4), np.float32))
     assert wrapped(x).dtype == ms.float16
@@ -384,3 +401,135 @@ def test_shard_network_argument_errors():
     net = pm.shard_network(zm.Scale(2))
     with pytest.raises(ValueError, match="already sharded"):
         pm.shard_network(net)
+
+
+# -- MindOne's signatures ------------------------------------------------------------------------
+
+@pytest.mark.parametrize("cls", [pm.Dense, pm.Linear, pm.Conv1d, pm.Conv2d, pm.Conv3d, pm.Embedding])
+def test_layer_cells_take_mindones_signature(cls):
+    params = inspect.signature(cls).parameters
+    assert list(params)[:4] == ["net", "zero_stage", "optimizer_parallel_group", "cell_type"]
+    assert [params[n].default for n in list(params)[1:4]] == [0, None, None]
+    assert params["op_group"].kind is inspect.Parameter.KEYWORD_ONLY
+
+
+def test_layer_cell_group_positional_and_alias():
+    a = pm.Dense(nn.Dense(2, 3), 3, None, ms.float16)
+    assert a.weight_zero_gather.gather.compute_dtype == ms.float16 and a.zero_stage == 3
+    b = pm.Dense(nn.Dense(2, 3), 3, op_group=None)
+    assert b.weight_zero_gather.sharded and b.optimizer_parallel_group is None
+
+
+@GRAPH_AND_PYNATIVE
+@pytest.mark.parametrize("stage", [0, 1, 2])
+def test_layer_cells_below_stage_3_compute_what_net_computes(mode, stage):
+    ms.set_seed(3)
+    dense = nn.Dense(4, 5, activation="tanh").to_float(ms.float16)
+    ref = nn.Dense(4, 5, activation="tanh").to_float(ms.float16)
+    _copy_weights(dense, ref)
+    wrapped = pm.Dense(dense, stage)
+    assert not wrapped.weight_zero_gather.sharded and not wrapped.weight_zero_gather.is_split
+    assert not any(hasattr(p, "zero_spec") for p in wrapped.get_parameters())
+    x = Tensor(np.linspace(-1, 1, 12, dtype=np.float32).reshape(3, 4))
+    np.testing.assert_array_equal(wrapped(x).asnumpy(), ref(x).asnumpy())
+    for a, b in zip(_grads(wrapped, x), _grads(ref, x)):
+        np.testing.assert_array_equal(a, b)
+
+
+def test_zero_param_wrapper_both_forms():
+    def param():
+        return Parameter(Tensor(np.ones((3, 2), np.float32)), name="p")
+
+    ours = pm.ZeroParamWrapper(param(), None, ms.float16)
+    theirs = pm.ZeroParamWrapper(param(), 3, None, ms.float16)
+    keywords = pm.ZeroParamWrapper(param(), zero_stage=3, optimizer_parallel_group=None, cell_type=ms.float16)
+    for w in (ours, theirs, keywords):
+        assert w.sharded and w.zero_stage == 3 and w.cell_type == ms.float16 and w.optimizer_parallel_group is None
+        assert w.gather.compute_dtype == ms.float16 and w.need_rewrite is False and w.is_split
+    p = param()
+    below = pm.ZeroParamWrapper(p, 2, None, ms.float16)
+    assert not below.sharded and not below.need_rewrite and not hasattr(p, "zero_spec")
+    out = below(Tensor(np.full((3, 2), 2.0, np.float32)))
+    assert out.dtype == ms.float32 and float(out.sum().asnumpy()) == 12.0  # identity, no cast
+
+
+@pytest.mark.parametrize("args, kwargs, error, message", [
+    ((5,), {}, ValueError, r"'zero_stage' must be one of \[0, 1, 2, 3\], but got 5"),
+    ((3, 7), {}, TypeError, "'optimizer_parallel_group' must be None or a str, but got 7"),
+    ((7,), {}, ValueError, "but got 7"),
+    ((None, ms.int32), {}, TypeError, "'compute_dtype' must be None or a float dtype"),
+    ((3, None, ms.int32), {}, TypeError, "'cell_type' must be None or a float dtype"),
+    ((), {"group": "a", "optimizer_parallel_group": "b"}, TypeError,
+     "'group' and 'optimizer_parallel_group' are aliases"),
+    ((None,), {"group": None}, TypeError, "multiple values for the argument 'group'"),
+    ((3, None, None, 1), {}, TypeError, "at most"),
+    ((), {"stage": 3}, TypeError, "unexpected keyword argument 'stage'"),
+])
+def test_zero_param_wrapper_errors(args, kwargs, error, message):
+    p = Parameter(Tensor(np.ones((3, 2), np.float32)), name="p")
+    with pytest.raises(error, match=message):
+        pm.ZeroParamWrapper(p, *args, **kwargs)
+    assert not hasattr(p, "zero_spec")
+
+
+class _Recorder(nn.Cell):
+    """A user replacement class with MindOne's signature that records how it was called."""
+
+    calls = []
+
+    def __init__(self, net, zero_stage=0, optimizer_parallel_group=None, cell_type=None):
+        super().__init__(auto_prefix=False)
+        type(self).calls.append((net, zero_stage, optimizer_parallel_group, cell_type))
+        self.net = net
+        self.w_gather = pm.ZeroParamWrapper(net.scale, zero_stage, optimizer_parallel_group, cell_type)
+
+    def construct(self, x):
+        return x * self.w_gather(self.net.scale)
+
+
+class _SubScale(zm.Scale):
+    pass
+
+
+class _Holder(nn.Cell):
+    def __init__(self):
+        super().__init__()
+        self.a = zm.Scale(3).to_float(ms.float16)
+        self.b = _SubScale(3)
+        self.c = nn.Dense(3, 3)
+
+    def construct(self, x):
+        return self.c(self.b(self.a(x)))
+
+
+@PYNATIVE
+def test_shard_network_calls_replacements_as_mindone(mode):
+    _Recorder.calls = []
+    ref, net = _Holder(), _Holder()
+    _copy_weights(ref, net)
+    a, b = net.a, net.b
+    net = pm.shard_network(net, special_cases_parallel_module={zm.Scale: _Recorder, nn.Dense: _Recorder})
+    # Positional (cell, 3, group); cell_type left to to_float, applied since the new Cell lacked it.
+    assert [(c[0], c[1:]) for c in _Recorder.calls] == [(a, (3, None, None)), (b, (3, None, None))]
+    assert isinstance(net.a, _Recorder) and isinstance(net.b, _Recorder) and net.a.net is a
+    assert net.a.get_flags()["fp16"] and "fp16" not in net.b.get_flags()
+    assert isinstance(net.c, pm.Dense)  # the exact-type match wins over a special case
+    x = Tensor(np.ones((2, 3), np.float32))
+    np.testing.assert_allclose(net(x).asnumpy(), ref(x).asnumpy(), rtol=1e-3)
+    with pytest.raises(TypeError, match="'special_cases_parallel_module' must be None or a dict"):
+        pm.shard_network(_Holder(), special_cases_parallel_module=[zm.Scale])
+
+
+@PYNATIVE
+def test_mindone_style_user_class(mode):
+    """``ShiftZero3`` is MindOne's Dense pattern (cuts when ``need_rewrite``); the parameter is cut
+    once, by our wrapper, keeps its name, and the network computes the unsharded result. (Over
+    N > 1 ranks a second cut would fail: tests/dist/test_zero3_network.py.)"""
+    ref, net = zm.build(), zm.build()
+    net = pm.shard_network(net, parallel_modules={zm.Shift: zm.ShiftZero3})
+    shift = net.blocks[2]
+    assert isinstance(shift, zm.ShiftZero3) and not shift.param_wrapper_o.need_rewrite
+    assert shift.offset.name == "blocks.2.offset" and shift.offset.zero_spec.split
+    ids, img, _ = zm.make_batch(3, 0)
+    np.testing.assert_allclose(net(ids, img).asnumpy(), ref(ids, img).asnumpy(), rtol=1e-6, atol=1e-6)
+    assert isinstance(zm.ShiftZero3(zm.Shift(2)).param_wrapper_o, nn.Identity)  # stage 0: MindOne's no-op

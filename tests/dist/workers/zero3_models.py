@@ -13,6 +13,9 @@ import zlib
 import numpy as np
 import mindspore as ms
 from mindspore import Parameter, Tensor, mint, nn, ops
+from mindspore.communication import GlobalComm, get_group_size, get_rank
+from mindspore.context import ParallelMode
+from mindspore.parallel._utils import _get_parallel_mode
 
 from parallel_modules import ZeroParamWrapper
 
@@ -56,17 +59,36 @@ class Shift(nn.Cell):
 
 
 class ShiftZero3(nn.Cell):
-    """User ZeRO-3 replacement for ``Shift`` (MindOne-style constructor)."""
+    """User ZeRO-3 replacement for ``Shift``, written exactly in the style of MindOne's
+    ``mindone.models.modules.parallel.Dense``: it keeps ``self.net``, builds
+    ``ZeroParamWrapper(param, zero_stage, optimizer_parallel_group, cell_type)`` and cuts the
+    parameter itself when the wrapper says ``need_rewrite`` (ours never does: it has cut it)."""
 
-    zero3_gathers_itself = True
-
-    def __init__(self, net, zero_stage=3, op_group=None, cell_type=None):
+    def __init__(self, net, zero_stage=0, optimizer_parallel_group=GlobalComm.WORLD_COMM_GROUP, cell_type=None):
         super().__init__(auto_prefix=False)
-        self.offset = net.offset
-        self.offset_gather = ZeroParamWrapper(self.offset, op_group, cell_type)
+        self.net = net
+        self.set_param_wrapper(zero_stage, optimizer_parallel_group, cell_type)
+
+    @property
+    def offset(self):
+        return self.net.offset
+
+    def set_param_wrapper(self, zero_stage, optimizer_parallel_group, cell_type=None):
+        self.param_wrapper_o = nn.Identity()
+        if zero_stage == 3:
+            is_parallel = _get_parallel_mode() == ParallelMode.DATA_PARALLEL
+            op_group_size = get_group_size(optimizer_parallel_group) if is_parallel else 1
+            op_rank_id = get_rank(optimizer_parallel_group) if is_parallel else 0
+            self.param_wrapper_o = ZeroParamWrapper(self.net.offset, zero_stage, optimizer_parallel_group, cell_type)
+            if self.param_wrapper_o.need_rewrite:
+                self.net.offset.assign_value(
+                    Tensor.from_numpy(
+                        self.net.offset.numpy().reshape(op_group_size, -1, *self.net.offset.shape[1:])[op_rank_id]
+                    )
+                )
 
     def construct(self, x):
-        return x + self.offset_gather(self.offset)
+        return x + self.param_wrapper_o(self.net.offset)
 
 
 class Zero3TestNet(nn.Cell):
@@ -93,6 +115,65 @@ class Zero3TestNet(nn.Cell):
         h = (h + self.keep) * self.frozen * self.temperature
         # Tied output layer: the top Cell reads the Embedding's table directly.
         return ops.matmul(h, self.embed.embedding_table.T)
+
+
+class NormBlock(nn.Cell):
+    """Generic path: a LayerNorm child and a bare Parameter read in construct."""
+
+    def __init__(self, n):
+        super().__init__()
+        self.norm = nn.LayerNorm((n,))
+        self.gain = Parameter(Tensor(np.ones(n, np.float32)), name="gain")
+
+    def construct(self, x):
+        return self.norm(x) * self.gain
+
+
+class Head(nn.Cell):
+    """Recomputed as a whole (``recompute()`` on the parent): its Dense child is replaced, its own
+    construct is rewritten; the Dense bias is opted out (``parallel_optimizer = False``)."""
+
+    def __init__(self, cin, cout):
+        super().__init__()
+        self.out = nn.Dense(cin, cout)
+        self.out.bias.parallel_optimizer = False
+        self.shift = Parameter(Tensor(np.zeros(cout, np.float32)), name="shift")
+
+    def construct(self, x):
+        return ops.tanh(self.out(x)) + self.shift
+
+
+class RecomputeNet(nn.Cell):
+    """Cells marked with ``recompute()`` before sharding, each kind once: replaced layers (Embedding,
+    Conv2d, Dense), a generic Cell holding a LayerNorm, a LayerNorm itself marked with
+    ``use_reentrant=False, early_stop=False``, and a parent whose child layer is replaced; the top
+    Cell's own parameter ``out_scale`` is not recomputed. Inputs as ``Zero3TestNet``."""
+
+    def __init__(self):
+        super().__init__()
+        self.embed = nn.Embedding(VOCAB, EMB)
+        self.conv = nn.Conv2d(1, 3, 3, has_bias=True)
+        self.proj = nn.Dense(EMB, HID, activation="relu")
+        self.block = NormBlock(HID)
+        self.norm = nn.LayerNorm((HID,))
+        self.head = Head(HID, VOCAB)
+        self.out_scale = Parameter(Tensor(np.ones(VOCAB, np.float32)), name="out_scale")
+
+    def construct(self, ids, img):
+        h = self.embed(ids).mean(1) + self.conv(img).mean(axis=(2, 3)).sum(-1, keepdims=True)
+        return self.head(self.norm(self.block(self.proj(h)))) * self.out_scale
+
+
+def build_recompute(fp16: bool = False) -> RecomputeNet:
+    """A ``RecomputeNet`` with deterministic weights and its recompute marks (``fp16`` is unused)."""
+    net = RecomputeNet()
+    init_params(net)
+    for cell in (net.embed, net.conv, net.proj, net.block, net.head):
+        cell.recompute()
+    # early_stop=True (the default) on this LayerNorm fails inside MindSpore 2.10 itself, sharded or
+    # not ("Stack input_args_info_stack_ is empty" in recompute's unpack hook).
+    net.norm.recompute(use_reentrant=False, early_stop=False)
+    return net
 
 
 class Zero3LossNet(nn.Cell):

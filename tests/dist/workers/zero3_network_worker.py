@@ -1,17 +1,21 @@
 """msrun worker: ``shard_network`` on ``Zero3TestNet`` against an unsharded copy, per rank.
 
-For each case (GRAPH and PYNATIVE, float32 and a ``to_float(float16)`` variant) it writes
+For each case (GRAPH and PYNATIVE; float32, a ``to_float(float16)`` variant, and ``RecomputeNet``
+whose Cells are marked with ``recompute()`` in both copies) it writes
 ``<case>_rank<r>.json`` with what the test asserts:
 
 * forward and loss difference to the unsharded network on this rank's batch;
 * for every trainable parameter: the gradient of the sharded network on this rank's batch
   against ``split_array(mean over ranks of the unsharded gradients)`` (split parameters), or the
   unsharded gradient on this rank's batch (replicated ones); shapes and byte counts;
-* parameter names before and after, and the type the user override produced.
+* parameter names before and after, and the type the user override produced;
+* for ``pynative_recompute``, how many times each parameter's gather ran in one forward and
+  backward (twice under a recomputed Cell: forward, then again when backward recomputes it).
 
 Every rank builds every rank's batch from the seed, so the reference needs no communication.
 """
 import argparse
+import collections
 import json
 import os
 import sys
@@ -19,15 +23,17 @@ import time
 
 import numpy as np
 import mindspore as ms
-from mindspore.communication import get_group_size, get_rank, init
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import zero3_models as zm  # noqa: E402
 
+from mindone_zero.comm import init_data_parallel  # noqa: E402
 from mindone_zero.partition import split_array  # noqa: E402
 from parallel_modules import shard_network  # noqa: E402
+from parallel_modules.param_wrapper import _GatherShard  # noqa: E402
 
 SEED = 7
+CASES = [f"{mode}_{variant}" for mode in ("graph", "pynative") for variant in ("fp32", "fp16", "recompute")]
 
 
 def _grads(loss_net, batch):
@@ -35,6 +41,22 @@ def _grads(loss_net, batch):
     fn = ms.value_and_grad(loss_net, None, loss_net.trainable_params(), has_aux=True)
     (loss, out), grads = fn(*batch)
     return float(loss.asnumpy()), out.asnumpy().astype(np.float32), [g.asnumpy().astype(np.float32) for g in grads]
+
+
+def _count_gathers(fn):
+    """(fn(), {parameter name: how many times its gather ran}); PYNATIVE only (a Python spy)."""
+    counts = collections.Counter()
+    original = _GatherShard.construct
+
+    def spy(self, x):
+        counts[self.param_name] += 1
+        return original(self, x)
+
+    _GatherShard.construct = spy
+    try:
+        return fn(), dict(counts)
+    finally:
+        _GatherShard.construct = original
 
 
 def _param_report(param, size):
@@ -54,15 +76,18 @@ def _param_report(param, size):
     }
 
 
-def run_case(mode, fp16, size, rank):
+def run_case(mode, fp16, size, rank, recompute=False):
     ms.set_context(mode=mode)
-    ref, net = zm.build(fp16), zm.build(fp16)
-    names_before = [(path, p.name) for path, p in net.parameters_and_names()]
+    build = zm.build_recompute if recompute else zm.build
+    ref, net = build(fp16), build(fp16)
+    # Parameter names (what checkpoints use). Attribute paths change under a MindOne-style class,
+    # which holds the original as `self.net` (blocks.2.offset is reached as blocks.2.net.offset).
+    names_before = [p.name for _, p in net.parameters_and_names()]
     net = shard_network(net, parallel_modules={zm.Shift: zm.ShiftZero3})
-    names_after = [(path, p.name) for path, p in net.parameters_and_names()]
+    names_after = [p.name for _, p in net.parameters_and_names()]
     report = {
         "names_equal": names_before == names_after,
-        "override_type": type(net.blocks[2]).__name__,
+        "override_type": None if recompute else type(net.blocks[2]).__name__,
     }
     batches = [zm.make_batch(SEED, r) for r in range(size)]
     ref_loss_net, loss_net = zm.Zero3LossNet(ref), zm.Zero3LossNet(net)
@@ -70,13 +95,20 @@ def run_case(mode, fp16, size, rank):
     # Inference without a train wrapper: the sharded network called directly.
     ids, img, _ = batches[rank]
     report["forward_max_abs"] = float(np.abs(net(ids, img).asnumpy().astype(np.float32) - ref_runs[rank][1]).max())
-    loss, out, grads = _grads(loss_net, batches[rank])
+    if recompute and mode == ms.PYNATIVE_MODE:
+        (loss, out, grads), report["gather_calls"] = _count_gathers(lambda: _grads(loss_net, batches[rank]))
+    else:
+        loss, out, grads = _grads(loss_net, batches[rank])
     report["loss"], report["ref_loss"] = loss, ref_runs[rank][0]
     report["train_forward_max_abs"] = float(np.abs(out - ref_runs[rank][1]).max())
     # After wrapping in the loss Cell the names carry its "net." prefix, as the gradients do;
-    # they must still be the unsharded network's names (checkpoints written either way match).
-    report["names_equal_wrapped"] = ([p.name for _, p in loss_net.parameters_and_names()]
-                                     == [p.name for _, p in ref_loss_net.parameters_and_names()])
+    # they must still be the unsharded network's names (checkpoints written either way match),
+    # except under a MindOne-style class: MindSpore renames by attribute path on wrapping, and
+    # such a class holds the original as `self.net` (as MindOne's own layers do).
+    report["names_differing_wrapped"] = [
+        [a.name, b.name] for (_, a), (_, b) in zip(ref_loss_net.parameters_and_names(), loss_net.parameters_and_names())
+        if a.name != b.name
+    ]
     report["params"] = {p.name: _param_report(p, size) for _, p in loss_net.parameters_and_names()}
     report["grads"] = {}
     for i, param in enumerate(loss_net.trainable_params()):
@@ -97,19 +129,18 @@ def run_case(mode, fp16, size, rank):
 def main():
     parser = argparse.ArgumentParser()
     parser.add_argument("--out", required=True)
-    parser.add_argument("--cases", default="graph_fp32,graph_fp16,pynative_fp32,pynative_fp16")
+    parser.add_argument("--cases", default=",".join(CASES))
     args = parser.parse_args()
     wanted = args.cases.split(",")
-    ms.set_device("CPU")
-    init()
-    size, rank = get_group_size(), get_rank()
+    # DATA_PARALLEL, as a training script sets it: MindOne-style classes (ShiftZero3) only cut then.
+    rank, size = init_data_parallel()
     for mode_name, mode in (("graph", ms.GRAPH_MODE), ("pynative", ms.PYNATIVE_MODE)):
-        for fp16 in (False, True):
-            case = f"{mode_name}_{'fp16' if fp16 else 'fp32'}"
+        for variant in ("fp32", "fp16", "recompute"):
+            case = f"{mode_name}_{variant}"
             if case not in wanted:
                 continue
             t0, c0 = time.time(), time.process_time()
-            report = run_case(mode, fp16, size, rank)
+            report = run_case(mode, variant == "fp16", size, rank, recompute=variant == "recompute")
             report.update(case=case, size=size, rank=rank, wall_s=time.time() - t0, cpu_s=time.process_time() - c0)
             path = os.path.join(args.out, f"{case}_rank{rank}.json")
             with open(path + ".tmp", "w") as f:
