@@ -65,8 +65,8 @@ def prepare_network(network, zero_stage=0, optimizer_parallel_group=None, parall
         return network
     from parallel_modules import shard_network
 
-    special = {} if special_cases_parallel_module is None else {"special_cases_parallel_module": special_cases_parallel_module}
-    return shard_network(network, group=optimizer_parallel_group, parallel_modules=parallel_modules, **special)
+    return shard_network(network, group=optimizer_parallel_group, parallel_modules=parallel_modules,
+                         special_cases_parallel_module=special_cases_parallel_module)
 
 
 def prepare_ema(ema, zero_stage=0, optimizer_parallel_group=None):

@@ -22,8 +22,11 @@ from typing import Optional
 
 from mindspore import mint, nn, ops
 
+from mindone_zero.partition import zero_spec_of
+from mindone_zero.stage import StagePolicy, check_stage
+
 from .carry import carry_cell_state, check_carryable, is_recompute_scoped, reapply_recompute, recompute_options
-from .param_wrapper import (ZeroParamWrapper, check_compute_dtype, check_group, check_zero_stage, compute_dtype_of,
+from .param_wrapper import (ZeroParamWrapper, check_compute_dtype, check_group, compute_dtype_of,
                             gather_attr_name)
 
 __all__ = ["Dense", "Linear", "Conv1d", "Conv2d", "Conv3d", "Embedding", "ZeroCell", "PARALLEL_MODULES"]
@@ -99,7 +102,7 @@ class ZeroCell(nn.Cell):
         if not isinstance(net, self.accepts):
             accepted = [f"{c.__module__}.{c.__name__}" for c in self.accepts]
             raise TypeError(f"For '{name}', the argument 'net' must be one of {accepted}, but got {type(net)}.")
-        check_zero_stage(name, zero_stage)
+        check_stage(zero_stage, name)
         if op_group is not None and group is not None:
             raise TypeError(
                 f"For '{name}', the arguments 'optimizer_parallel_group' and 'op_group' are aliases; pass one, but "
@@ -122,8 +125,8 @@ class ZeroCell(nn.Cell):
         parts = []
         for attr in self.zero3_param_attrs:
             param = getattr(self, attr, None)
-            if param is not None and hasattr(param, "zero_spec"):
-                spec = param.zero_spec
+            spec = zero_spec_of(param) if param is not None else None
+            if spec is not None:
                 parts.append(f"{attr}={spec.shape} split={spec.split} over {spec.group_size}")
         return ", ".join(parts)
 
@@ -274,7 +277,7 @@ class Embedding(ZeroCell):
     accepts = (nn.Embedding, mint.nn.Embedding)
 
     def _check_args(self, net, zero_stage, group, cell_type, op_group):
-        if zero_stage == 3 and isinstance(net, mint.nn.Embedding) and getattr(net, "max_norm", None) is not None:
+        if StagePolicy(zero_stage).shards_params and isinstance(net, mint.nn.Embedding) and getattr(net, "max_norm", None) is not None:
             raise ValueError(
                 f"For 'Embedding', the argument 'net' must have max_norm None at ZeRO-3 (it renormalises "
                 f"the table in place), but got max_norm={net.max_norm}."

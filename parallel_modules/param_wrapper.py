@@ -22,25 +22,20 @@ import mindspore as ms
 from mindspore import Parameter, Tensor, nn
 
 from mindone_zero.comm import GroupComm, group_size_and_rank, pad_dim0, world_group
-from mindone_zero.partition import ShardSpec, split_array
+from mindone_zero.partition import ShardSpec, is_split_candidate, set_zero_spec, split_array, zero_spec_of
+from mindone_zero.stage import StagePolicy, check_stage
 
 __all__ = [
-    "ZeroParamWrapper", "shard_parameter", "is_split_candidate", "compute_dtype_of", "gather_attr_name",
-    "check_zero_stage", "check_group", "check_compute_dtype", "ZERO_SPEC_ATTR", "GATHER_SUFFIX",
+    "ZeroParamWrapper", "shard_parameter", "compute_dtype_of", "gather_attr_name",
+    "check_group", "check_compute_dtype", "GATHER_SUFFIX",
 ]
 
-ZERO_SPEC_ATTR = "zero_spec"
 GATHER_SUFFIX = "_zero_gather"
 
 
 def gather_attr_name(param_attr: str) -> str:
     """Attribute under which a Cell keeps the gather wrapper of its parameter ``param_attr``."""
     return param_attr + GATHER_SUFFIX
-
-
-def is_split_candidate(param: Parameter) -> bool:
-    """Whether ``param`` is sharded at ZeRO-3: trainable, ndim >= 1, not opted out."""
-    return bool(param.requires_grad) and len(param.shape) >= 1 and param.parallel_optimizer is not False
 
 
 def _to_numpy(param: Parameter) -> np.ndarray:
@@ -78,7 +73,7 @@ def shard_parameter(param: Parameter, group: Optional[str] = None) -> ShardSpec:
     if not isinstance(param, Parameter):
         raise TypeError(f"For 'shard_parameter', the argument 'param' must be a Parameter, but got {type(param)}.")
     size, rank = group_size_and_rank(group)
-    spec = getattr(param, ZERO_SPEC_ATTR, None)
+    spec = zero_spec_of(param)
     if spec is not None:
         if spec.group_size != size:
             raise ValueError(
@@ -92,7 +87,7 @@ def shard_parameter(param: Parameter, group: Optional[str] = None) -> ShardSpec:
     if spec.split:
         block = split_array(_to_numpy(param), size, rank)
         param.set_data(Tensor(block, dtype=param.dtype))
-    setattr(param, ZERO_SPEC_ATTR, spec)
+    set_zero_spec(param, spec)
     return spec
 
 
@@ -140,14 +135,6 @@ def _wrapper_args(args: tuple, kwargs: dict):
         name = theirs if theirs in given else ours
         resolved.append((name, given.get(name)))
     return given.get("zero_stage", 3), resolved[0], resolved[1]
-
-
-def check_zero_stage(owner: str, zero_stage) -> None:
-    """Raise ValueError naming ``owner`` unless ``zero_stage`` is one of 0, 1, 2, 3."""
-    if isinstance(zero_stage, bool) or zero_stage not in (0, 1, 2, 3):
-        raise ValueError(
-            f"For '{owner}', the argument 'zero_stage' must be one of [0, 1, 2, 3], but got {zero_stage!r}."
-        )
 
 
 def check_group(owner: str, name: str, group) -> None:
@@ -205,14 +192,14 @@ class ZeroParamWrapper(nn.Cell):
         zero_stage, (group_name, group), (dtype_name, compute_dtype) = _wrapper_args(args, kwargs)
         if not isinstance(param, Parameter):
             raise TypeError(f"For 'ZeroParamWrapper', the argument 'param' must be a Parameter, but got {type(param)}.")
-        check_zero_stage("ZeroParamWrapper", zero_stage)
+        check_stage(zero_stage, "ZeroParamWrapper")
         check_group("ZeroParamWrapper", group_name, group)
         check_compute_dtype("ZeroParamWrapper", dtype_name, compute_dtype)
         self.zero_stage = zero_stage
         self.optimizer_parallel_group = group
         self.cell_type = compute_dtype
         self.need_rewrite = False
-        self.sharded = zero_stage == 3
+        self.sharded = StagePolicy(zero_stage).shards_params
         self.is_split = False
         if self.sharded:
             spec = shard_parameter(param, group)

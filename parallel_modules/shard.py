@@ -6,11 +6,12 @@ from mindspore import nn
 from mindspore.communication import GlobalComm
 
 from mindone_zero.comm import world_group
+from mindone_zero.partition import is_split_candidate
 
 from .carry import (carry_hooks, check_carryable, is_recompute_scoped, reapply_recompute, recompute_options,
                     spread_recompute_scope)
 from .layers import PARALLEL_MODULES, ZeroCell
-from .param_wrapper import ZeroParamWrapper, compute_dtype_of, is_split_candidate, shard_parameter
+from .param_wrapper import ZeroParamWrapper, compute_dtype_of, shard_parameter
 from .rewrite import apply_rewrites, plan_rewrites
 
 __all__ = ["shard_network"]
