@@ -13,7 +13,11 @@ A bucket of one tensor is sent as it is, with no copy, which is also what "fusio
 ``openstate: False`` sends one collective per tensor, so ``comm_fusion={}`` turns fusion off.
 ``comm_fusion=None`` (the default) buckets every kind by ``DEFAULT_BUCKET_SIZE`` bytes (25 MiB,
 PyTorch DDP's default ``bucket_cap_mb``): small tensors then share one launch instead of paying
-one each. Bucketing changes no number: every element is reduced exactly as it would be alone.
+one each. Every element is summed over the same ranks either way; with two ranks (a + b) that
+is bit for bit the same number. With more ranks the backend's all-reduce may add the ranks'
+values in an order that depends on an element's place in the buffer (a ring cuts the buffer
+into chunks), so a bucketed and an unbucketed run agree to fp32 round-off, not always to the
+bit (measured on the CPU backend at N=4: loss differences of 1e-7 relative).
 """
 from dataclasses import dataclass
 from typing import List, Optional, Sequence, Tuple
