@@ -21,7 +21,7 @@ import mindspore as ms
 import numpy as np
 
 from .checkpoint_readers import FORMATS, format_of_path, open_checkpoint
-from .checkpoint_writers import TensorEntry, stream_checkpoint
+from .checkpoint_writers import TensorEntry, atomic_file, stream_checkpoint
 from .partition import ShardSpec, merge_arrays, padding_rows, shard_rows
 
 __all__ = [
@@ -64,19 +64,9 @@ def atomic_write_json(obj: Any, path: str) -> str:
         TypeError: if ``obj`` is not JSON serialisable (``path`` is left untouched).
         OSError: if the folder cannot be written.
     """
-    folder = os.path.dirname(os.path.abspath(path))
-    os.makedirs(folder, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{os.path.basename(path)}.", suffix=".tmp", dir=folder)
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            json.dump(obj, f, indent=2)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.remove(tmp)
-        raise
+    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+    with atomic_file(path, "w", encoding="utf-8") as f:
+        json.dump(obj, f, indent=2)
     return path
 
 

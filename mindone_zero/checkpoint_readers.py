@@ -25,8 +25,8 @@ from typing import Dict, List, NamedTuple, Tuple, Union
 import mindspore  # noqa: F401  (registers numpy's bfloat16)
 import numpy as np
 
-__all__ = ["FORMATS", "CKPT_DTYPES", "SAFETENSORS_DTYPES", "TensorInfo", "format_of_path", "open_checkpoint", "CkptFile",
-           "SafetensorsFile"]
+__all__ = ["FORMATS", "CKPT_DTYPES", "SAFETENSORS_DTYPES", "TensorInfo", "format_of_path", "open_checkpoint",
+           "CkptFile", "SafetensorsFile"]
 
 FORMATS = ("ckpt", "safetensors")
 

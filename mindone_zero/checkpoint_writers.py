@@ -24,6 +24,7 @@ name, and writes the header with ``__metadata__`` first and the tensors in that 
 The header depends only on names, shapes and dtypes, so it is written first and the tensors
 follow in ``write_order``.
 """
+import contextlib
 import json
 import os
 import stat
@@ -34,7 +35,7 @@ import numpy as np
 
 from .checkpoint_readers import CKPT_DTYPES, SAFETENSORS_DTYPES
 
-__all__ = ["TensorEntry", "CkptWriter", "SafetensorsWriter", "stream_checkpoint", "ckpt_type_name"]
+__all__ = ["TensorEntry", "CkptWriter", "SafetensorsWriter", "stream_checkpoint", "atomic_file", "ckpt_type_name"]
 
 # mindspore.train.serialization.SLICE_SIZE (KB) * 1024: the record size of _write_parameter_bytes_data.
 _CKPT_RECORD_BYTES = 512 * 1024 * 1024
@@ -212,27 +213,44 @@ def stream_checkpoint(path: str, fmt: str, entries: Sequence[TensorEntry], produ
         Exception: whatever ``produce`` or the file system raises; ``path`` then keeps its old
             content (or stays absent) and no temporary file remains.
     """
+    with atomic_file(path, "wb", read_only=True) as f:
+        if fmt == "safetensors":
+            writer = SafetensorsWriter(f, entries)
+            order = writer.write_order
+        else:
+            writer = CkptWriter(f)
+            order = [e[0] for e in entries]
+        for name in order:
+            writer.write(name, produce(name))
+            if on_written is not None:
+                on_written(name)
+        writer.finish()
+    return path
+
+
+@contextlib.contextmanager
+def atomic_file(path: str, mode: str = "wb", read_only: bool = False, **open_kwargs):
+    """A file to write that appears under ``path`` only once complete ([Note: atomic files] in
+    checkpoint_io.py): a temporary file in ``path``'s folder (which must exist), flushed to disk
+    and renamed into place when the block ends, removed when it raises. Not collective.
+
+    Args:
+        path: the final name.
+        mode: ``open`` mode ("wb", "w").
+        read_only: make the file read-only for its owner before the rename.
+        open_kwargs: passed to ``open`` (``encoding``).
+    """
     folder = os.path.dirname(os.path.abspath(path))
     fd, tmp = tempfile.mkstemp(prefix=f".{os.path.basename(path)}.", suffix=".tmp", dir=folder)
     try:
-        with os.fdopen(fd, "wb") as f:
-            if fmt == "safetensors":
-                writer = SafetensorsWriter(f, entries)
-                order = writer.write_order
-            else:
-                writer = CkptWriter(f)
-                order = [e[0] for e in entries]
-            for name in order:
-                writer.write(name, produce(name))
-                if on_written is not None:
-                    on_written(name)
-            writer.finish()
+        with os.fdopen(fd, mode, **open_kwargs) as f:
+            yield f
             f.flush()
             os.fsync(f.fileno())  # the data must be on disk before the name points at it
-        os.chmod(tmp, stat.S_IRUSR)
+        if read_only:
+            os.chmod(tmp, stat.S_IRUSR)
         os.replace(tmp, path)
     except BaseException:
         if os.path.exists(tmp):
             os.remove(tmp)
         raise
-    return path
