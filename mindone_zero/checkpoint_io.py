@@ -21,6 +21,7 @@ import mindspore as ms
 import numpy as np
 
 from .checkpoint_readers import FORMATS, format_of_path, open_checkpoint
+from .checkpoint_writers import TensorEntry, atomic_file, stream_checkpoint
 from .partition import ShardSpec, merge_arrays, padding_rows, shard_rows
 
 __all__ = [
@@ -63,19 +64,9 @@ def atomic_write_json(obj: Any, path: str) -> str:
         TypeError: if ``obj`` is not JSON serialisable (``path`` is left untouched).
         OSError: if the folder cannot be written.
     """
-    folder = os.path.dirname(os.path.abspath(path))
-    os.makedirs(folder, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{os.path.basename(path)}.", suffix=".tmp", dir=folder)
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            json.dump(obj, f, indent=2)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.remove(tmp)
-        raise
+    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+    with atomic_file(path, "w", encoding="utf-8") as f:
+        json.dump(obj, f, indent=2)
     return path
 
 
@@ -464,16 +455,12 @@ def convert_checkpoints(
     Every check runs before anything is written, and the output is written atomically
     ([Note: atomic files]): after any error no output file exists (or a previous one is intact).
 
-    Memory: tensors are read lazily, one at a time (``checkpoint_readers``); at most one
-    parameter's blocks from all ranks are held at once, plus the merged outputs, which are
-    accumulated because ``mindspore.save_checkpoint`` takes all tensors in one call. Peak RSS is
-    about the MindSpore import (~400 MB) + the output's size + twice the largest tensor (blocks
-    and their concatenation) + for ``.ckpt`` output one more copy of the largest tensor while
-    serialising. Measured (VmHWM, MindSpore 2.10, CPU) on 4 ranks x 50 MB, 10 tensors of
-    (5003, 1000) fp32 split over 4 ranks, output 200 MB: the call raised the peak by 229 MB for
-    ``.ckpt`` and 210 MB for ``.safetensors`` (peak 630 / 611 MB, 401 MB before the call);
-    loading every rank file whole and concatenating, as MindOne does, raised it by 436 / 388 MB.
-    ``tests/unit/test_checkpoint_io.py`` checks the bound on a smaller case.
+    Memory: tensors are read lazily, one at a time (``checkpoint_readers``), and the output is
+    written as it goes, one tensor at a time (``checkpoint_writers``), byte for byte the file
+    ``mindspore.save_checkpoint`` would write for the same tensors. At most one tensor's blocks
+    from all ranks and their concatenation are held at once: the call raises the peak RSS by
+    about twice the largest tensor, whatever the checkpoint's size. ``tools/measure_combine_memory.py``
+    measures it (README, "Checkpoints"); ``tests/unit/test_checkpoint_io.py`` checks the bound.
 
     Args:
         src_checkpoint: per-rank checkpoint path with ``{}`` for the rank index, ending with
@@ -517,13 +504,29 @@ def convert_checkpoints(
             f"For '{_CALLER}', '{ckpt_paths[0]}' holds strings {strings[:5]},"
             " which safetensors cannot store."
         )
-    merged = []
-    for done, (name, full_d0) in enumerate(plan, 1):
-        if full_d0 is None:
-            data = files[0].read(name)
-        else:
-            data = merge_arrays([f.read(name) for f in files], full_d0)
-        merged.append({"name": name, "data": data})
+    full_d0_of = dict(plan)
+
+    def produce(name):
+        if full_d0_of[name] is None:
+            return files[0].read(name)
+        return merge_arrays([f.read(name) for f in files], full_d0_of[name])
+
+    done = []
+
+    def written(name):
+        done.append(name)
         if progress is not None:
-            progress(done, len(plan), name)
-    return atomic_save_checkpoint(merged, out_path, out_format)
+            progress(len(done), len(plan), name)
+
+    return stream_checkpoint(out_path, out_format, _entries(files[0], plan), produce, written)
+
+
+def _entries(rank0, plan) -> List[TensorEntry]:
+    """(name, full shape, numpy dtype or str) of every output tensor, in ``plan``'s order."""
+    entries = []
+    for name, full_d0 in plan:
+        shape = rank0.infos[name].shape
+        if full_d0 is not None:
+            shape = (full_d0,) + tuple(shape[1:])
+        entries.append((name, tuple(shape), rank0.numpy_dtype(name)))
+    return entries

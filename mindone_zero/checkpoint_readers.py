@@ -25,16 +25,23 @@ from typing import Dict, List, NamedTuple, Tuple, Union
 import mindspore  # noqa: F401  (registers numpy's bfloat16)
 import numpy as np
 
-__all__ = ["FORMATS", "TensorInfo", "format_of_path", "open_checkpoint", "CkptFile", "SafetensorsFile"]
+__all__ = ["FORMATS", "CKPT_DTYPES", "SAFETENSORS_DTYPES", "TensorInfo", "format_of_path", "open_checkpoint",
+           "CkptFile", "SafetensorsFile"]
 
 FORMATS = ("ckpt", "safetensors")
 
-_CKPT_DTYPES = {
+CKPT_DTYPES = {
     "Bool": np.bool_, "Int8": np.int8, "UInt8": np.uint8, "Int16": np.int16, "UInt16": np.uint16,
     "Int32": np.int32, "UInt32": np.uint32, "Int64": np.int64, "UInt64": np.uint64,
     "Float16": np.float16, "Float32": np.float32, "Float64": np.float64,
     # Importing mindspore registers its numpy bfloat16 type under this name.
     "BFloat16": np.dtype("bfloat16"),
+}
+# safetensors' type names of the numpy dtypes (its own numpy binding lacks BF16; mindspore's bfloat16 has it)
+SAFETENSORS_DTYPES = {
+    "BOOL": np.bool_, "U8": np.uint8, "I8": np.int8, "I16": np.int16, "U16": np.uint16, "F16": np.float16,
+    "BF16": np.dtype("bfloat16"), "I32": np.int32, "U32": np.uint32, "F32": np.float32, "C64": np.complex64,
+    "F64": np.float64, "I64": np.int64, "U64": np.uint64,
 }
 _CRC_TRAILER = 17  # b"crc_num" + 10 bytes
 
@@ -186,14 +193,19 @@ class CkptFile:
     def _check_size(self, name: str, info: TensorInfo) -> None:
         if info.dtype == "str":
             return
-        if info.dtype not in _CKPT_DTYPES:
+        if info.dtype not in CKPT_DTYPES:
             raise _Corrupt(f"the tensor {name!r} has the unsupported type {info.dtype!r}")
         shape = () if info.shape == (0,) else info.shape  # MindSpore's loader reads dims [0] as 0-d
         self.infos[name] = TensorInfo(shape, info.dtype)
-        nbytes = int(np.prod(shape, dtype=np.int64)) * np.dtype(_CKPT_DTYPES[info.dtype]).itemsize
+        nbytes = int(np.prod(shape, dtype=np.int64)) * np.dtype(CKPT_DTYPES[info.dtype]).itemsize
         stored = sum(n for _, n in self._chunks[name])
         if stored != nbytes:
             raise _Corrupt(f"the tensor {name!r} of shape {shape} holds {stored} bytes instead of {nbytes}")
+
+    def numpy_dtype(self, name: str):
+        """The numpy dtype ``read(name)`` returns, or ``str`` for a string entry."""
+        dtype = self.infos[name].dtype
+        return str if dtype == "str" else np.dtype(CKPT_DTYPES[dtype])
 
     def read(self, name: str) -> Union[np.ndarray, str]:
         """The tensor ``name`` as a new numpy array (a ``str`` for string entries)."""
@@ -209,7 +221,7 @@ class CkptFile:
         info = self.infos[name]
         if info.dtype == "str":
             return str(np.frombuffer(buf.tobytes(), dtype=f"U{len(buf) // 4}")[0]) if len(buf) else ""
-        return buf.view(_CKPT_DTYPES[info.dtype]).reshape(info.shape)
+        return buf.view(CKPT_DTYPES[info.dtype]).reshape(info.shape)
 
 
 class SafetensorsFile:
@@ -245,6 +257,17 @@ class SafetensorsFile:
                 f"For '{caller}',"
                 f" the checkpoint file '{path}' is truncated or corrupted: {err}."
             ) from None
+
+    def numpy_dtype(self, name: str):
+        """The numpy dtype of the tensor ``name``.
+
+        Raises:
+            ValueError: a dtype numpy cannot hold.
+        """
+        dtype = self.infos[name].dtype
+        if dtype not in SAFETENSORS_DTYPES:
+            raise ValueError(f"The tensor {name!r} of '{self.path}' has the dtype {dtype}, which numpy cannot hold.")
+        return np.dtype(SAFETENSORS_DTYPES[dtype])
 
     def read(self, name: str) -> np.ndarray:
         """The tensor ``name`` as a numpy array."""

@@ -10,7 +10,14 @@ A bucket of one tensor is sent as it is, with no copy, which is also what "fusio
 
 ``FusionConfig`` reads MindOne's dict (``{"allreduce": {"openstate": True, "bucket_size": 5e8},
 "reduce_scatter": {...}, "allgather": {...}}``); a kind that is missing or has
-``openstate: False`` sends one collective per tensor.
+``openstate: False`` sends one collective per tensor, so ``comm_fusion={}`` turns fusion off.
+``comm_fusion=None`` (the default) buckets every kind by ``DEFAULT_BUCKET_SIZE`` bytes (25 MiB,
+PyTorch DDP's default ``bucket_cap_mb``): small tensors then share one launch instead of paying
+one each. Every element is summed over the same ranks either way; with two ranks (a + b) that
+is bit for bit the same number. With more ranks the backend's all-reduce may add the ranks'
+values in an order that depends on an element's place in the buffer (a ring cuts the buffer
+into chunks), so a bucketed and an unbucketed run agree to fp32 round-off, not always to the
+bit (measured on the CPU backend at N=4: loss differences of 1e-7 relative).
 """
 from dataclasses import dataclass
 from typing import List, Optional, Sequence, Tuple
@@ -20,9 +27,10 @@ from mindspore import nn, ops
 
 from .comm import CommPlan, GroupComm
 
-__all__ = ["FusionConfig", "plan_buckets", "BucketedComm"]
+__all__ = ["DEFAULT_BUCKET_SIZE", "FusionConfig", "plan_buckets", "BucketedComm"]
 
 _KINDS = ("allreduce", "reduce_scatter", "allgather")
+DEFAULT_BUCKET_SIZE = 25 * 1024 * 1024
 
 
 @dataclass(frozen=True)
@@ -35,13 +43,14 @@ class FusionConfig:
 
     @classmethod
     def from_mindone(cls, comm_fusion) -> "FusionConfig":
-        """Parse MindOne's ``comm_fusion`` dict (None: no fusion).
+        """Parse MindOne's ``comm_fusion`` dict; None buckets every kind by ``DEFAULT_BUCKET_SIZE``
+        and ``{}`` sends one collective per tensor (see [Note: buckets]).
 
         Raises:
             TypeError / ValueError: naming the offending key and value.
         """
         if comm_fusion is None:
-            return cls()
+            return cls(DEFAULT_BUCKET_SIZE, DEFAULT_BUCKET_SIZE, DEFAULT_BUCKET_SIZE)
         if not isinstance(comm_fusion, dict):
             raise TypeError(f"For 'ZeroHelper', the argument 'comm_fusion' must be a dict or None, but got {comm_fusion!r}.")
         unknown = sorted(set(comm_fusion) - set(_KINDS))
@@ -135,8 +144,8 @@ class BucketedComm(nn.Cell):
             flat = ops.concat([tensors[i].reshape(-1) for i in bucket], 0)
             flat = self._reduce(flat, mean)
             offset = 0
-            for i in bucket:
-                out[i] = flat[offset:offset + self.numels[i]].reshape(self.shapes[i])
+            for i in bucket:  # a bucket holds two or more tensors, so every narrow cuts
+                out[i] = ops.narrow(flat, 0, offset, self.numels[i]).reshape(self.shapes[i])
                 offset += self.numels[i]
         return tuple(out)
 
@@ -154,7 +163,7 @@ class BucketedComm(nn.Cell):
             offset = 0
             for i in bucket:
                 block = self.numels[i] // n
-                out[i] = mine[offset:offset + block].reshape((self.shapes[i][0] // n,) + self.shapes[i][1:])
+                out[i] = ops.narrow(mine, 0, offset, block).reshape((self.shapes[i][0] // n,) + self.shapes[i][1:])
                 offset += block
         return tuple(out)
 
@@ -170,7 +179,7 @@ class BucketedComm(nn.Cell):
             full = self.comm.all_gather(flat).reshape(n, -1)
             offset = 0
             for i in bucket:
-                cols = full[:, offset:offset + self.numels[i]]
+                cols = ops.narrow(full, 1, offset, self.numels[i])
                 out[i] = cols.reshape((n * self.shapes[i][0],) + self.shapes[i][1:])
                 offset += self.numels[i]
         return tuple(out)

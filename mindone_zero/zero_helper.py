@@ -42,6 +42,11 @@ _logger = logging.getLogger(__name__)
 _LOW_PRECISION = (ms.float16, ms.bfloat16)
 
 
+def _cast_if_needed(x, dtype):
+    """``x`` in ``dtype``; no Cast node (a copy in PYNATIVE_MODE) when it already is."""
+    return x if x.dtype == dtype else ops.cast(x, dtype)
+
+
 def _master_dtype(dtype):
     return ms.float32 if dtype in _LOW_PRECISION else dtype
 
@@ -64,8 +69,9 @@ class ZeroHelper(nn.Cell):
             when ``optimizer_parallel_group`` is not the world group.
         optimizer_offload (bool): run the optimizer update on the host where MindSpore supports it
             (see ``place_optimizer_on_host``); otherwise warn and run it on the device.
-        comm_fusion (dict): MindOne's communication-fusion dict; None for one collective per tensor
-            (see [Note: buckets] in fusion.py). ``comm_plan()`` shows the resulting collectives.
+        comm_fusion (dict): MindOne's communication-fusion dict; None (the default) buckets by
+            ``fusion.DEFAULT_BUCKET_SIZE`` (25 MiB), ``{}`` sends one collective per tensor (see
+            [Note: buckets] in fusion.py). ``comm_plan()`` shows the resulting collectives.
         params_split_info (str): folder for ``params_split_info_{rank}.json``, written by
             ``dump_params_split_info`` (``prepare_train_network`` calls it at stages >= 1).
 
@@ -229,7 +235,7 @@ class ZeroHelper(nn.Cell):
         k_rs, k_ar = 0, 0
         for i in range(len(grads)):
             if i in self.rs_index:
-                out += (ops.cast(shards[k_rs] / self.op_size, self.opt_params[i].dtype),)
+                out += (_cast_if_needed(shards[k_rs] / self.op_size, self.opt_params[i].dtype),)
                 k_rs += 1
             elif i in self.ar_index:
                 out += (replicated[k_ar],)
@@ -279,8 +285,10 @@ class ZeroHelper(nn.Cell):
         done = ()
         for k in range(len(self.ag_index)):
             i = self.ag_index[k]
-            full = fulls[k][:self.full_d0[i]]
-            done += (ops.assign(self.params[i], ops.cast(full, self.params[i].dtype)),)
+            full = fulls[k]
+            if self.pads[i] > 0:  # [Note: slices] in comm.py: never slice when nothing is cut
+                full = ops.narrow(full, 0, 0, self.full_d0[i])
+            done += (ops.assign(self.params[i], _cast_if_needed(full, self.params[i].dtype)),)
         return done
 
     # ---------------------------------------------------------- MindOne names

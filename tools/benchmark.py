@@ -1,9 +1,10 @@
-"""Benchmark ZeRO stages 0-3 at several world sizes on the demo LM: memory, speed, communication.
+"""Benchmark ZeRO stages 0-3 at several world sizes on the demo LM: memory, speed, communication;
+and the step time of every stage on a stack of large Dense layers.
 
     python tools/benchmark.py --config configs/benchmark.yaml --out outputs/benchmark
 
-One msrun job per world size (``tools/benchmark_worker.py``) runs every stage in turn. For each
-(world size N, stage) the report gives:
+One msrun job per world size (``tools/benchmark_worker.py``) runs every stage of both models,
+timing their steps in turns. For each (world size N, stage) the demo LM's report gives:
 
 * measured model-state bytes per rank (``mindone_zero.memory_measure.measure_model_states``)
   and their ratio to ``estimate_model_states_memory`` with the config's bytes per parameter
@@ -22,6 +23,11 @@ One msrun job per world size (``tools/benchmark_worker.py``) runs every stage in
   gathering them again, hence 2Φ per micro-step rather than the paper's 3Φ. When the train
   network carries the library's ``CommPlan`` (``train_net.comm_plan``), its volume is checked
   against this count.
+
+The Dense stack (config section ``dense``, default 4 x Dense(1024, 1024), 4.2M parameters in 8
+tensors, AdamWeightDecay, batch 32 per rank, at N=2) gets a table of its own: the median step
+per stage and its ratio to stage 0, with the library's collectives per step. Its few large
+tensors show what a stage costs per byte, where the LM's many small ones show the cost per launch.
 
 Writes ``benchmark.md`` (the tables), ``results.json`` and, if matplotlib is installed
 (``pip install -e .[plot]``), ``benchmark.png`` into ``--out``; prints the tables.
@@ -66,6 +72,9 @@ BENCH_DEFAULTS = {
 RING = {"all_reduce": 2.0, "reduce_scatter": 1.0, "all_gather": 1.0, "broadcast": 1.0}
 PAPER_FACTOR = {0: 2, 1: 2, 2: 2, 3: 3}
 MEMORY_KINDS = ("params", "master_shards", "optimizer_states", "accumulation", "ema", "other")
+# The Dense stack (tools/dense_model.py), issue 11's 4 x Dense(1024, 1024) with AdamWeightDecay.
+DENSE_DEFAULTS = {"world_sizes": [2], "layers": 4, "width": 1024, "batch_per_rank": 32,
+                  "gradient_accumulation_steps": 1}
 
 
 def _fail(key, what, value):
@@ -73,7 +82,8 @@ def _fail(key, what, value):
 
 
 def load_benchmark_config(path: str) -> dict:
-    """Sections ``model`` and ``data`` (as in ``configs/train_lm.yaml``) and ``benchmark``.
+    """Sections ``model`` and ``data`` (as in ``configs/train_lm.yaml``), ``benchmark`` and
+    ``dense`` (the Dense stack; ``DENSE_DEFAULTS`` when absent, ``world_sizes: []`` to skip it).
 
     Raises:
         ValueError: unknown key or bad value, naming it. OSError: unreadable file.
@@ -88,11 +98,26 @@ def load_benchmark_config(path: str) -> dict:
         if key not in bench:
             _fail(f"benchmark.{key}", f"one of {sorted(bench)}", key)
         bench[key] = value
+    dense = dict(DENSE_DEFAULTS)
+    for key, value in (loaded.pop("dense", None) or {}).items():
+        if key not in dense:
+            _fail(f"dense.{key}", f"one of {sorted(dense)}", key)
+        dense[key] = value
+    _check_dense(dense)
     if "train" in loaded:
         _fail("train", "absent (the benchmark has its own 'benchmark' section)", loaded["train"])
     cfg = build_config(loaded, {}, f"the file '{path}'")
     _check_bench(bench)
-    return {"model": cfg["model"], "data": cfg["data"], "benchmark": bench}
+    return {"model": cfg["model"], "data": cfg["data"], "benchmark": bench, "dense": dense}
+
+
+def _check_dense(dense: dict) -> None:
+    sizes = dense["world_sizes"]
+    if not isinstance(sizes, list) or any(not isinstance(n, int) or n < 1 for n in sizes):
+        _fail("dense.world_sizes", "a list of integers >= 1", sizes)
+    for key in ("layers", "width", "batch_per_rank", "gradient_accumulation_steps"):
+        if not isinstance(dense[key], int) or isinstance(dense[key], bool) or dense[key] < 1:
+            _fail(f"dense.{key}", "an integer >= 1", dense[key])
 
 
 def _check_bench(bench: dict) -> None:
@@ -168,7 +193,7 @@ def run_world(config_path: str, world: int, out: Path, timeout_s: int) -> None:
         RuntimeError: the job failed or timed out (with the tail of the worker logs).
     """
     out.mkdir(parents=True, exist_ok=True)
-    for stale in out.glob("stage*_rank*.json"):
+    for stale in out.glob("*stage*_rank*.json"):
         stale.unlink()  # never report an earlier run's numbers
     log_dir = out / "msrun_logs"
     cmd = ["msrun", f"--worker_num={world}", f"--local_worker_num={world}", f"--master_port={_free_port()}",
@@ -194,20 +219,21 @@ def run_world(config_path: str, world: int, out: Path, timeout_s: int) -> None:
         raise RuntimeError(f"For 'benchmark', the msrun job with N={world} {what}.\n" + "\n".join(tails))
 
 
-def _load_ranks(out: Path, stage: int, world: int) -> List[dict]:
+def _load_ranks(out: Path, stage: int, world: int, prefix: str = "") -> List[dict]:
     ranks = []
     for r in range(world):
-        with open(out / f"stage{stage}_rank{r}.json") as f:
+        with open(out / f"{prefix}stage{stage}_rank{r}.json") as f:
             ranks.append(json.load(f))
     return ranks
 
 
-def summarize(cfg: dict, out: Path, world: int) -> List[dict]:
-    """One row per stage at ``world`` ranks from the workers' JSON files in ``out``."""
+def summarize(cfg: dict, out: Path, world: int, prefix: str = "") -> List[dict]:
+    """One row per stage at ``world`` ranks from the workers' JSON files in ``out``
+    (``prefix`` "dense_" for the Dense stack)."""
     bench = cfg["benchmark"]
     rows = []
     for stage in bench["stages"]:
-        ranks = _load_ranks(out, stage, world)
+        ranks = _load_ranks(out, stage, world, prefix)
         r0 = ranks[0]
         num_params = sum(_prod(p["shape"]) for p in r0["layout"])
         phi = sum(_prod(p["shape"]) * p["itemsize"] for p in r0["layout"])
@@ -216,7 +242,7 @@ def summarize(cfg: dict, out: Path, world: int) -> List[dict]:
         ours = native_collectives(r0["layout"], stage, r0["accum"], r0["clip_grad"])
         plan = [(e[0], e[2]) for e in r0["comm_plan"]]
         rows.append({
-            "world": world, "stage": stage, "effective_stage": r0["effective_stage"], "num_params": num_params,
+            "model": prefix.rstrip("_") or "lm", "world": world, "stage": stage, "effective_stage": r0["effective_stage"], "num_params": num_params,
             "phi_bytes": phi, "memory": {k: max(r["memory"][k] for r in ranks) for k in r0["memory"]},
             "memory_equal_on_ranks": all(r["memory"] == r0["memory"] for r in ranks), "estimate": estimate,
             "step_time": median(r0["step_times"]), "collectives": len(ours), "volume": ring_volume(ours, world),
@@ -266,6 +292,24 @@ def render_tables(cfg: dict, rows: List[dict]) -> str:
         cells = " | ".join(str(r["memory"][kind]) for kind in MEMORY_KINDS + ("total",))
         lines.append(f"| {r['world']} | {r['stage']} | {cells} |")
     lines += ["", *_notes(rows)]
+    return "\n".join(lines)
+
+
+def render_dense_table(cfg: dict, rows: List[dict]) -> str:
+    """The markdown table of the Dense stack: step time per stage against stage 0."""
+    dense = cfg["dense"]
+    lines = [
+        f"{dense['layers']} x Dense({dense['width']}, {dense['width']}) ({rows[0]['num_params']} parameters), "
+        f"AdamWeightDecay, batch {dense['batch_per_rank']} per rank, {dense['gradient_accumulation_steps']} "
+        f"micro-step(s) per optimizer step, {cfg['benchmark']['mode']} mode, timed in turns with the demo LM.",
+        "",
+        "| N | stage | median step | vs stage 0 | collectives / step (library) | native bytes / step / rank |",
+        "|---:|---:|---:|---:|---:|---:|",
+    ]
+    for r in rows:
+        calls = r["library_plan_collectives"] if r["library_plan_collectives"] is not None else r["collectives"]
+        lines.append(f"| {r['world']} | {r['stage']} | {r['step_time'] * 1e3:.1f} ms | {r['time_ratio']:.2f}x | "
+                     f"{calls} | {_kib(r['volume'])} |")
     return "\n".join(lines)
 
 
@@ -351,7 +395,7 @@ def main(argv=None) -> int:
     except (ValueError, OSError) as err:
         parser.error(str(err))
     out = Path(args.out)
-    rows = []
+    rows, dense_rows = [], []
     for world in cfg["benchmark"]["world_sizes"]:
         print(f"running N={world}: stages {cfg['benchmark']['stages']} ...", flush=True)
         resolved = out / "config.yaml"
@@ -359,9 +403,13 @@ def main(argv=None) -> int:
         resolved.write_text(yaml.safe_dump(cfg))
         run_world(str(resolved), world, out / f"N{world}", cfg["benchmark"]["timeout_s"])
         rows += summarize(cfg, out / f"N{world}", world)
+        if world in cfg["dense"]["world_sizes"]:
+            dense_rows += summarize(cfg, out / f"N{world}", world, prefix="dense_")
     report = render_tables(cfg, rows)
+    if dense_rows:
+        report += "\n\n" + render_dense_table(cfg, dense_rows)
     (out / "benchmark.md").write_text(report + "\n")
-    (out / "results.json").write_text(json.dumps(rows, indent=1))
+    (out / "results.json").write_text(json.dumps(rows + dense_rows, indent=1))
     print(report)
     if plot(rows, out / "benchmark.png"):
         print(f"chart: {out / 'benchmark.png'}")

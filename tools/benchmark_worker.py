@@ -1,11 +1,13 @@
-"""msrun worker of ``tools/benchmark.py``: every ZeRO stage of the config on the demo LM.
+"""msrun worker of ``tools/benchmark.py``: every ZeRO stage of the config on the demo LM and,
+at the world sizes the config's ``dense`` section names, on the Dense stack.
 
-For each stage it builds the model afresh, wraps it with ``prepare_train_network``, measures
-this rank's model-state bytes (``measure_model_states``) and runs ``warmup_steps`` optimizer
-steps (compilation); then it times ``timed_steps`` steps per stage in turns, and writes
-``<out>/stage{s}_rank{r}.json``: the bytes by kind, the timed step durations, the shard layout
-of every parameter (for the communication model in ``tools/benchmark.py``) and the library's
-own ``CommPlan`` when the train network has one.
+For each (model, stage) it builds the model afresh, wraps it with ``prepare_train_network``,
+measures this rank's model-state bytes (``measure_model_states``) and runs ``warmup_steps``
+optimizer steps (compilation); then it times ``timed_steps`` steps of every (model, stage) in
+turns, and writes ``<out>/stage{s}_rank{r}.json`` (``dense_stage{s}_rank{r}.json`` for the Dense
+stack): the bytes by kind, the timed step durations, the shard layout of every parameter (for
+the communication model in ``tools/benchmark.py``) and the library's own ``CommPlan`` when the
+train network has one.
 
 Usage (launched by tools/benchmark.py): ``msrun ... tools/benchmark_worker.py --config C --out DIR``
 """
@@ -28,6 +30,7 @@ from mindone_zero import prepare_train_network  # noqa: E402
 from mindone_zero.comm import init_data_parallel  # noqa: E402
 from mindone_zero.memory_measure import measure_model_states  # noqa: E402
 from tools.benchmark import load_benchmark_config  # noqa: E402
+from tools.dense_model import DenseLoss, build_dense, dense_batch  # noqa: E402
 from tools.lm_model import LMLoss, build_lm, init_lm_weights, reversal_batch  # noqa: E402
 
 
@@ -44,19 +47,66 @@ def _plan_entries(train_net) -> list:
     return [list(e) for e in entries]
 
 
-class StageRun:
-    """One stage's train network on this rank: built, measured, and stepped on demand."""
+class LMWorkload:
+    """The demo LM of the config's ``model``/``data`` sections, with the ``benchmark`` settings."""
 
-    def __init__(self, cfg: dict, stage: int, rank: int, world: int, out: Path):
-        bench, model = cfg["benchmark"], cfg["model"]
-        self.cfg, self.stage, self.rank, self.world = cfg, stage, rank, world
-        self.accum = bench["gradient_accumulation_steps"]
+    prefix = ""
+
+    def __init__(self, cfg: dict, world: int):
+        self.cfg = cfg
+        bench = cfg["benchmark"]
+        self.accum, self.clip_grad = bench["gradient_accumulation_steps"], bench["clip_grad"]
         self.micro = bench["global_batch_size"] // (world * self.accum)
-        net = init_lm_weights(build_lm(model), bench["init_seed"])
-        optimizer = nn.Adam(net.trainable_params(), learning_rate=bench["learning_rate"])
+
+    def build(self):
+        """(loss network, optimizer), with the same initial weights on every call."""
+        bench = self.cfg["benchmark"]
+        net = init_lm_weights(build_lm(self.cfg["model"]), bench["init_seed"])
+        return LMLoss(net), nn.Adam(net.trainable_params(), learning_rate=bench["learning_rate"])
+
+    def micro_batches(self, step: int, rank: int) -> list:
+        """This rank's inputs for each micro-step of optimizer step ``step``."""
+        data, model, bench = self.cfg["data"], self.cfg["model"], self.cfg["benchmark"]
+        arrays = reversal_batch(data["seed"], step, bench["global_batch_size"], data["num_digits"],
+                                model["vocab_size"])
+        ks = [rank * self.accum + m for m in range(self.accum)]
+        return [tuple(Tensor(a[k * self.micro:(k + 1) * self.micro]) for a in arrays) for k in ks]
+
+
+class DenseWorkload:
+    """The config's ``dense`` section: ``layers`` x Dense(width, width), AdamWeightDecay."""
+
+    prefix = "dense_"
+
+    def __init__(self, cfg: dict, world: int):
+        self.cfg = cfg
+        self.dense = cfg["dense"]
+        self.accum, self.clip_grad = self.dense["gradient_accumulation_steps"], False
+        self.world = world
+
+    def build(self):
+        """(loss network, optimizer), with the same initial weights on every call."""
+        net = build_dense(self.dense["layers"], self.dense["width"], self.cfg["benchmark"]["init_seed"])
+        return DenseLoss(net), nn.AdamWeightDecay(net.trainable_params(), learning_rate=1e-4)
+
+    def micro_batches(self, step: int, rank: int) -> list:
+        """This rank's inputs for each micro-step of optimizer step ``step``."""
+        per_rank = self.dense["batch_per_rank"]
+        x, y = dense_batch(self.cfg["data"]["seed"], step, per_rank * self.world * self.accum, self.dense["width"])
+        ks = [rank * self.accum + m for m in range(self.accum)]
+        return [(Tensor(x[k * per_rank:(k + 1) * per_rank]), Tensor(y[k * per_rank:(k + 1) * per_rank])) for k in ks]
+
+
+class StageRun:
+    """One stage's train network of one workload on this rank: built, measured, stepped on demand."""
+
+    def __init__(self, workload, stage: int, rank: int, world: int, out: Path):
+        self.workload, self.stage, self.rank, self.world = workload, stage, rank, world
+        loss_net, optimizer = workload.build()
         self.train_net = prepare_train_network(
-            LMLoss(net), optimizer, zero_stage=stage, gradient_accumulation_steps=self.accum,
-            clip_grad=bench["clip_grad"], params_split_info=str(out / "params_info" / f"stage{stage}"),
+            loss_net, optimizer, zero_stage=stage, gradient_accumulation_steps=workload.accum,
+            clip_grad=workload.clip_grad,
+            params_split_info=str(out / "params_info" / f"{workload.prefix}stage{stage}"),
         )
         self.train_net.set_train(True)
         self.memory = measure_model_states(self.train_net)
@@ -64,46 +114,54 @@ class StageRun:
 
     def run_step(self, timed: bool) -> None:
         """One optimizer step (``accum`` micro-steps); collective."""
-        data, model, bench = self.cfg["data"], self.cfg["model"], self.cfg["benchmark"]
-        arrays = reversal_batch(data["seed"], self.step, bench["global_batch_size"], data["num_digits"],
-                                model["vocab_size"])
+        batches = self.workload.micro_batches(self.step, self.rank)
         t0 = time.perf_counter()
-        for m in range(self.accum):
-            k = self.rank * self.accum + m
-            loss, _, _ = self.train_net(*(Tensor(a[k * self.micro:(k + 1) * self.micro]) for a in arrays))
+        for inputs in batches:
+            loss, _, _ = self.train_net(*inputs)
             self.losses.append(float(loss.asnumpy()))  # asnumpy waits for the step to finish
         if timed:
             self.times.append(time.perf_counter() - t0)
         self.step += 1
 
     def write(self, out: Path) -> None:
-        """Write this rank's results to ``out/stage{s}_rank{r}.json`` (atomically)."""
+        """Write this rank's results to ``out/{prefix}stage{s}_rank{r}.json`` (atomically)."""
         helper = self.train_net.zero_helper
         result = {"stage": self.stage, "world": self.world, "rank": self.rank, "memory": self.memory,
                   "step_times": self.times, "losses": self.losses, "layout": _layout(helper),
-                  "comm_plan": _plan_entries(self.train_net), "accum": self.accum,
-                  "clip_grad": self.cfg["benchmark"]["clip_grad"], "effective_stage": int(helper.zero_stage)}
-        path = out / f"stage{self.stage}_rank{self.rank}.json"
+                  "comm_plan": _plan_entries(self.train_net), "accum": self.workload.accum,
+                  "clip_grad": self.workload.clip_grad, "effective_stage": int(helper.zero_stage)}
+        path = out / f"{self.workload.prefix}stage{self.stage}_rank{self.rank}.json"
         tmp = path.with_suffix(".json.tmp")
         tmp.write_text(json.dumps(result))
         os.replace(tmp, path)
 
 
-def run_all(cfg: dict, rank: int, world: int, out: Path) -> None:
-    """Build and warm up every stage, then time them in turns. Collective.
+def workloads_for(cfg: dict, world: int) -> list:
+    """The demo LM, and the Dense stack when ``world`` is one of ``dense.world_sizes``."""
+    runs = [LMWorkload(cfg, world)]
+    if cfg.get("dense") and world in cfg["dense"]["world_sizes"]:
+        runs.append(DenseWorkload(cfg, world))
+    return runs
 
-    Timed steps go round-robin over the stages (stage 0, 1, 2, 3, 0, 1, ...), so that a load
-    change on a shared machine slows every stage alike instead of whichever ran at the time.
+
+def run_all(cfg: dict, rank: int, world: int, out: Path) -> None:
+    """Build and warm up every (workload, stage), then time them in turns. Collective.
+
+    Timed steps go round-robin over every workload and stage (LM stage 0, 1, 2, 3, Dense stage
+    0, 1, 2, 3, LM stage 0, ...), so that a load change on a shared machine slows every stage
+    alike instead of whichever ran at the time.
     """
     bench = cfg["benchmark"]
     runs = []
-    for stage in bench["stages"]:
-        t0 = time.perf_counter()
-        run = StageRun(cfg, stage, rank, world, out)
-        for _ in range(bench["warmup_steps"]):
-            run.run_step(timed=False)
-        runs.append(run)
-        print(f"rank {rank}: stage {stage} built and warmed up in {time.perf_counter() - t0:.1f}s", flush=True)
+    for workload in workloads_for(cfg, world):
+        for stage in bench["stages"]:
+            t0 = time.perf_counter()
+            run = StageRun(workload, stage, rank, world, out)
+            for _ in range(bench["warmup_steps"]):
+                run.run_step(timed=False)
+            runs.append(run)
+            print(f"rank {rank}: {workload.prefix}stage {stage} built and warmed up in "
+                  f"{time.perf_counter() - t0:.1f}s", flush=True)
     for _ in range(bench["timed_steps"]):
         for run in runs:
             run.run_step(timed=True)

@@ -17,6 +17,9 @@ OPTIMIZERS = ("adamw", "sgd", "momentum")
 # Fusion buckets small enough that TinyNet's gradients need several, large enough to merge some.
 FUSION_BUCKET = 400
 FUSION = {kind: {"openstate": True, "bucket_size": FUSION_BUCKET} for kind in ("allreduce", "reduce_scatter", "allgather")}
+# comm_fusion=None (every case that names no fusion) buckets by 25 MiB, TinyNet in one bucket per
+# kind; {} sends one collective per tensor. Issue 11: both give the same bits.
+UNFUSED = {}
 
 
 def _case(name, stage, mode="graph", accum=1, clip=False, optimizer="adam", steps=STEPS, **extra):
@@ -34,13 +37,17 @@ def cases_for(world):
                 if world == 4 and (mode, key) not in (("graph", "a1"), ("pynative", "a2clip")):
                     continue
                 # PYNATIVE runs Python for every call, so it counts the collectives actually made
-                cases.append(_case(f"s{stage}_{mode}_{key}", stage, mode, accum, clip, opt,
-                                   count_calls=(mode, key) == ("pynative", "a1")))
+                # (one per tensor there, the baseline of the fusion cases)
+                counted = (mode, key) == ("pynative", "a1")
+                cases.append(_case(f"s{stage}_{mode}_{key}", stage, mode, accum, clip, opt, count_calls=counted,
+                                   **({"fusion": UNFUSED} if counted else {})))
         if stage == 2 and world == 2:  # optimizer states are found the same way at every stage and N
             for opt in OPTIMIZERS:
                 cases.append(_case(f"s{stage}_graph_opt_{opt}", stage, optimizer=opt, steps=5,
                                    net="noscalar" if opt == "adamw" else "full"))
         cases.append(_case(f"s{stage}_graph_overflow", stage, steps=6, overflow_step=OVERFLOW_STEP, dynamic_scale=True))
+        # issue 11: s{stage}_graph_a1 with one collective per tensor, to be compared bit for bit
+        cases.append(_case(f"s{stage}_graph_unfused", stage, fusion=UNFUSED))
         # issue 5: fusion (with clipping and accumulation; PYNATIVE counts the real calls), offload
         cases.append(_case(f"s{stage}_graph_fusion", stage, accum=2, clip=True, optimizer="momentum", fusion=FUSION))
         if world == 2:

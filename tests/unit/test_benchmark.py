@@ -6,8 +6,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from tools.benchmark import (load_benchmark_config, native_collectives, plot, render_tables, ring_volume,
-                             summarize)
+from tools.benchmark import (load_benchmark_config, native_collectives, plot, render_dense_table, render_tables,
+                             ring_volume, summarize)
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -61,6 +61,8 @@ def test_shipped_config():
     assert bench["world_sizes"] == [2, 4] and bench["stages"] == [0, 1, 2, 3]
     assert (bench["param_bytes"], bench["grad_bytes"], bench["optimizer_bytes"]) == (4, 4, 8)
     assert bench["gradient_accumulation_steps"] > 1  # so that gradients are held, as the formula counts them
+    assert cfg["dense"] == {"world_sizes": [2], "layers": 4, "width": 1024, "batch_per_rank": 32,
+                            "gradient_accumulation_steps": 1}
 
 
 @pytest.mark.parametrize("text,fragment", [
@@ -70,6 +72,9 @@ def test_shipped_config():
     ({"benchmark": {"speed": 1}}, "'benchmark.speed' must be one of"),
     ({"train": {"steps": 1}}, "'train' must be absent"),
     ({"model": {"n_heads": 5}}, "'n_heads' must be a divisor of d_model=64, but got 5"),
+    ({"dense": {"width": 0}}, "'dense.width' must be an integer >= 1, but got 0"),
+    ({"dense": {"depth": 3}}, "'dense.depth' must be one of"),
+    ({"dense": {"world_sizes": 2}}, "'dense.world_sizes' must be a list of integers >= 1, but got 2"),
 ])
 def test_bad_config(tmp_path, text, fragment):
     path = tmp_path / "b.yaml"
@@ -79,14 +84,14 @@ def test_bad_config(tmp_path, text, fragment):
     assert fragment in str(err.value)
 
 
-def _fake_results(folder, world, stage, step_time, memory):
+def _fake_results(folder, world, stage, step_time, memory, prefix="", plan=()):
     folder.mkdir(parents=True, exist_ok=True)
     layout = STAGE0_LAYOUT if stage == 0 else LAYOUT
     for rank in range(world):
         record = {"stage": stage, "world": world, "rank": rank, "memory": memory, "step_times": [step_time] * 3,
-                  "losses": [3.0, 2.0], "layout": layout, "comm_plan": [], "accum": 2, "clip_grad": True,
+                  "losses": [3.0, 2.0], "layout": layout, "comm_plan": list(plan), "accum": 2, "clip_grad": True,
                   "effective_stage": stage}
-        (folder / f"stage{stage}_rank{rank}.json").write_text(json.dumps(record))
+        (folder / f"{prefix}stage{stage}_rank{rank}.json").write_text(json.dumps(record))
 
 
 def test_summary_report_and_chart(tmp_path):
@@ -109,3 +114,18 @@ def test_summary_report_and_chart(tmp_path):
     has_matplotlib = importlib.util.find_spec("matplotlib") is not None
     assert plot(rows, png) is has_matplotlib
     assert png.is_file() is has_matplotlib
+
+
+def test_dense_rows_are_read_from_their_own_files_and_tabled_against_stage_0(tmp_path):
+    cfg = load_benchmark_config(str(ROOT / "configs" / "benchmark.yaml"))
+    memory = dict(params=1, master_shards=0, optimizer_states=0, accumulation=0, ema=0, other=0, total=1)
+    plan = [["all_reduce", "g", 4, 2], ["all_reduce", "g", 64, 2]]
+    for stage in (0, 1, 2, 3):
+        _fake_results(tmp_path, 2, stage, 9.9, memory)  # the LM's files must not be read as the Dense's
+        _fake_results(tmp_path, 2, stage, 0.2 * (1 + stage / 10), memory, prefix="dense_", plan=plan)
+    rows = summarize(cfg, tmp_path, 2, prefix="dense_")
+    assert [r["model"] for r in rows] == ["dense"] * 4
+    assert [round(r["time_ratio"], 6) for r in rows] == [1.0, 1.1, 1.2, 1.3]
+    table = render_dense_table(cfg, rows)
+    assert table.startswith("4 x Dense(1024, 1024)")
+    assert "| 2 | 2 | 240.0 ms | 1.20x | 2 |" in table

@@ -1,7 +1,7 @@
 """Bucket planning and MindOne's comm_fusion dict (pure; one process)."""
 import pytest
 
-from mindone_zero.fusion import FusionConfig, plan_buckets
+from mindone_zero.fusion import DEFAULT_BUCKET_SIZE, FusionConfig, plan_buckets
 
 
 def test_twenty_tensors_in_three_buckets():
@@ -28,7 +28,13 @@ def test_mindone_dict_is_parsed():
                                      "reduce_scatter": {"openstate": False, "bucket_size": 10},
                                      "allgather": {"bucket_size": 64}})
     assert cfg == FusionConfig(allreduce=500_000_000, reduce_scatter=None, allgather=64)
-    assert FusionConfig.from_mindone(None) == FusionConfig()
+
+
+def test_default_buckets_by_25_mib_and_empty_dict_turns_fusion_off():
+    assert DEFAULT_BUCKET_SIZE == 25 * 1024 * 1024
+    assert FusionConfig.from_mindone(None) == FusionConfig(DEFAULT_BUCKET_SIZE, DEFAULT_BUCKET_SIZE, DEFAULT_BUCKET_SIZE)
+    assert FusionConfig.from_mindone({}) == FusionConfig(None, None, None)
+    assert FusionConfig.from_mindone({"allreduce": {"openstate": False}}) == FusionConfig(None, None, None)
 
 
 @pytest.mark.parametrize("value, words", [
