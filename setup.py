@@ -11,7 +11,7 @@ setup(
     description="MindSpore-native ZeRO (stages 0-3) with MindOne's mindone.trainers.zero API",
     long_description=open("README.md", encoding="utf-8").read(),
     long_description_content_type="text/markdown",
-    packages=["mindone_zero", "parallel_modules"],
+    packages=["mindone_zero", "mindone_zero.checkpoint", "parallel_modules"],
     python_requires=">=3.9",
     install_requires=[
         "mindspore==2.10.0",

@@ -1,6 +1,6 @@
 """mindone_zero: MindSpore-native ZeRO with MindOne's API (``mindone.trainers.zero``)."""
-from .checkpoint import gather_full_params, latest_checkpoint, load_train_state, save_full_checkpoint, save_train_state
-from .checkpoint_io import convert_checkpoints
+from .checkpoint import (convert_checkpoints, gather_full_params, latest_checkpoint, load_train_state,
+                         save_full_checkpoint, save_train_state)
 from .ema import EMA
 from .memory import estimate_model_states_memory
 from .prepare import prepare_ema, prepare_network, prepare_train_network

@@ -1,6 +1,6 @@
 """One inventory of the state a ZeRO train network holds on this rank, by kind.
 
-Memory measurement (``memory_measure``) sums it and checkpoints (``checkpoint_plan``) save it;
+Memory measurement (``memory_measure``) sums it and checkpoints (``checkpoint.layout``) save it;
 both read this list instead of reaching into the train network themselves. Building it does
 not communicate.
 

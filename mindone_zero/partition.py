@@ -26,6 +26,7 @@ __all__ = [
     "split_array",
     "split_all",
     "merge_arrays",
+    "is_int",
     "is_split_candidate",
     "mark_shard_flag",
     "zero_spec_of",
@@ -33,21 +34,22 @@ __all__ = [
 ]
 
 
-def _is_int(x) -> bool:
+def is_int(x) -> bool:
+    """An integer (Python or numpy), not a bool."""
     return isinstance(x, (int, np.integer)) and not isinstance(x, bool)
 
 
 def _check_group(n: int, rank: int = 0) -> None:
-    if not _is_int(n) or n < 1:
+    if not is_int(n) or n < 1:
         raise ValueError(f"The argument 'group_size' must be a positive integer, but got {n!r}.")
-    if not _is_int(rank) or not 0 <= rank < n:
+    if not is_int(rank) or not 0 <= rank < n:
         raise ValueError(f"The argument 'rank' must be an integer in [0, {n}), but got {rank!r}.")
 
 
 def shard_rows(d0: int, n: int) -> int:
     """Rows of dim 0 held by each of ``n`` ranks: ``ceil(d0 / n)``. See [Note: padding]."""
     _check_group(n)
-    if not _is_int(d0) or d0 < 0:
+    if not is_int(d0) or d0 < 0:
         raise ValueError(f"The argument 'd0' must be a non-negative integer, but got {d0!r}.")
     return -(-int(d0) // n)
 
@@ -84,7 +86,7 @@ class ShardSpec:
 
     def __post_init__(self):
         _check_group(self.group_size, self.rank)
-        if not all(_is_int(s) and s >= 0 for s in self.shape):
+        if not all(is_int(s) and s >= 0 for s in self.shape):
             raise ValueError(f"For 'ShardSpec', the argument 'shape' must hold non-negative integers, but got {self.shape!r}.")
         object.__setattr__(self, "shape", tuple(int(s) for s in self.shape))
         if self.split and len(self.shape) == 0:

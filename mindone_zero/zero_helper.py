@@ -212,7 +212,7 @@ class ZeroHelper(nn.Cell):
     def dump_params_split_info(self, folder: Optional[str] = None) -> None:
         """Write ``params_split_info_{op rank}.json`` into ``folder`` (default: the constructor's
         ``params_split_info``), MindOne's name for it. Not collective; file I/O only."""
-        from .checkpoint_io import write_split_info  # file I/O lives with the checkpoint code
+        from .checkpoint.split_info import write_split_info  # file I/O lives with the checkpoint code
 
         write_split_info(self.split_info_entries(), folder or self.params_split_info, self.op_rank)
 

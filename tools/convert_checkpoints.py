@@ -8,7 +8,7 @@
 ``{}`` stands for the rank index 0 .. group_size-1. The output, ``src_checkpoint`` with ``{}``
 replaced by ``all_{group_size}`` (MindOne's naming), is printed on stdout; progress goes to
 stderr, one line per tensor. Bad input exits with status 2 and a message naming the file and
-the problem; no output file is written then. See ``mindone_zero.checkpoint_io.convert_checkpoints``.
+the problem; no output file is written then. See ``mindone_zero.checkpoint.convert_checkpoints``.
 """
 import argparse
 import sys
@@ -16,7 +16,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from mindone_zero.checkpoint_io import convert_checkpoints  # noqa: E402
+from mindone_zero.checkpoint import convert_checkpoints  # noqa: E402
 
 
 def _print_progress(done: int, total: int, name: str) -> None:

@@ -25,7 +25,7 @@ REPO = Path(__file__).resolve().parents[1]
 if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
-from mindone_zero.checkpoint_io import atomic_save_checkpoint, write_split_info  # noqa: E402
+from mindone_zero.checkpoint import atomic_save_checkpoint, write_split_info  # noqa: E402
 from mindone_zero.partition import ShardSpec, row_range  # noqa: E402
 
 _COLS = 1000
@@ -33,7 +33,7 @@ _PEAK_SCRIPT = """
 import sys
 sys.path.insert(0, {root!r})
 import mindspore
-from mindone_zero.checkpoint_io import convert_checkpoints
+from mindone_zero.checkpoint import convert_checkpoints
 def mb(key):
     for line in open("/proc/self/status"):
         if line.startswith(key):

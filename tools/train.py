@@ -175,20 +175,21 @@ def combine_checkpoint(step_dir: str) -> str:
     """Offline combine of one saved step's network into a single file of full tensors; returns its path.
 
     Not collective, no communication: reads the files ``save_train_state`` wrote
-    ([Note: checkpoint layout] in ``mindone_zero/checkpoint.py``). At stage 3 each rank saved its
+    ([Note: checkpoint layout] in ``mindone_zero/checkpoint/layout.py``). At stage 3 each rank saved its
     network shards (``network_rank{r}``); ``convert_checkpoints`` merges them with the step's
     split-info JSON into ``network_rankall_{N}`` next to them (MindOne's naming). At stages 0-2 the
     network was saved whole (``network``), and that file is returned.
     """
-    from mindone_zero.checkpoint_io import convert_checkpoints
+    from mindone_zero.checkpoint import convert_checkpoints
+    from mindone_zero.checkpoint.naming import rank_pattern, split_info_pattern
 
     with open(os.path.join(step_dir, "meta.json"), encoding="utf-8") as f:
         meta = json.load(f)
     names = meta["files"]["network"]
     if len(names) == 1:
         return os.path.join(step_dir, names[0])
-    src = os.path.join(step_dir, names[0].replace("_rank0.", "_rank{}."))
-    info = os.path.join(step_dir, meta["split_info"][0].replace("_0.json", "_{}.json"))
+    src = os.path.join(step_dir, rank_pattern("network", meta["format"]))
+    info = os.path.join(step_dir, split_info_pattern())
     return convert_checkpoints(src, info, meta["op_group_size"])
 
 

@@ -24,8 +24,7 @@ import pytest
 
 from msrun_harness import run_msrun
 from mindone_zero.checkpoint import latest_checkpoint, step_dir_name
-from mindone_zero.checkpoint_io import atomic_save_checkpoint, convert_checkpoints
-from mindone_zero.checkpoint_readers import open_checkpoint
+from mindone_zero.checkpoint import atomic_save_checkpoint, convert_checkpoints, open_checkpoint
 from mindone_zero.partition import padding_rows
 
 WORKER = "tests/dist/workers/checkpoint_worker.py"

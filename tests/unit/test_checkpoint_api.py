@@ -14,7 +14,7 @@ from mindspore import Tensor
 
 from models import LossNet, TinyNet, init_weights, make_optimizer, micro_batch
 from mindone_zero import EMA, prepare_train_network
-from mindone_zero import checkpoint as ckpt
+from mindone_zero.checkpoint import resume as ckpt  # save_train_state looks its writer up there
 from mindone_zero.checkpoint import (gather_full_params, latest_checkpoint, load_train_state, save_full_checkpoint,
                                      save_train_state, step_dir_name)
 

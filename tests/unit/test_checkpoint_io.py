@@ -1,4 +1,4 @@
-"""checkpoint_io: atomic writes, split-info JSON, and the offline combine of per-rank shards.
+"""mindone_zero.checkpoint file pieces: atomic writes, split-info JSON, and the offline combine of per-rank shards.
 
 Per-rank files are faked in one process with partition.split_all and atomic_save_checkpoint,
 exactly as ZeRO ranks would write them: uneven dim 0 (7, 11), 0-d and replicated tensors,
@@ -14,15 +14,16 @@ import numpy as np
 import pytest
 
 from msrun_harness import REPO as ROOT
-from mindone_zero import checkpoint_io, checkpoint_writers
-from mindone_zero.checkpoint_io import (
+from mindone_zero import checkpoint
+from mindone_zero.checkpoint import (
     atomic_save_checkpoint,
     atomic_write_json,
     convert_checkpoints,
+    open_checkpoint,
     read_split_info,
     write_split_info,
 )
-from mindone_zero.checkpoint_readers import open_checkpoint
+from mindone_zero.checkpoint import writers as checkpoint_writers
 from mindone_zero.partition import ShardSpec, merge_arrays, split_all
 
 ms.set_device("CPU")
@@ -469,7 +470,7 @@ import sys
 sys.path.insert(0, {root!r})
 import mindspore as ms
 ms.set_device("CPU")
-from mindone_zero.checkpoint_io import convert_checkpoints
+from mindone_zero.checkpoint import convert_checkpoints
 def mb(key):
     for line in open("/proc/self/status"):
         if line.startswith(key):
@@ -496,5 +497,5 @@ def test_convert_peak_memory_is_about_the_largest_tensor_not_the_output(tmp_path
 
 
 def test_module_exports():
-    assert set(checkpoint_io.__all__) >= {"atomic_save_checkpoint", "atomic_write_json", "write_split_info",
+    assert set(checkpoint.__all__) >= {"atomic_save_checkpoint", "atomic_write_json", "write_split_info",
                                           "read_split_info", "convert_checkpoints"}

@@ -33,7 +33,7 @@ from models import LossNet, TinyNet, global_batch, init_weights, make_optimizer,
 
 from mindone_zero import EMA, prepare_train_network  # noqa: E402
 from mindone_zero.comm import init_data_parallel  # noqa: E402
-from mindone_zero import checkpoint as ckpt_mod  # noqa: E402
+from mindone_zero.checkpoint import resume as ckpt_mod  # noqa: E402  (save_train_state looks its writer up there)
 from mindone_zero.checkpoint import gather_full_params, load_train_state, save_full_checkpoint, save_train_state  # noqa: E402,E501
 
 DEFAULTS = dict(mode="graph", accum=1, fmt="ckpt", net="tiny", hybrid=False, ckpt=None, saves=(), save_mid=None,

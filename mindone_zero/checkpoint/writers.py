@@ -1,6 +1,6 @@
 """Streaming writers of MindSpore checkpoint files (``.ckpt``, ``.safetensors``), one tensor at a time.
 
-The offline combine (``checkpoint_io.convert_checkpoints``) must not hold its whole output in
+The offline combine (``convert.convert_checkpoints``) must not hold its whole output in
 memory: ``mindspore.save_checkpoint`` takes every tensor in one call. These writers produce the
 same bytes as ``save_checkpoint`` would for the same tensors, but take them one by one, so the
 caller can free each tensor once it is written. Not collective; no MindSpore context is needed.
@@ -8,7 +8,7 @@ caller can free each tensor once it is written. Not collective; no MindSpore con
 [Note: streamed ckpt]
 ``save_checkpoint`` writes, for each tensor in order, the protobuf message ``Checkpoint`` holding
 one ``Value {1: tag; 2: TensorProto {1: dims (int64, unpacked: proto2); 2: tensor_type; 3:
-tensor_content}}`` (see [Note: ckpt layout] in checkpoint_readers.py), cutting a tensor's bytes
+tensor_content}}`` (see [Note: ckpt layout] in readers.py), cutting a tensor's bytes
 into records of at most ``_CKPT_RECORD_BYTES`` with the same tag. String entries (only
 accepted through ``append_dict``) come after every tensor, as ``dims [0]``, type ``"str"`` and
 the UTF-32 bytes of ``numpy.array(s)``. Every field is length-delimited, so a record's header
@@ -24,18 +24,15 @@ name, and writes the header with ``__metadata__`` first and the tensors in that 
 The header depends only on names, shapes and dtypes, so it is written first and the tensors
 follow in ``write_order``.
 """
-import contextlib
 import json
-import os
-import stat
-import tempfile
 from typing import List, Sequence, Tuple, Union
 
 import numpy as np
 
-from .checkpoint_readers import CKPT_DTYPES, SAFETENSORS_DTYPES
+from .atomic import atomic_file
+from .readers import CKPT_DTYPES, SAFETENSORS_DTYPES
 
-__all__ = ["TensorEntry", "CkptWriter", "SafetensorsWriter", "stream_checkpoint", "atomic_file", "ckpt_type_name"]
+__all__ = ["TensorEntry", "CkptWriter", "SafetensorsWriter", "stream_checkpoint", "ckpt_type_name"]
 
 # mindspore.train.serialization.SLICE_SIZE (KB) * 1024: the record size of _write_parameter_bytes_data.
 _CKPT_RECORD_BYTES = 512 * 1024 * 1024
@@ -191,7 +188,7 @@ class SafetensorsWriter:
 
 
 def stream_checkpoint(path: str, fmt: str, entries: Sequence[TensorEntry], produce, on_written=None) -> str:
-    """Write ``path`` tensor by tensor, atomically ([Note: atomic files] in checkpoint_io.py).
+    """Write ``path`` tensor by tensor, atomically ([Note: atomic files] in atomic.py).
 
     ``produce(name)`` is called once per entry, in the order the format needs (``entries``' own
     order for ``.ckpt``, ``SafetensorsWriter.write_order`` for ``.safetensors``), and its value is
@@ -226,31 +223,3 @@ def stream_checkpoint(path: str, fmt: str, entries: Sequence[TensorEntry], produ
                 on_written(name)
         writer.finish()
     return path
-
-
-@contextlib.contextmanager
-def atomic_file(path: str, mode: str = "wb", read_only: bool = False, **open_kwargs):
-    """A file to write that appears under ``path`` only once complete ([Note: atomic files] in
-    checkpoint_io.py): a temporary file in ``path``'s folder (which must exist), flushed to disk
-    and renamed into place when the block ends, removed when it raises. Not collective.
-
-    Args:
-        path: the final name.
-        mode: ``open`` mode ("wb", "w").
-        read_only: make the file read-only for its owner before the rename.
-        open_kwargs: passed to ``open`` (``encoding``).
-    """
-    folder = os.path.dirname(os.path.abspath(path))
-    fd, tmp = tempfile.mkstemp(prefix=f".{os.path.basename(path)}.", suffix=".tmp", dir=folder)
-    try:
-        with os.fdopen(fd, mode, **open_kwargs) as f:
-            yield f
-            f.flush()
-            os.fsync(f.fileno())  # the data must be on disk before the name points at it
-        if read_only:
-            os.chmod(tmp, stat.S_IRUSR)
-        os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.remove(tmp)
-        raise

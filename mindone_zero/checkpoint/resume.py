@@ -1,18 +1,14 @@
-"""Save and resume a ZeRO train network, with resharding; gather its full parameters online.
+"""Save and resume a ZeRO train network, with resharding: what each rank writes and reads, and
+the agreements that keep the ranks in step. Both public functions are collective over the world.
 
-The file-level pieces (atomic writes, split-info JSON, lazy readers, the offline combine) live in
-``checkpoint_io`` and ``checkpoint_readers``; this module decides what each rank writes and
-reads, and keeps the ranks in step. Every public function here except ``latest_checkpoint`` and
-``step_dir_name`` is collective over the world group.
-
-See [Note: checkpoint layout] and [Note: resharding] in ``checkpoint_plan.py`` for what each
-rank writes and reads.
+See [Note: checkpoint layout] and [Note: resharding] in layout.py for what each rank writes and
+reads.
 
 [Note: checkpoint completion]
 A step folder is complete when it holds ``meta.json``; nothing reads an incomplete one.
 ``save_train_state`` (1) checks its arguments on every rank and agrees (one all-reduce) that all
 ranks can go on; (2) each rank writes its files, each atomically ([Note: atomic files] in
-checkpoint_io.py); (3) agrees that every rank succeeded, else global rank 0 removes the step
+atomic.py); (3) agrees that every rank succeeded, else global rank 0 removes the step
 folder and every rank raises; (4) global rank 0 writes ``meta.json`` and only then rewrites
 ``ckpt_dir/latest``, both atomically; (5) agrees once more and returns. A crash at any point
 leaves ``latest`` naming the previous complete checkpoint. The agreements are also what keeps a
@@ -20,24 +16,22 @@ failure on one rank from hanging the others in a later collective.
 """
 import os
 import shutil
-from typing import Dict, Optional
+from typing import Optional
 
 import numpy as np
 from mindspore import Tensor
 
-from .checkpoint_io import atomic_save_checkpoint, atomic_write_json, write_split_info
-from .checkpoint_plan import (KINDS, LATEST, LOAD, META, SPLIT_INFO_DIR, Layout, SavedCheckpoint, build_layout,
-                              check_dir, check_step, is_complete, latest_checkpoint, plan_load, resolve_step_dir,
-                              step_dir_name, world_and_rank)
-from .checkpoint_readers import FORMATS, format_of_path
-from .comm import GroupComm, eager_mode
-from .train_step import TrainOneStepWrapper
+from ..comm import GroupComm, eager_mode
+from ..train_step import TrainOneStepWrapper
+from .atomic import atomic_save_checkpoint, atomic_write_json
+from .layout import KINDS, Layout, build_layout, world_and_rank
+from .load_plan import LOAD, SavedCheckpoint, plan_load, resolve_step_dir
+from .naming import (LATEST, META, SPLIT_INFO_DIR, check_dir, check_step, is_complete, split_info_pattern,
+                     step_dir_name)
+from .readers import FORMATS
+from .split_info import write_split_info
 
-__all__ = ["save_train_state", "load_train_state", "latest_checkpoint", "gather_full_params", "save_full_checkpoint",
-           "step_dir_name"]
-
-
-# ----------------------------------------------------------------------------- agreement
+__all__ = ["save_train_state", "load_train_state"]
 
 
 def _world_comm(train_net) -> GroupComm:
@@ -86,9 +80,6 @@ def _check_train_net(train_net, caller: str) -> None:
             f"For '{caller}', the argument 'train_net' must be a TrainOneStepWrapper (from prepare_train_network), "
             f"but got {type(train_net).__name__}."
         )
-
-
-# ----------------------------------------------------------------------------- save
 
 
 def save_train_state(train_net, ckpt_dir, step: int, format: str = "ckpt") -> str:  # noqa: A002 (MindSpore's name)
@@ -175,7 +166,7 @@ def _write_rank_files(layout: Layout, step_dir: str, fmt: str) -> None:
 
 def _write_meta(train_net, layout: Layout, ckpt_dir: str, step_dir: str, step: int, fmt: str) -> None:
     files = {kind: layout.file_names(kind, fmt) for kind in KINDS if layout.items[kind]}
-    split_info = [f"{SPLIT_INFO_DIR}/params_split_info_{r}.json" for r in range(layout.op_size)]
+    split_info = [split_info_pattern().format(r) for r in range(layout.op_size)]
     sizes = {}
     for name in [f for names in files.values() for f in names] + split_info:
         path = os.path.join(step_dir, name)
@@ -194,9 +185,6 @@ def _write_meta(train_net, layout: Layout, ckpt_dir: str, step_dir: str, step: i
     }
     atomic_write_json(meta, os.path.join(step_dir, META))
     atomic_write_json({"step": step, "dir": os.path.basename(step_dir)}, os.path.join(ckpt_dir, LATEST))
-
-
-# ----------------------------------------------------------------------------- load
 
 
 def _apply(plan: list) -> None:
@@ -253,80 +241,3 @@ def load_train_state(train_net, ckpt_dir, step: Optional[int] = None) -> int:
     _, error = _attempt(lambda: _apply(result[1]))
     _agree(train_net, error, LOAD)
     return result[0]
-
-
-# ----------------------------------------------------------------------------- online combine
-
-
-def gather_full_params(train_net, rank0_only: bool = False, include_ema: bool = False) -> Dict[str, np.ndarray]:
-    """Full, unpadded tensors of ``train_net``'s network (and EMA) on every rank, or on rank 0 only.
-
-    Collective over the world (every rank must call it): sharded tensors (network parameters at
-    stage 3, EMA weights at stages >= 1) are all-gathered over the optimizer parallel group one
-    at a time, eagerly (PYNATIVE for the call, the previous mode restored). Whole tensors are
-    copied. Peak extra memory on a rank is the returned dict plus one padded tensor.
-
-    Args:
-        train_net (TrainOneStepWrapper): from ``prepare_train_network``.
-        rank0_only (bool): other ranks take part in the gathers but return ``{}``.
-        include_ema (bool): add the EMA weights under their names ``ema.<param name>``.
-
-    Returns:
-        dict: parameter name -> numpy array, in the network's order, then the EMA's.
-
-    Raises:
-        TypeError: ``train_net`` is not a TrainOneStepWrapper.
-        ValueError: ``include_ema`` is True but ``train_net`` has no EMA.
-    """
-    caller = "gather_full_params"
-    _check_train_net(train_net, caller)
-    if include_ema and train_net.ema is None:
-        raise ValueError(f"For '{caller}', the argument 'include_ema' is True, but 'train_net' has no EMA.")
-    layout = build_layout(train_net, caller)
-    items = layout.items["network"]
-    if include_ema:  # the EMA weights, not a scratch swap cache the EMA may keep beside them
-        weights = {id(e) for e in train_net.ema.ema_weight}
-        items = items + [it for it in layout.items["ema"] if id(it.param) in weights]
-    keep = not rank0_only or layout.rank == 0
-    out = {}
-    with eager_mode():
-        for it in items:
-            if it.held.split and layout.op_size > 1:
-                value = train_net.zero_helper.op_comm.all_gather(it.param).asnumpy()[:it.held.shape[0]]
-            else:
-                value = it.param.asnumpy()
-            if keep:
-                out[it.param.name] = value
-    return out
-
-
-def save_full_checkpoint(train_net, path, include_ema: bool = False) -> str:
-    """Gather the full network (and EMA) and write one inference checkpoint at ``path`` (rank 0).
-
-    Collective (every rank must call it; it returns when the file exists). The file is written
-    atomically by global rank 0 with ``atomic_save_checkpoint``; its names are the network's, so
-    ``mindspore.load_param_into_net`` loads it into the unsharded network.
-
-    Args:
-        train_net (TrainOneStepWrapper): from ``prepare_train_network``.
-        path (str): destination ending with ``.ckpt`` or ``.safetensors``.
-        include_ema (bool): also store the EMA weights (``ema.<param name>``).
-
-    Returns:
-        str: ``path``.
-
-    Raises:
-        ValueError: ``path`` has another extension; ``include_ema`` without an EMA.
-        RuntimeError / OSError: writing failed (on rank 0, or reported by it).
-    """
-    caller = "save_full_checkpoint"
-    _check_train_net(train_net, caller)
-    path = check_dir(path, caller, "path")
-    if not path.endswith(tuple("." + f for f in FORMATS)):
-        raise ValueError(f"For '{caller}', the argument 'path' must end with '.ckpt' or '.safetensors', but got {path!r}.")
-    full = gather_full_params(train_net, rank0_only=True, include_ema=include_ema)
-    error = None
-    if world_and_rank()[1] == 0:
-        _, error = _attempt(lambda: atomic_save_checkpoint(full, path, format_of_path(path)))
-    _agree(train_net, error, caller)
-    return path

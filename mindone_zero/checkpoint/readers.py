@@ -1,6 +1,6 @@
 """Lazy, one-tensor-at-a-time readers of MindSpore checkpoint files (``.ckpt``, ``.safetensors``).
 
-The offline combine (``checkpoint_io.convert_checkpoints``) must not hold all rank files in
+The offline combine (``convert.convert_checkpoints``) must not hold all rank files in
 memory at once. Each reader indexes names, shapes and dtypes when it is opened, reading
 headers only, and ``read(name)`` loads that one tensor. Not collective; no MindSpore context
 is needed.

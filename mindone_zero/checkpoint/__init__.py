@@ -1,0 +1,41 @@
+"""Checkpoints of a ZeRO train network: per-rank save and resume with resharding, the online
+and offline combine into full tensors, and the file formats underneath. One module per job:
+
+============== ==========================================================================
+atomic         files that appear under their name only once complete ([Note: atomic files])
+split_info     the split-info JSON: format, its one validator, group and shard-shape checks
+readers        lazy, one-tensor-at-a-time readers of ``.ckpt`` and ``.safetensors``
+writers        streaming writers of the same formats
+naming         step folders, ``latest``, ``meta.json``, each kind's file names
+layout         what a train network saves where ([Note: checkpoint layout], [Note: resharding])
+load_plan      how a saved checkpoint maps onto a train network
+resume         ``save_train_state`` / ``load_train_state`` (collective)
+online         ``gather_full_params`` / ``save_full_checkpoint`` (collective)
+convert        ``convert_checkpoints``, the offline combine (one process)
+============== ==========================================================================
+"""
+from .atomic import atomic_save_checkpoint, atomic_write_json
+from .convert import OPTIMIZER_SCALAR_NAMES, OPTIMIZER_STATE_PREFIXES, convert_checkpoints
+from .naming import latest_checkpoint, step_dir_name
+from .online import gather_full_params, save_full_checkpoint
+from .readers import FORMATS, open_checkpoint
+from .resume import load_train_state, save_train_state
+from .split_info import read_split_info, write_split_info
+
+__all__ = [
+    "save_train_state",
+    "load_train_state",
+    "latest_checkpoint",
+    "step_dir_name",
+    "gather_full_params",
+    "save_full_checkpoint",
+    "convert_checkpoints",
+    "atomic_save_checkpoint",
+    "atomic_write_json",
+    "write_split_info",
+    "read_split_info",
+    "open_checkpoint",
+    "FORMATS",
+    "OPTIMIZER_STATE_PREFIXES",
+    "OPTIMIZER_SCALAR_NAMES",
+]

@@ -1,0 +1,104 @@
+"""Where a checkpoint's files are: the step folders, ``latest``, ``meta.json`` and each kind's
+file names ([Note: checkpoint layout] in layout.py). Not collective; no writing.
+"""
+import json
+import os
+import re
+from typing import List, Optional
+
+import numpy as np
+
+from ..stage import StagePolicy
+
+__all__ = ["KINDS", "META", "LATEST", "SPLIT_INFO_DIR", "per_rank_kind", "file_names", "rank_pattern", "split_info_pattern", "check_dir",
+           "check_step", "step_dir_name", "is_complete", "latest_checkpoint"]
+
+
+KINDS = ("network", "optimizer", "ema", "train_state")
+
+
+META = "meta.json"
+
+
+LATEST = "latest"
+
+
+SPLIT_INFO_DIR = "params_info"
+
+
+_STEP_DIR = re.compile(r"step_(\d+)")
+
+
+def per_rank_kind(kind: str, stage: int) -> bool:
+    """Whether ``kind`` is saved one file per op rank (else one file, or one per global rank)."""
+    policy = StagePolicy(stage)
+    return kind != "train_state" and (policy.shards_params if kind == "network" else policy.shards_optimizer)
+
+
+def rank_pattern(kind: str, fmt: str) -> str:
+    """The name of a per-rank file of ``kind`` with ``{}`` for the rank (the pattern
+    ``convert_checkpoints`` takes); ``train_state`` files are per global rank."""
+    return f"{kind}_rank{{}}.{fmt}"
+
+
+def split_info_pattern() -> str:
+    """The split-info JSON of a step folder, relative to it, with ``{}`` for the op rank."""
+    return os.path.join(SPLIT_INFO_DIR, "params_split_info_{}.json")
+
+
+def file_names(kind: str, stage: int, world: int, op_size: int, fmt: str) -> List[str]:
+    """Every file of ``kind`` in a checkpoint of ``stage`` over ``world`` ranks, in rank order."""
+    if kind == "train_state":
+        return [rank_pattern(kind, fmt).format(g) for g in range(world)]
+    if per_rank_kind(kind, stage):
+        return [rank_pattern(kind, fmt).format(r) for r in range(op_size)]
+    return [f"{kind}.{fmt}"]
+
+
+def check_dir(path, caller: str, arg: str = "ckpt_dir") -> str:
+    """``path`` as a str; raises TypeError naming ``arg`` unless it is a non-empty path."""
+    if not isinstance(path, (str, os.PathLike)) or not os.fspath(path):
+        raise TypeError(f"For '{caller}', the argument '{arg}' must be a non-empty path, but got {path!r}.")
+    return os.fspath(path)
+
+
+def check_step(step, caller: str, allow_none: bool = False) -> None:
+    """Raise ValueError unless ``step`` is an integer >= 0 (or None when allowed)."""
+    if step is None and allow_none:
+        return
+    if isinstance(step, bool) or not isinstance(step, (int, np.integer)) or step < 0:
+        raise ValueError(f"For '{caller}', the argument 'step' must be an integer >= 0, but got {step!r}.")
+
+
+def step_dir_name(step: int) -> str:
+    """Folder name of the checkpoint of ``step`` under ``ckpt_dir``: ``step_{step:08d}``."""
+    return f"step_{int(step):08d}"
+
+
+def is_complete(step_dir: str) -> bool:
+    """Whether ``step_dir`` holds a complete checkpoint ([Note: checkpoint completion] in resume.py)."""
+    return os.path.isfile(os.path.join(step_dir, META))
+
+
+def latest_checkpoint(ckpt_dir) -> Optional[str]:
+    """The newest complete checkpoint folder under ``ckpt_dir``, or None.
+
+    Not collective. Takes the folder ``ckpt_dir/latest`` names when it is complete (holds
+    ``meta.json``), else the complete ``step_*`` folder with the highest step.
+
+    Raises:
+        TypeError: ``ckpt_dir`` is not a path.
+    """
+    ckpt_dir = check_dir(ckpt_dir, "latest_checkpoint")
+    try:
+        with open(os.path.join(ckpt_dir, LATEST), encoding="utf-8") as f:
+            named = os.path.join(ckpt_dir, json.load(f)["dir"])
+        if is_complete(named):
+            return named
+    except (OSError, ValueError, KeyError, TypeError):
+        pass  # no or unreadable pointer: fall back to scanning
+    if not os.path.isdir(ckpt_dir):
+        return None
+    steps = [(int(m.group(1)), name) for name in os.listdir(ckpt_dir)
+             if (m := _STEP_DIR.fullmatch(name)) and is_complete(os.path.join(ckpt_dir, name))]
+    return os.path.join(ckpt_dir, max(steps)[1]) if steps else None
