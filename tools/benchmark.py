@@ -51,6 +51,7 @@ if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
 from mindone_zero.memory import estimate_model_states_memory  # noqa: E402
+from mindone_zero.stage import STAGES, StagePolicy  # noqa: E402
 from tools.train_config import build_config  # noqa: E402
 
 BENCH_DEFAULTS = {
@@ -124,8 +125,8 @@ def _check_bench(bench: dict) -> None:
     sizes, stages = bench["world_sizes"], bench["stages"]
     if not isinstance(sizes, list) or not sizes or any(not isinstance(n, int) or n < 1 for n in sizes):
         _fail("benchmark.world_sizes", "a non-empty list of integers >= 1", sizes)
-    if not isinstance(stages, list) or 0 not in stages or any(s not in (0, 1, 2, 3) for s in stages):
-        _fail("benchmark.stages", "a list of stages from [0, 1, 2, 3] including 0 (the baseline)", stages)
+    if not isinstance(stages, list) or 0 not in stages or any(s not in STAGES for s in stages):
+        _fail("benchmark.stages", f"a list of stages from {list(STAGES)} including 0 (the baseline)", stages)
     if bench["mode"] not in ("graph", "pynative"):
         _fail("benchmark.mode", "'graph' or 'pynative'", bench["mode"])
     for key in ("timed_steps", "global_batch_size", "gradient_accumulation_steps", "timeout_s"):
@@ -156,20 +157,21 @@ def native_collectives(layout: List[dict], stage: int, accum: int, clip_grad: bo
     gradients and all-gather the updated shards once per step; stage 3 all-gathers each sharded
     parameter in forward and reduce-scatters its gradient in backward, every micro-step;
     replicated parameters are all-reduced; one global-norm all-reduce per step when clipping at
-    stages >= 1. Pure arithmetic, no MindSpore.
+    stages >= 1. Pure arithmetic on ``StagePolicy``'s answers.
     """
+    policy = StagePolicy(stage)
     entries = [("all_reduce", 4)] * accum
-    reduces = accum if (stage in (2, 3) or accum == 1) else 1
+    reduces = accum if policy.reduce_each_micro_step(accum) else 1
     for p in layout:
         full = _prod(p["shape"]) * p["itemsize"]
         padded = _prod(p["padded_shape"] or p["shape"]) * p["itemsize"]
-        if stage == 3 and p["split"]:
+        if policy.shards_params and p["split"]:
             entries += [("all_gather", padded), ("reduce_scatter", padded)] * accum
-        elif stage in (1, 2) and p["split"]:
+        elif policy.uses_masters and p["split"]:
             entries += [("reduce_scatter", padded)] * reduces + [("all_gather", padded)]
         else:
             entries += [("all_reduce", full)] * reduces
-    if clip_grad and stage > 0:
+    if clip_grad and policy.is_zero:
         entries.append(("all_reduce", 4))
     return entries
 

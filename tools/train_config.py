@@ -141,7 +141,9 @@ def check_config(cfg: Dict[str, Dict[str, Any]]) -> None:
              model["max_len"])
     _require(data["eval_batch_size"] >= 1, "eval_batch_size", ">= 1", data["eval_batch_size"])
     _require(train["world_size"] >= 1, "world_size", ">= 1", train["world_size"])
-    _require(train["zero_stage"] in (0, 1, 2, 3), "zero_stage", "one of [0, 1, 2, 3]", train["zero_stage"])
+    from mindone_zero.stage import STAGES
+
+    _require(train["zero_stage"] in STAGES, "zero_stage", f"one of {list(STAGES)}", train["zero_stage"])
     _require(train["mode"] in MODES, "mode", f"one of {list(MODES)}", train["mode"])
     _require(train["optimizer"] in OPTIMIZERS, "optimizer", f"one of {list(OPTIMIZERS)}", train["optimizer"])
     _require(train["steps"] >= 1, "steps", ">= 1", train["steps"])
