@@ -8,6 +8,15 @@ laid out rank-major, ``[rank 0's block of every tensor | rank 1's block | ...]``
 reduce-scatter leaves each rank exactly its own blocks; all-gather undoes the same layout.
 A bucket of one tensor is sent as it is, with no copy, which is also what "fusion off" means.
 
+[Note: chunk-aligned all-reduce]
+A ring all-reduce over n ranks cuts its buffer into n chunks and adds the ranks' values of each
+element in an order set by the chunk the element falls in. So that a bucket gives every element
+the bits it gets when its tensor is sent alone, an all-reduce bucket is laid out rank-major too:
+a tensor of ``numel`` elements is cut as the backend cuts it alone, into n chunks whose sizes
+differ by at most one, the larger first (measured on MindSpore's CPU backend, N=4), each chunk
+padded to ``ceil(numel / n)``; row k of the bucket holds chunk k of every tensor, so the bucket's
+own chunks are its rows. With two ranks every sum is a + b and the bits match in any layout.
+
 ``FusionConfig`` reads MindOne's dict (``{"allreduce": {"openstate": True, "bucket_size": 5e8},
 "reduce_scatter": {...}, "allgather": {...}}``); a kind that is missing or has
 ``openstate: False`` sends one collective per tensor, so ``comm_fusion={}`` turns fusion off.
@@ -16,8 +25,7 @@ PyTorch DDP's default ``bucket_cap_mb``): small tensors then share one launch in
 one each. Every element is summed over the same ranks either way; with two ranks (a + b) that
 is bit for bit the same number. With more ranks the backend's all-reduce may add the ranks'
 values in an order that depends on an element's place in the buffer (a ring cuts the buffer
-into chunks), so a bucketed and an unbucketed run agree to fp32 round-off, not always to the
-bit (measured on the CPU backend at N=4: loss differences of 1e-7 relative).
+into chunks), which [Note: chunk-aligned all-reduce] keeps the same for every element.
 """
 from dataclasses import dataclass
 from typing import List, Optional, Sequence, Tuple
@@ -27,7 +35,7 @@ from mindspore import nn, ops
 
 from .comm import CommPlan, GroupComm
 
-__all__ = ["DEFAULT_BUCKET_SIZE", "FusionConfig", "plan_buckets", "BucketedComm"]
+__all__ = ["DEFAULT_BUCKET_SIZE", "FusionConfig", "plan_buckets", "ring_chunks", "BucketedComm"]
 
 _KINDS = ("allreduce", "reduce_scatter", "allgather")
 DEFAULT_BUCKET_SIZE = 25 * 1024 * 1024
@@ -74,6 +82,13 @@ class FusionConfig:
         return cls(**sizes)
 
 
+def ring_chunks(numel: int, n: int) -> Tuple[int, int]:
+    """(width, full): a tensor of ``numel`` elements cut into ``n`` ring chunks of ``width`` or
+    ``width - 1`` elements, the first ``full`` of them ``width`` long ([Note: chunk-aligned all-reduce])."""
+    base, extra = divmod(int(numel), int(n))
+    return (base + 1, extra) if extra else (max(base, 1), n if base else 0)
+
+
 def plan_buckets(nbytes: Sequence[int], dtypes: Sequence[str], bucket_size: Optional[int]) -> List[List[int]]:
     """Indices of the tensors in each bucket, per [Note: buckets]. Pure; no communication."""
     if bucket_size is None:
@@ -115,6 +130,8 @@ class BucketedComm(nn.Cell):
         nbytes = [n * t.itemsize for n, t in zip(self.numels, templates)]
         dtypes = [str(t.dtype) for t in templates]
         self.buckets = tuple(tuple(b) for b in plan_buckets(nbytes, dtypes, bucket_size))
+        # [Note: chunk-aligned all-reduce]: (row width, rows of full width) of each tensor
+        self.chunks = tuple(ring_chunks(k, comm.size) for k in self.numels)
         self.bucket_bytes = tuple(sum(nbytes[i] for i in b) for b in self.buckets)
 
     def record(self, plan: CommPlan, kind: str, scale: float = 1.0) -> None:
@@ -136,18 +153,44 @@ class BucketedComm(nn.Cell):
         return self.comm.all_reduce(x)
 
     def _all_reduce(self, tensors, mean: bool):
+        n = self.comm.size
         out = list(tensors)
         for bucket in self.buckets:
             if len(bucket) == 1:
                 out[bucket[0]] = self._reduce(tensors[bucket[0]], mean)
                 continue
-            flat = ops.concat([tensors[i].reshape(-1) for i in bucket], 0)
-            flat = self._reduce(flat, mean)
+            rows = ops.concat([self._to_rows(tensors[i], i) for i in bucket], 1)
+            rows = self._reduce(rows.reshape(-1), mean).reshape(n, -1)
             offset = 0
-            for i in bucket:  # a bucket holds two or more tensors, so every narrow cuts
-                out[i] = ops.narrow(flat, 0, offset, self.numels[i]).reshape(self.shapes[i])
-                offset += self.numels[i]
+            for i in bucket:
+                width = self.chunks[i][0]
+                out[i] = self._from_rows(ops.narrow(rows, 1, offset, width), i)
+                offset += width
         return tuple(out)
+
+    def _to_rows(self, x, i):
+        """Tensor ``i`` as (n, width) rows, row k its k-th ring chunk ([Note: chunk-aligned all-reduce])."""
+        n, (width, full) = self.comm.size, self.chunks[i]
+        flat = x.reshape(-1)
+        if full == n:
+            return flat.reshape(n, width)
+        head = ops.narrow(flat, 0, 0, full * width).reshape(full, width)
+        if width == 1:  # fewer elements than ranks: the short chunks are empty
+            return ops.concat((head, ops.zeros((n - full, 1), x.dtype)), 0)
+        tail = ops.narrow(flat, 0, full * width, (n - full) * (width - 1)).reshape(n - full, width - 1)
+        tail = ops.concat((tail, ops.zeros((n - full, 1), x.dtype)), 1)
+        return ops.concat((head, tail), 0)
+
+    def _from_rows(self, rows, i):
+        """Inverse of ``_to_rows``: tensor ``i`` in its shape."""
+        n, (width, full) = self.comm.size, self.chunks[i]
+        if full == n:
+            return rows.reshape(self.shapes[i])
+        head = ops.narrow(rows, 0, 0, full).reshape(-1)
+        if width == 1:
+            return head.reshape(self.shapes[i])
+        tail = ops.narrow(ops.narrow(rows, 0, full, n - full), 1, 0, width - 1).reshape(-1)
+        return ops.concat((head, tail), 0).reshape(self.shapes[i])
 
     def reduce_scatter(self, tensors):
         """Sum over the group, then this rank's dim-0 block of every (padded) tensor."""

@@ -1,7 +1,9 @@
-"""Bucket planning and MindOne's comm_fusion dict (pure; one process)."""
+"""Bucket planning, MindOne's comm_fusion dict and the chunk-aligned all-reduce layout (one process)."""
+import numpy as np
 import pytest
+from mindspore import Tensor
 
-from mindone_zero.fusion import DEFAULT_BUCKET_SIZE, FusionConfig, plan_buckets
+from mindone_zero.fusion import DEFAULT_BUCKET_SIZE, BucketedComm, FusionConfig, plan_buckets, ring_chunks
 
 
 def test_twenty_tensors_in_three_buckets():
@@ -48,3 +50,43 @@ def test_bad_fusion_dicts_name_key_and_value(value, words):
         FusionConfig.from_mindone(value)
     for word in words:
         assert word in str(info.value)
+
+
+class _EchoComm:
+    """A group of ``size`` ranks whose reductions return their input (no communication)."""
+
+    group = "echo"
+
+    def __init__(self, size):
+        self.size = size
+
+    def all_reduce(self, x):
+        return x
+
+    def all_reduce_mean(self, x):
+        return x
+
+
+@pytest.mark.parametrize("numel, n, expected", [
+    (12, 4, (3, 4)), (13, 4, (4, 1)), (15, 4, (4, 3)), (3, 4, (1, 3)), (1, 4, (1, 1)), (7, 2, (4, 1)),
+])
+def test_ring_chunks_cut_like_the_backend(numel, n, expected):
+    # sizes differ by at most one, the larger first: [4, 3, 3, 3] for 13 over 4
+    assert ring_chunks(numel, n) == expected
+
+
+@pytest.mark.parametrize("n", [2, 3, 4])
+def test_chunk_aligned_bucket_round_trips_and_puts_chunk_k_in_row_k(n):
+    shapes = [(7, 3), (1,), (5,), (4, 4), (2,)]
+    tensors = tuple(Tensor(np.arange(int(np.prod(s)), dtype=np.float32).reshape(s) + 100 * i)
+                    for i, s in enumerate(shapes))
+    comm = BucketedComm(_EchoComm(n), shapes, tensors, bucket_size=1 << 20)
+    assert comm.buckets == ((0, 1, 2, 3, 4),)
+    for got, want in zip(comm.all_reduce_mean(tensors), tensors):
+        np.testing.assert_array_equal(got.asnumpy(), want.asnumpy())
+    rows = comm._to_rows(tensors[0], 0).asnumpy()  # 21 elements over n ranks
+    flat, start = tensors[0].asnumpy().reshape(-1), 0
+    for k in range(n):
+        size = 21 // n + (1 if k < 21 % n else 0)
+        np.testing.assert_array_equal(rows[k, :size], flat[start:start + size])
+        start += size
