@@ -34,6 +34,10 @@ VOCAB, SEQ, EMB, CLASSES, CHANNELS = 11, 5, 6, 7, 3
 BATCH_PER_RANK = 4
 EMA_DECAY = 0.8
 FUSION = {kind: {"openstate": True, "bucket_size": 300} for kind in ("allreduce", "reduce_scatter", "allgather")}
+# Every case's networks stay alive to the end: MindSpore 2.10 caches what it parsed of a Cell by
+# the object's id, and a later case whose Cell reuses a freed Cell's id gets the stale entry ("...
+# Dense object has no attribute 'all_gather'" when compiling a recomputed ZeRO-3 Dense).
+KEEP_ALIVE = []
 
 _ema_op = ops.MultitypeFuncGraph("user_ema_op")
 
@@ -203,6 +207,7 @@ def run_case(case, out, rank):
         parallel_modules={ScaleShift: ZeroScaleShift}, params_split_info=os.path.join(out, case["name"] + "_info"),
     )
     ms.set_auto_parallel_context(gradients_mean=True)
+    KEEP_ALIVE.append((train, loss_net, ema))
     train.set_train(True)
     losses = []
     for step in range(case["steps"]):
