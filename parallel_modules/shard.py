@@ -181,6 +181,11 @@ def _replace_cells(network: nn.Cell, match, group: Optional[str]):
                 new.to_float(dtype)
             if not isinstance(new, ZeroCell):  # the library's Cells carry the rest themselves
                 carry_hooks(cell, new)
+            # The original stays referenced (outside the Cell tree) for as long as its replacement
+            # lives: MindSpore 2.10 keeps what it parsed of a Cell keyed by the object's id, and a
+            # freed original whose id a later Cell reuses made that Cell compile with the stale
+            # entry (a recomputed ZeRO-3 Dense compiled as the plain Dense, without its gather).
+            object.__setattr__(new, "_zero3_original", cell)
             new_cells[id(cell)] = new
         return new_cells[id(cell)]
 

@@ -35,8 +35,8 @@ BATCH_PER_RANK = 4
 EMA_DECAY = 0.8
 FUSION = {kind: {"openstate": True, "bucket_size": 300} for kind in ("allreduce", "reduce_scatter", "allgather")}
 # Every case's networks stay alive to the end: MindSpore 2.10 caches what it parsed of a Cell by
-# the object's id, and a later case whose Cell reuses a freed Cell's id gets the stale entry ("...
-# Dense object has no attribute 'all_gather'" when compiling a recomputed ZeRO-3 Dense).
+# the object's id, and a Cell that reuses a freed Cell's id gets the stale entry (shard_network
+# keeps the Cells it replaces alive for the same reason).
 KEEP_ALIVE = []
 
 _ema_op = ops.MultitypeFuncGraph("user_ema_op")
