@@ -2,7 +2,7 @@
 from .checkpoint import gather_full_params, latest_checkpoint, load_train_state, save_full_checkpoint, save_train_state
 from .checkpoint_io import convert_checkpoints
 from .ema import EMA
-from .memory import estimate_model_states_memory
+from .memory import estimate_model_states_memory, estimate_peak_memory
 from .prepare import prepare_ema, prepare_network, prepare_train_network
 from .train_step import TrainOneStepWrapper
 from .zero_helper import ZeroHelper
@@ -16,6 +16,7 @@ __all__ = [
     "EMA",
     "convert_checkpoints",
     "estimate_model_states_memory",
+    "estimate_peak_memory",
     "save_train_state",
     "load_train_state",
     "latest_checkpoint",
