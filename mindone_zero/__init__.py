@@ -25,5 +25,12 @@ __all__ = [
     "PARALLEL_MODULES",
 ]
 
-# Last: parallel_modules imports mindone_zero's submodules.
-from parallel_modules import PARALLEL_MODULES  # noqa: E402
+
+def __getattr__(name):
+    # PARALLEL_MODULES is read lazily: parallel_modules imports mindone_zero's submodules, so an
+    # import here would fail whenever parallel_modules is imported first (a circular import).
+    if name == "PARALLEL_MODULES":
+        from parallel_modules import PARALLEL_MODULES
+
+        return PARALLEL_MODULES
+    raise AttributeError(f"module 'mindone_zero' has no attribute {name!r}")

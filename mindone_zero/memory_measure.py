@@ -18,13 +18,13 @@ from the process's resident set, on Ascend/GPU from the runtime's allocator.
 """
 import gc
 from dataclasses import dataclass
-from typing import Callable, Dict
+from typing import Callable, Dict, Optional
 
 import mindspore as ms
 
 from .inventory import inventory
 
-__all__ = ["measure_model_states", "KINDS", "measure_peak_memory", "PeakMemory"]
+__all__ = ["measure_model_states", "KINDS", "measure_peak_memory", "memory_in_use", "PeakMemory"]
 _STATUS = "/proc/self/status"
 _CLEAR_REFS = "/proc/self/clear_refs"
 
@@ -77,7 +77,8 @@ class PeakMemory:
     """Memory of this rank around some training steps (``measure_peak_memory``).
 
     Attributes:
-        baseline_bytes: in use just before the steps.
+        baseline_bytes: in use just before the steps, or the ``baseline`` given to
+            ``measure_peak_memory`` (e.g. read before the network was built).
         peak_bytes: the highest use while they ran.
         source: ``"process_rss"`` (CPU: resident set of the process, everything it touched,
             Python and MindSpore's host memory alike) or ``"device_allocated"`` (Ascend/GPU: bytes
@@ -90,7 +91,7 @@ class PeakMemory:
 
     @property
     def growth_bytes(self) -> int:
-        """``peak_bytes - baseline_bytes``: what the steps needed on top of what was held before."""
+        """``peak_bytes - baseline_bytes``: what the steps needed on top of the baseline."""
         return self.peak_bytes - self.baseline_bytes
 
 
@@ -114,7 +115,20 @@ def _reset_rss_peak() -> None:
         ) from err
 
 
-def measure_peak_memory(step: Callable[[], object], steps: int = 1) -> PeakMemory:
+def _on_device() -> bool:
+    return ms.get_context("device_target") in ("Ascend", "GPU")
+
+
+def memory_in_use() -> int:
+    """Bytes this rank uses now: on Ascend/GPU the runtime's allocated bytes, on CPU the process's
+    resident set (``VmRSS``). Read it before building a network and pass it as the ``baseline`` of
+    ``measure_peak_memory`` to count the model states in the growth too. Not collective."""
+    if _on_device():
+        return int(ms.runtime.memory_allocated())
+    return _status_bytes("VmRSS")
+
+
+def measure_peak_memory(step: Callable[[], object], steps: int = 1, baseline: Optional[int] = None) -> PeakMemory:
     """Run ``step()`` ``steps`` times and return this rank's baseline and peak memory around them.
 
     On Ascend/GPU the runtime's peak allocated bytes (``reset_peak_memory_stats``,
@@ -128,31 +142,38 @@ def measure_peak_memory(step: Callable[[], object], steps: int = 1) -> PeakMemor
     Args:
         step: a callable without arguments, e.g. ``lambda: train_net(*batch)``.
         steps: how many times to call it, an int >= 1.
+        baseline: bytes the growth is counted from (``memory_in_use()`` read earlier, say before
+            the network was built); None: the memory in use just before the steps.
 
     Returns:
         PeakMemory: ``baseline_bytes``, ``peak_bytes``, ``source`` and ``growth_bytes``.
 
     Raises:
         TypeError: ``step`` is not callable.
-        ValueError: ``steps`` is not an int >= 1.
+        ValueError: ``steps`` is not an int >= 1, or ``baseline`` is not None or an int >= 0.
         RuntimeError: on CPU, the host cannot reset the process peak.
     """
     if not callable(step):
         raise TypeError(f"For 'measure_peak_memory', the argument 'step' must be callable, but got {type(step).__name__}.")
     if isinstance(steps, bool) or not isinstance(steps, int) or steps < 1:
         raise ValueError(f"For 'measure_peak_memory', the argument 'steps' must be an int >= 1, but got {steps!r}.")
+    if baseline is not None and (isinstance(baseline, bool) or not isinstance(baseline, int) or baseline < 0):
+        raise ValueError(f"For 'measure_peak_memory', the argument 'baseline' must be None or an int >= 0, but got "
+                         f"{baseline!r}.")
     gc.collect()
-    if ms.get_context("device_target") in ("Ascend", "GPU"):
+    if _on_device():
         ms.runtime.synchronize()
         ms.runtime.reset_peak_memory_stats()
-        baseline = int(ms.runtime.memory_allocated())
-        _run(step, steps)
-        ms.runtime.synchronize()
-        return PeakMemory(baseline, int(ms.runtime.max_memory_allocated()), "device_allocated")
-    _reset_rss_peak()
-    baseline = _status_bytes("VmRSS")
+    else:
+        _reset_rss_peak()
+    now = memory_in_use()
     _run(step, steps)
-    return PeakMemory(baseline, max(_status_bytes("VmHWM"), baseline), "process_rss")
+    if _on_device():
+        ms.runtime.synchronize()
+        peak, source = int(ms.runtime.max_memory_allocated()), "device_allocated"
+    else:
+        peak, source = _status_bytes("VmHWM"), "process_rss"
+    return PeakMemory(now if baseline is None else baseline, max(peak, now), source)
 
 
 def _run(step, steps):

@@ -8,9 +8,10 @@ pools) runs ``tools/benchmark_peak_worker.py``: ``layers`` x ``nn.Dense(width, w
 by default: 33.6 M fp32 parameters, 134 MB) under an MSE loss with AdamWeightDecay, ``steps``
 training steps. For each setting the table gives, per rank (the largest over ranks):
 
-* the peak memory growth of the steps (``measure_peak_memory``: on CPU the process's peak resident
-  set above its value once the train network is built, the first step's graph compilation
-  included; on Ascend/GPU the runtime's peak allocated bytes) and its ratio to stage 0;
+* the peak memory of the steps (``measure_peak_memory``: on CPU the process's peak resident set
+  during the steps, the first step's graph compilation included; on Ascend/GPU the runtime's peak
+  allocated bytes) above what the process used before the network was built (``memory_in_use``),
+  so model states and everything a step holds count, and its ratio to stage 0;
 * the measured model-state bytes (``measure_model_states``), the paper's estimate of them
   (``estimate_model_states_memory``) and the peak estimate (``estimate_peak_memory``: model states
   plus the full-layer term; activations are not counted);

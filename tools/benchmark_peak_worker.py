@@ -2,8 +2,9 @@
 
 Builds ``layers`` x ``nn.Dense(width, width)`` under a mean-squared-error loss, AdamWeightDecay,
 wraps it with ``prepare_train_network(zero_stage, reshard_after_forward)``, then measures this
-rank's peak memory over ``steps`` training steps from the built network on
-(``mindone_zero.memory_measure.measure_peak_memory``: first step's compilation included), and
+rank's peak memory over ``steps`` training steps (``mindone_zero.memory_measure.measure_peak_memory``,
+first step's compilation included) above the memory in use before the network was built (so the
+model states count, the build's own transients do not), and
 writes ``<out>/<name>_rank{r}.json``: baseline/peak/growth bytes, model-state bytes by kind, the
 losses, and the library's ``CommPlan`` of one step.
 
@@ -27,7 +28,7 @@ from mindspore import Tensor, nn  # noqa: E402
 
 from mindone_zero import prepare_train_network  # noqa: E402
 from mindone_zero.comm import init_data_parallel  # noqa: E402
-from mindone_zero.memory_measure import measure_model_states, measure_peak_memory  # noqa: E402
+from mindone_zero.memory_measure import measure_model_states, measure_peak_memory, memory_in_use  # noqa: E402
 
 
 class MSELoss(nn.Cell):
@@ -46,12 +47,13 @@ def build(layers: int, width: int, seed: int = 0) -> nn.Cell:
     net = nn.SequentialCell([nn.Dense(width, width) for _ in range(layers)])
     rng = np.random.default_rng(seed)
     for p in net.get_parameters():
-        p.set_data(Tensor((rng.standard_normal(p.shape) / np.sqrt(width)).astype(np.float32)))
+        p.set_data(Tensor(rng.standard_normal(p.shape, dtype=np.float32) / np.float32(np.sqrt(width))))
     return MSELoss(net)
 
 
 def run(case: dict, out: Path, rank: int, world: int) -> dict:
     ms.set_context(mode=ms.GRAPH_MODE if case["mode"] == "graph" else ms.PYNATIVE_MODE)
+    before_build = memory_in_use()
     loss_net = build(case["layers"], case["width"])
     optimizer = nn.AdamWeightDecay(loss_net.trainable_params(), learning_rate=1e-4)
     train = prepare_train_network(loss_net, optimizer, zero_stage=case["stage"],
@@ -67,7 +69,7 @@ def run(case: dict, out: Path, rank: int, world: int) -> dict:
         loss, _, _ = train(x, y)
         losses.append(float(loss.asnumpy()))
 
-    peak = measure_peak_memory(step, steps=case["steps"])
+    peak = measure_peak_memory(step, steps=case["steps"], baseline=before_build)
     plan = train.comm_plan
     return {"rank": rank, "world": world, "case": case, "baseline_bytes": peak.baseline_bytes,
             "peak_bytes": peak.peak_bytes, "growth_bytes": peak.growth_bytes, "source": peak.source,

@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 from mindspore import Tensor, ops
 
-from mindone_zero.memory_measure import PeakMemory, measure_peak_memory
+from mindone_zero.memory_measure import PeakMemory, measure_peak_memory, memory_in_use
 
 ms.set_device("CPU")
 MB = 1 << 20
@@ -37,7 +37,17 @@ def test_peak_waits_for_mindspore_outputs():
     assert result.growth_bytes >= 60 * MB, result
 
 
+def test_baseline_read_earlier_counts_what_was_allocated_since():
+    before = memory_in_use()
+    kept = np.ones(100 * MB // 8, np.float64)  # held from before the steps to after them
+    result = measure_peak_memory(lambda: _touch(1 * MB), baseline=before)
+    assert result.baseline_bytes == before
+    assert result.growth_bytes >= 95 * MB, result
+    assert float(kept[-1]) == 1.0
+
+
 @pytest.mark.parametrize("kwargs,error,text", [
+    (dict(step=lambda: None, baseline=-1), ValueError, "the argument 'baseline' must be None or an int >= 0, but got -1"),
     (dict(step=3), TypeError, "the argument 'step' must be callable, but got int"),
     (dict(step=lambda: None, steps=0), ValueError, "the argument 'steps' must be an int >= 1, but got 0"),
     (dict(step=lambda: None, steps=True), ValueError, "but got True"),
