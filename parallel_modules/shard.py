@@ -186,6 +186,9 @@ def _replace_cells(network: nn.Cell, match, group: Optional[str]):
         (the network, {id(original Cell): its replacement}).
     """
     new_cells = {}
+    # The originals stay referenced until the walk ends: a replaced Cell freed mid-walk could hand
+    # its id to a Cell built later (a replacement's GroupComm), which the walk would then replace.
+    originals = []
     # MindOne-style classes expect a group name; there is none before communication is initialised.
     op_group = group if group is not None or not GlobalComm.INITED else world_group()
 
@@ -198,6 +201,7 @@ def _replace_cells(network: nn.Cell, match, group: Optional[str]):
             if not isinstance(new, ZeroCell):  # the library's Cells carry the rest themselves
                 carry_hooks(cell, new)
             new_cells[id(cell)] = new
+            originals.append(cell)
         return new_cells[id(cell)]
 
     seen = set()

@@ -6,7 +6,8 @@
 One msrun job per setting (a fresh process each, so that no setting inherits another's allocator
 pools) runs ``tools/benchmark_peak_worker.py``: ``layers`` x ``nn.Dense(width, width)`` (8 x 2048
 by default: 33.6 M fp32 parameters, 134 MB) under an MSE loss with AdamWeightDecay, ``steps``
-training steps. For each setting the table gives, per rank (the largest over ranks):
+training steps, built in MindOne's order (``prepare_network`` first, so that at stage 3 the
+optimizer states are created at shard size). For each setting the table gives, per rank (the largest over ranks):
 
 * the peak memory of the steps (``measure_peak_memory``: on CPU the process's peak resident set
   during the steps, the first step's graph compilation included; on Ascend/GPU the runtime's peak

@@ -26,7 +26,7 @@ import numpy as np  # noqa: E402
 import mindspore as ms  # noqa: E402
 from mindspore import Tensor, nn  # noqa: E402
 
-from mindone_zero import prepare_train_network  # noqa: E402
+from mindone_zero import prepare_network, prepare_train_network  # noqa: E402
 from mindone_zero.comm import init_data_parallel  # noqa: E402
 from mindone_zero.memory_measure import measure_model_states, measure_peak_memory, memory_in_use  # noqa: E402
 
@@ -54,7 +54,10 @@ def build(layers: int, width: int, seed: int = 0) -> nn.Cell:
 def run(case: dict, out: Path, rank: int, world: int) -> dict:
     ms.set_context(mode=ms.GRAPH_MODE if case["mode"] == "graph" else ms.PYNATIVE_MODE)
     before_build = memory_in_use()
-    loss_net = build(case["layers"], case["width"])
+    # MindOne's order: shard first (stage 3; a no-op below), so that the optimizer states are
+    # created at shard size instead of whole and then cut.
+    loss_net = prepare_network(build(case["layers"], case["width"]), case["stage"],
+                               reshard_after_forward=case["reshard_after_forward"])
     optimizer = nn.AdamWeightDecay(loss_net.trainable_params(), learning_rate=1e-4)
     train = prepare_train_network(loss_net, optimizer, zero_stage=case["stage"],
                                   reshard_after_forward=case["reshard_after_forward"],
