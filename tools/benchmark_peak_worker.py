@@ -3,8 +3,8 @@
 Builds ``layers`` x ``nn.Dense(width, width)`` under a mean-squared-error loss, AdamWeightDecay,
 wraps it with ``prepare_train_network(zero_stage, reshard_after_forward)``, then measures this
 rank's peak memory over ``steps`` training steps (``mindone_zero.memory_measure.measure_peak_memory``,
-first step's compilation included) above the memory in use before the network was built (so the
-model states count, the build's own transients do not), and
+first step's compilation included), above the memory in use just before the steps and above the
+memory in use before the network was built (``memory_in_use``), and
 writes ``<out>/<name>_rank{r}.json``: baseline/peak/growth bytes, model-state bytes by kind, the
 losses, and the library's ``CommPlan`` of one step.
 
@@ -72,9 +72,10 @@ def run(case: dict, out: Path, rank: int, world: int) -> dict:
         loss, _, _ = train(x, y)
         losses.append(float(loss.asnumpy()))
 
-    peak = measure_peak_memory(step, steps=case["steps"], baseline=before_build)
+    peak = measure_peak_memory(step, steps=case["steps"])
     plan = train.comm_plan
-    return {"rank": rank, "world": world, "case": case, "baseline_bytes": peak.baseline_bytes,
+    return {"rank": rank, "world": world, "case": case, "before_build_bytes": before_build,
+            "baseline_bytes": peak.baseline_bytes,
             "peak_bytes": peak.peak_bytes, "growth_bytes": peak.growth_bytes, "source": peak.source,
             "model_states": measure_model_states(train), "losses": losses,
             "comm": {k: {"calls": plan.count(k), "volume": plan.volume(k)} for k in ("all_gather", "reduce_scatter",
