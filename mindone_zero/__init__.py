@@ -2,7 +2,7 @@
 from .checkpoint import (convert_checkpoints, gather_full_params, latest_checkpoint, load_train_state,
                          save_full_checkpoint, save_train_state)
 from .ema import EMA
-from .memory import estimate_model_states_memory
+from .memory import estimate_model_states_memory, estimate_peak_memory
 from .prepare import prepare_ema, prepare_network, prepare_train_network
 from .train_step import TrainOneStepWrapper
 from .zero_helper import ZeroHelper
@@ -16,6 +16,7 @@ __all__ = [
     "EMA",
     "convert_checkpoints",
     "estimate_model_states_memory",
+    "estimate_peak_memory",
     "save_train_state",
     "load_train_state",
     "latest_checkpoint",
@@ -24,5 +25,12 @@ __all__ = [
     "PARALLEL_MODULES",
 ]
 
-# Last: parallel_modules imports mindone_zero's submodules.
-from parallel_modules import PARALLEL_MODULES  # noqa: E402
+
+def __getattr__(name):
+    # PARALLEL_MODULES is read lazily: parallel_modules imports mindone_zero's submodules, so an
+    # import here would fail whenever parallel_modules is imported first (a circular import).
+    if name == "PARALLEL_MODULES":
+        from parallel_modules import PARALLEL_MODULES
+
+        return PARALLEL_MODULES
+    raise AttributeError(f"module 'mindone_zero' has no attribute {name!r}")

@@ -15,6 +15,21 @@ stage  bytes per device             what is partitioned over the N ranks
 =====  ===========================  =========================================
 
 Activations, temporary buffers and fragmentation are not model states and are not counted.
+
+``estimate_peak_memory`` adds the term a user needs to pick a stage: what a step holds on top of
+the model states because parameters and gradients exist in full for a while (DeepSpeed's
+"largest layer" term). With ``L`` the parameters of the largest layer (the most gathered at once):
+
+=====================================  ==============================================================
+stage                                  added to the model states
+=====================================  ==============================================================
+0, 1                                   0 (parameters and gradients are whole anyway)
+2                                      g * L: a layer's full gradient before its reduce-scatter
+3, ``reshard_after_forward=True``      (p + g) * L: a layer gathered (in forward, or again in
+                                       backward) and its full gradient before the reduce-scatter
+3, ``reshard_after_forward=False``     p * P * (N - 1) / N + g * L: every gathered weight is kept
+                                       until its backward, so the whole model is held again
+=====================================  ==============================================================
 """
 import math
 import numbers
@@ -22,7 +37,7 @@ from fractions import Fraction
 
 from .stage import StagePolicy, check_stage
 
-__all__ = ["estimate_model_states_memory"]
+__all__ = ["estimate_model_states_memory", "estimate_peak_memory"]
 
 
 def _check_positive(func: str, name: str, value, allow_zero: bool = False, integral: bool = False) -> None:
@@ -88,3 +103,48 @@ def estimate_model_states_memory(
     # stage 0: (p+g+k)P; 1: (p+g)P + kP/N; 2: pP + (g+k)P/N; 3: (p+g+k)P/N
     total = p * held(policy.shards_params) + g * held(policy.shards_grads) + k * held(policy.shards_optimizer)
     return int(math.ceil(total))
+
+
+def estimate_peak_memory(num_params, world_size: int, zero_stage: int, largest_layer_params, param_bytes=2,
+                         grad_bytes=2, optimizer_bytes=12, reshard_after_forward: bool = True) -> int:
+    """Bytes per device at the peak of a step: model states plus the full-layer term (table above).
+
+    ``estimate_model_states_memory`` plus what is held in full during a step: at stage 3 with
+    ``reshard_after_forward=True``, one layer's gathered parameters and its full gradient (DeepSpeed's
+    ``largest_layer_memory``, ``4 * L`` for fp16); with False the gathered weights of the whole
+    network (they live until their backward); at stage 2 one layer's full gradient. Activations,
+    workspaces and communication buffers are not counted (they depend on the batch and the
+    backend). Pure arithmetic; not collective.
+
+    Args:
+        num_params, world_size, zero_stage, param_bytes, grad_bytes, optimizer_bytes: as in
+            ``estimate_model_states_memory``.
+        largest_layer_params: parameters ``L`` of the largest layer (the most that are gathered at
+            once; for a Transformer block recomputed as one Cell, the whole block), 0 <= L <= P.
+        reshard_after_forward: stage 3's option (``prepare_train_network``); ignored below stage 3.
+
+    Returns:
+        int: bytes per device, rounded up to a whole byte.
+
+    Raises:
+        ValueError: an argument out of range (``largest_layer_params`` above ``num_params``
+            included) or of the wrong type, naming it and its value.
+        TypeError: ``reshard_after_forward`` is not a bool.
+    """
+    func = "estimate_peak_memory"
+    states = estimate_model_states_memory(num_params, world_size, zero_stage, param_bytes, grad_bytes, optimizer_bytes)
+    _check_positive(func, "largest_layer_params", largest_layer_params, allow_zero=True)
+    if largest_layer_params > num_params:
+        raise ValueError(f"For '{func}', the argument 'largest_layer_params' must be at most 'num_params' "
+                         f"({num_params!r}), but got {largest_layer_params!r}.")
+    if not isinstance(reshard_after_forward, bool):
+        raise TypeError(f"For '{func}', the argument 'reshard_after_forward' must be a bool, but got "
+                        f"{reshard_after_forward!r}.")
+    p, g, big_l, big_p = (Fraction(v) for v in (param_bytes, grad_bytes, largest_layer_params, num_params))
+    policy, n = StagePolicy(zero_stage), int(world_size)
+    extra = Fraction(0)
+    if policy.shards_params:
+        extra = (p + g) * big_l if reshard_after_forward else p * big_p * (n - 1) / n + g * big_l
+    elif policy.shards_grads:
+        extra = g * big_l
+    return states + int(math.ceil(extra))

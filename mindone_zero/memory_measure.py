@@ -11,12 +11,22 @@ Only Parameters are counted. Gradients that live only during a step (always at
 and backward, activations and communication buffers are transient and not model states held
 between steps; the ZeRO paper's formulas (``memory.py``) count gradients whether or not they
 are kept, so compare with accumulation buffers in place (``gradient_accumulation_steps > 1``).
+
+``measure_peak_memory`` measures what the model states leave out: the highest memory use of this
+rank while training steps run (gathered weights, gradients, activations, workspaces), on CPU
+from the process's resident set, on Ascend/GPU from the runtime's allocator.
 """
-from typing import Dict
+import gc
+from dataclasses import dataclass
+from typing import Callable, Dict, Optional
+
+import mindspore as ms
 
 from .inventory import inventory
 
-__all__ = ["measure_model_states", "KINDS"]
+__all__ = ["measure_model_states", "KINDS", "measure_peak_memory", "memory_in_use", "PeakMemory"]
+_STATUS = "/proc/self/status"
+_CLEAR_REFS = "/proc/self/clear_refs"
 
 KINDS = ("params", "master_shards", "optimizer_states", "accumulation", "ema", "other")
 # the inventory's kinds folded into the coarser ones reported here
@@ -60,3 +70,116 @@ def measure_model_states(train_net) -> Dict[str, int]:
         result[_KIND_OF.get(held.kind, held.kind)] += int(held.param.size) * int(held.param.itemsize)
     result["total"] = sum(result[k] for k in KINDS)
     return result
+
+
+@dataclass(frozen=True)
+class PeakMemory:
+    """Memory of this rank around some training steps (``measure_peak_memory``).
+
+    Attributes:
+        baseline_bytes: in use just before the steps, or the ``baseline`` given to
+            ``measure_peak_memory`` (e.g. read before the network was built).
+        peak_bytes: the highest use while they ran.
+        source: ``"process_rss"`` (CPU: resident set of the process, everything it touched,
+            Python and MindSpore's host memory alike) or ``"device_allocated"`` (Ascend/GPU: bytes
+            the runtime's allocator handed out, ``mindspore.runtime.max_memory_allocated``).
+    """
+
+    baseline_bytes: int
+    peak_bytes: int
+    source: str
+
+    @property
+    def growth_bytes(self) -> int:
+        """``peak_bytes - baseline_bytes``: what the steps needed on top of the baseline."""
+        return self.peak_bytes - self.baseline_bytes
+
+
+def _status_bytes(key: str) -> int:
+    with open(_STATUS) as f:
+        for line in f:
+            if line.startswith(key + ":"):
+                return int(line.split()[1]) * 1024  # "VmHWM:   123456 kB"
+    raise RuntimeError(f"For 'measure_peak_memory', {_STATUS} has no {key} line.")
+
+
+def _reset_rss_peak() -> None:
+    """Reset the kernel's high-water mark (VmHWM) to the current resident set."""
+    try:
+        with open(_CLEAR_REFS, "w") as f:
+            f.write("5")
+    except OSError as err:
+        raise RuntimeError(
+            f"For 'measure_peak_memory', the process peak cannot be reset on this CPU host (writing to "
+            f"{_CLEAR_REFS} failed: {err}); a Linux kernel with /proc is needed."
+        ) from err
+
+
+def _on_device() -> bool:
+    return ms.get_context("device_target") in ("Ascend", "GPU")
+
+
+def memory_in_use() -> int:
+    """Bytes this rank uses now: on Ascend/GPU the runtime's allocated bytes, on CPU the process's
+    resident set (``VmRSS``). Read it before building a network and pass it as the ``baseline`` of
+    ``measure_peak_memory`` to count the model states in the growth too. Not collective."""
+    if _on_device():
+        return int(ms.runtime.memory_allocated())
+    return _status_bytes("VmRSS")
+
+
+def measure_peak_memory(step: Callable[[], object], steps: int = 1, baseline: Optional[int] = None) -> PeakMemory:
+    """Run ``step()`` ``steps`` times and return this rank's baseline and peak memory around them.
+
+    On Ascend/GPU the runtime's peak allocated bytes (``reset_peak_memory_stats``,
+    ``max_memory_allocated``; ``source="device_allocated"``). On CPU the process's peak resident
+    set (Linux ``VmHWM``, reset through ``/proc/self/clear_refs`` first; ``source="process_rss"``):
+    it includes host memory the steps touched outside MindSpore, and memory a step freed but the
+    allocator kept is still counted as in use. Compile before measuring (run a step first) unless
+    compilation is meant to be counted. Not collective itself; ``step`` usually is (a training
+    step must run on every rank).
+
+    Args:
+        step: a callable without arguments, e.g. ``lambda: train_net(*batch)``.
+        steps: how many times to call it, an int >= 1.
+        baseline: bytes the growth is counted from (``memory_in_use()`` read earlier, say before
+            the network was built); None: the memory in use just before the steps.
+
+    Returns:
+        PeakMemory: ``baseline_bytes``, ``peak_bytes``, ``source`` and ``growth_bytes``.
+
+    Raises:
+        TypeError: ``step`` is not callable.
+        ValueError: ``steps`` is not an int >= 1, or ``baseline`` is not None or an int >= 0.
+        RuntimeError: on CPU, the host cannot reset the process peak.
+    """
+    if not callable(step):
+        raise TypeError(f"For 'measure_peak_memory', the argument 'step' must be callable, but got {type(step).__name__}.")
+    if isinstance(steps, bool) or not isinstance(steps, int) or steps < 1:
+        raise ValueError(f"For 'measure_peak_memory', the argument 'steps' must be an int >= 1, but got {steps!r}.")
+    if baseline is not None and (isinstance(baseline, bool) or not isinstance(baseline, int) or baseline < 0):
+        raise ValueError(f"For 'measure_peak_memory', the argument 'baseline' must be None or an int >= 0, but got "
+                         f"{baseline!r}.")
+    gc.collect()
+    if _on_device():
+        ms.runtime.synchronize()
+        ms.runtime.reset_peak_memory_stats()
+    else:
+        _reset_rss_peak()
+    now = memory_in_use()
+    _run(step, steps)
+    if _on_device():
+        ms.runtime.synchronize()
+        peak, source = int(ms.runtime.max_memory_allocated()), "device_allocated"
+    else:
+        peak, source = _status_bytes("VmHWM"), "process_rss"
+    return PeakMemory(now if baseline is None else baseline, max(peak, now), source)
+
+
+def _run(step, steps):
+    for _ in range(steps):
+        out = step()
+        # MindSpore runs asynchronously: wait for the step's outputs so its memory is in use now.
+        for value in out if isinstance(out, (tuple, list)) else (out,):
+            if isinstance(value, ms.Tensor):
+                value.asnumpy()

@@ -36,7 +36,7 @@ def _check_module_maps(where, **maps):
 
 
 def prepare_network(network, zero_stage=0, optimizer_parallel_group=None, parallel_modules=None,
-                    special_cases_parallel_module=None):
+                    special_cases_parallel_module=None, reshard_after_forward=True):
     """Shard ``network``'s parameters in place for ZeRO-3 (other stages return it unchanged).
 
     Must run before the network (or anything using its parameters) is compiled, and before
@@ -52,11 +52,21 @@ def prepare_network(network, zero_stage=0, optimizer_parallel_group=None, parall
             optimizer_parallel_group=None, cell_type=None)``.
         special_cases_parallel_module (dict): like ``parallel_modules`` but matched with
             ``isinstance`` (subclasses too), after the exact matches, as in MindOne.
+        reshard_after_forward (bool): stage 3 only. True (default, as DeepSpeed and FSDP2): free
+            each gathered parameter after its use in forward and gather it again for backward
+            (3Φ traffic, peak memory about one layer's weights above the shards); False: keep it
+            until its backward (2Φ, the whole model's weights gathered during backward). See
+            [Note: reshard after forward] in ``parallel_modules/reshard.py``.
 
     Returns:
         The network (the top Cell itself may have been replaced by its ZeRO-3 version).
+
+    Raises:
+        TypeError / ValueError: naming the argument and the value, before anything is modified
+            (``reshard_after_forward`` must be a bool; an int is not supported).
     """
     check_stage(zero_stage, "prepare_network")
+    _check_reshard("prepare_network", reshard_after_forward)
     if not isinstance(network, nn.Cell):
         raise TypeError(f"For 'prepare_network', the argument 'network' must be a Cell, but got {type(network).__name__}.")
     _check_module_maps("prepare_network", parallel_modules=parallel_modules,
@@ -66,7 +76,14 @@ def prepare_network(network, zero_stage=0, optimizer_parallel_group=None, parall
     from parallel_modules import shard_network
 
     return shard_network(network, group=optimizer_parallel_group, parallel_modules=parallel_modules,
-                         special_cases_parallel_module=special_cases_parallel_module)
+                         special_cases_parallel_module=special_cases_parallel_module,
+                         reshard_after_forward=reshard_after_forward)
+
+
+def _check_reshard(where, value):
+    from parallel_modules.reshard import check_reshard_after_forward  # parallel_modules imports mindone_zero
+
+    check_reshard_after_forward(where, value)
 
 
 def prepare_ema(ema, zero_stage=0, optimizer_parallel_group=None):
@@ -88,13 +105,15 @@ def prepare_train_network(network, optimizer, scale_sense=1.0, ema=None, updates
                           gradient_accumulation_steps=1, clip_grad=False, clip_norm=1.0, verbose=False,
                           zero_stage=0, optimizer_offload=False, optimizer_parallel_group=None, dp_group=None,
                           comm_fusion=None, parallel_modules=None, params_split_info="params_info",
-                          special_cases_parallel_module=None):
+                          special_cases_parallel_module=None, reshard_after_forward=True):
     """Wrap ``network`` (returning the loss) and ``optimizer`` into a ZeRO train step.
 
     Same signature and defaults as MindOne's ``prepare_train_network``, plus
     ``params_split_info`` (folder of the split-info JSON files) and
-    ``special_cases_parallel_module`` (see ``prepare_network``). At stage 3 the network is
-    sharded here if ``prepare_network`` was not called before. ``ema`` may be any EMA with
+    ``special_cases_parallel_module`` and ``reshard_after_forward`` (see ``prepare_network``). At
+    stage 3 the network is sharded here if ``prepare_network`` was not called before (if it was,
+    the ``reshard_after_forward`` given to ``prepare_network`` holds; the one given here is
+    checked only). ``ema`` may be any EMA with
     MindOne's interface ([Note: EMA interface] in ema.py); ``optimizer`` an ``nn.Optimizer`` or a
     ``mindspore.experimental.optim.Optimizer`` (``mint.optim``). Afterwards every Parameter's
     ``parallel_optimizer`` says whether this rank holds a shard of it ([Note: split rule] in
@@ -109,6 +128,7 @@ def prepare_train_network(network, optimizer, scale_sense=1.0, ema=None, updates
     """
     where = "prepare_train_network"
     check_stage(zero_stage, where)
+    _check_reshard(where, reshard_after_forward)
     if not isinstance(network, nn.Cell):
         raise TypeError(f"For '{where}', the argument 'network' must be a Cell, but got {type(network).__name__}.")
     check_optimizer(optimizer, where)
@@ -122,7 +142,7 @@ def prepare_train_network(network, optimizer, scale_sense=1.0, ema=None, updates
         _check_shardable_optimizer(optimizer)
     if policy.shards_params and not any(zero_spec_of(p) is not None for p in network.get_parameters()):
         network = prepare_network(network, policy.stage, optimizer_parallel_group, parallel_modules,
-                                  special_cases_parallel_module)
+                                  special_cases_parallel_module, reshard_after_forward)
     helper = ZeroHelper(optimizer, policy.stage, optimizer_parallel_group, dp_group, optimizer_offload,
                         comm_fusion, params_split_info)
     if ema is not None and policy.is_zero:

@@ -63,6 +63,15 @@ def _all_finite(grads):
     return finite
 
 
+def _regathered(network, policy):
+    """Stage 3: the parameters gathered again in backward ([Note: reshard after forward])."""
+    if not policy.shards_params:
+        return ()
+    from parallel_modules.reshard import regathered_param_names  # parallel_modules imports mindone_zero
+
+    return regathered_param_names(network)
+
+
 class TrainOneStepWrapper(nn.Cell):
     """One training step with ZeRO; returns ``(loss, overflow, loss_scale)`` like MindOne's.
 
@@ -108,7 +117,8 @@ class TrainOneStepWrapper(nn.Cell):
         self.zero_stage = self.zero_helper.zero_stage
         # [Note: gradient reduction] in zero_helper.py: stages 0/1 reduce once per optimizer step.
         self.reduce_each_micro_step = self.zero_helper.policy.reduce_each_micro_step(self.accum_steps)
-        self.comm_plan = self.zero_helper.comm_plan(self.accum_steps, self.reduce_each_micro_step, clip_grad)
+        self.comm_plan = self.zero_helper.comm_plan(self.accum_steps, self.reduce_each_micro_step, clip_grad,
+                                                    _regathered(network, self.zero_helper.policy))
         if self.accum_steps > 1:
             like = self.zero_helper.opt_params if self.reduce_each_micro_step else self.weights
             self.accum_grads = like.clone(prefix="accum_grad", init="zeros")

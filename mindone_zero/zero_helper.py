@@ -167,13 +167,16 @@ class ZeroHelper(nn.Cell):
             self.dp_ar = BucketedComm(GroupComm(self.dp_group), [tuple(p.shape) for p in self.opt_params],
                                       list(self.opt_params), fusion.allreduce)
 
-    def comm_plan(self, micro_steps: int = 1, reduce_each_micro_step: bool = True, clip_grad: bool = False) -> CommPlan:
+    def comm_plan(self, micro_steps: int = 1, reduce_each_micro_step: bool = True, clip_grad: bool = False,
+                  regathered=()) -> CommPlan:
         """The collectives of one optimizer step on this rank, as the native path runs them.
 
         Args:
             micro_steps: forward/backward passes per optimizer step (gradient accumulation).
             reduce_each_micro_step: gradients are reduced every micro-step (else once per step).
             clip_grad: a global-norm all-reduce is added (stages >= 1).
+            regathered: stage 3: names (at sharding time, ``zero_spec.name``) of the parameters
+                gathered again in backward (``reshard_after_forward``; 3Φ instead of 2Φ).
         """
         plan = CommPlan()
         if not self.is_parallel:
@@ -187,6 +190,8 @@ class ZeroHelper(nn.Cell):
                 if s.split:
                     full = int(np.prod(s.padded_shape)) * p.itemsize
                     plan.add("all_gather", op, full, n, times=micro_steps)  # forward
+                    if zero_spec_of(p).name in regathered:
+                        plan.add("all_gather", op, full, n, times=micro_steps)  # backward's recompute
                     plan.add("reduce_scatter", op, full, n, times=micro_steps)  # backward
         for _ in range(reduces):
             self.grad_rs.record(plan, "reduce_scatter")

@@ -12,13 +12,14 @@ from .carry import (carry_hooks, check_carryable, is_recompute_scoped, reapply_r
                     spread_recompute_scope)
 from .layers import PARALLEL_MODULES, ZeroCell
 from .param_wrapper import ZeroParamWrapper, compute_dtype_of, shard_parameter
+from .reshard import check_reshard_after_forward, mark_reshard_after_forward
 from .rewrite import apply_rewrites, plan_rewrites
 
 __all__ = ["shard_network"]
 
 
 def shard_network(network: nn.Cell, group: Optional[str] = None, parallel_modules: Optional[Dict] = None,
-                  special_cases_parallel_module: Optional[Dict] = None) -> nn.Cell:
+                  special_cases_parallel_module: Optional[Dict] = None, reshard_after_forward: bool = True) -> nn.Cell:
     """Rewrite ``network`` in place for ZeRO-3 over ``group`` and return it.
 
     After the call every trainable Parameter with ``ndim >= 1`` not marked
@@ -49,7 +50,13 @@ def shard_network(network: nn.Cell, group: Optional[str] = None, parallel_module
     (also on user replacement classes), attributes, and ``recompute()``, re-applied with the same
     options around the new ``construct`` (so the gathers are recomputed in backward rather than
     their full tensors kept), in GRAPH_MODE and PYNATIVE_MODE. Gather wrappers are shared between
-    the Cells reading one parameter in one dtype, except between recomputed and other Cells.
+    the Cells reading one parameter in one dtype when ``reshard_after_forward`` is False, except
+    between recomputed and other Cells.
+
+    With ``reshard_after_forward=True`` (the default) every Cell that gathers a split parameter is
+    marked with ``recompute()`` (unless it already is, or sits in a recomputed region, or is the top
+    Cell), so its gathered tensors are freed after its forward and gathered again in backward
+    ([Note: reshard after forward] in ``reshard.py``); with False they live until their backward.
 
     In forward a sharded parameter is all-gathered (in the reading Cell's ``to_float`` dtype, cast
     before the gather when that is narrower); in backward its gradient is reduce-scattered and
@@ -70,17 +77,22 @@ def shard_network(network: nn.Cell, group: Optional[str] = None, parallel_module
             ``PARALLEL_MODULES`` (matched by exact type).
         special_cases_parallel_module: ``{Cell class: ZeRO-3 Cell class}`` matched with
             ``isinstance`` after the exact-type match (MindOne's argument of that name); None: none.
+        reshard_after_forward: free each gathered parameter after its forward use and gather it
+            again for backward (True, 3Φ traffic), or keep it until its backward (False, 2Φ).
 
     Returns:
         nn.Cell: the network (a new object only when the top Cell itself was replaced).
 
     Raises:
         TypeError: if an argument has the wrong type.
+        ValueError: if ``reshard_after_forward`` is an int (re-gathering from a smaller group is not
+            supported).
         ValueError: if ``network`` was already sharded, uses a sharded parameter in a way the
             generic path cannot rewrite (the message names the Cell, method and parameter), or
             holds state that cannot be carried (``Cell.shard``). These checks run before anything
             is modified.
     """
+    check_reshard_after_forward("shard_network", reshard_after_forward)
     match = _check_args(network, group, parallel_modules, special_cases_parallel_module)
     replaced = {id(c) for _, c in network.cells_and_names() if match(c) is not None}
     recomputed = _recompute_records(network, replaced)
@@ -97,7 +109,9 @@ def shard_network(network: nn.Cell, group: Optional[str] = None, parallel_module
     wrappers = {}
 
     def make_wrapper(param, compute_dtype, reader):
-        key = (id(param), compute_dtype, is_recompute_scoped(reader))
+        # A wrapper is shared only between readers recomputed alike; with resharding each reader
+        # may be marked on its own, so each gets its own wrapper.
+        key = (id(param), compute_dtype, id(reader) if reshard_after_forward else is_recompute_scoped(reader))
         if key not in wrappers:
             wrappers[key] = ZeroParamWrapper(param, group, compute_dtype)
         return wrappers[key]
@@ -105,6 +119,8 @@ def shard_network(network: nn.Cell, group: Optional[str] = None, parallel_module
     apply_rewrites(plans, make_wrapper)
     _restore_recompute(recomputed, new_cells)
     spread_recompute_scope(network)
+    if reshard_after_forward:
+        mark_reshard_after_forward(network)
     return network
 
 
@@ -182,9 +198,10 @@ def _replace_cells(network: nn.Cell, match, group: Optional[str]):
             if not isinstance(new, ZeroCell):  # the library's Cells carry the rest themselves
                 carry_hooks(cell, new)
             # The original stays referenced (outside the Cell tree) for as long as its replacement
-            # lives: MindSpore 2.10 keeps what it parsed of a Cell keyed by the object's id, and a
-            # freed original whose id a later Cell reuses made that Cell compile with the stale
-            # entry (a recomputed ZeRO-3 Dense compiled as the plain Dense, without its gather).
+            # lives. A freed original's id can be reused: mid-walk by a Cell built later (a
+            # replacement's GroupComm), which the walk would then replace; and MindSpore 2.10 keeps
+            # what it parsed of a Cell keyed by the object's id, so a later Cell with that id
+            # compiled with the stale entry (a recomputed ZeRO-3 Dense compiled without its gather).
             object.__setattr__(new, "_zero3_original", cell)
             new_cells[id(cell)] = new
         return new_cells[id(cell)]

@@ -387,6 +387,8 @@ def main(argv=None) -> int:
     parser.add_argument("--out", default="outputs/benchmark")
     parser.add_argument("--world_sizes", type=int, nargs="+", help="override benchmark.world_sizes")
     parser.add_argument("--stages", type=int, nargs="+", help="override benchmark.stages (must include 0)")
+    parser.add_argument("--peak_memory", action="store_true",
+                        help="then run the peak-memory section (tools/benchmark_peak.py, configs/benchmark_peak.yaml)")
     args = parser.parse_args(argv)
     try:
         cfg = load_benchmark_config(args.config)
@@ -418,6 +420,10 @@ def main(argv=None) -> int:
     else:
         print("chart skipped: matplotlib is not installed (pip install -e '.[plot]')")
     print(f"tables: {out / 'benchmark.md'}")
+    if args.peak_memory:
+        from tools.benchmark_peak import main as peak_main
+
+        return peak_main(["--out", str(out / "peak")])
     return 0
 
 

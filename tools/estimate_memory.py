@@ -18,7 +18,7 @@ import yaml
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from mindone_zero.memory import estimate_model_states_memory  # noqa: E402
+from mindone_zero.memory import estimate_model_states_memory, estimate_peak_memory  # noqa: E402
 
 _MODEL_KEYS = ("vocab_size", "d_model", "n_layers", "d_ff", "max_len")
 _STAGE_NAMES = {
@@ -101,6 +101,25 @@ def memory_table(num_params, world_size: int, param_bytes=2, grad_bytes=2, optim
     return "\n".join(lines)
 
 
+def peak_table(num_params, world_size: int, largest_layer, param_bytes=2, grad_bytes=2, optimizer_bytes=12) -> str:
+    """Markdown table of the peak estimate (``estimate_peak_memory``) per stage, and at stage 3
+    for both ``reshard_after_forward`` values."""
+    lines = [
+        f"Peak per device: model states plus the full-layer term, largest layer {largest_layer:g} parameters "
+        f"(activations not counted).",
+        "",
+        "| ZeRO stage | reshard_after_forward | bytes per device | GB per device |",
+        "|---|---|---:|---:|",
+    ]
+    for stage, name in _STAGE_NAMES.items():
+        for reshard in ((False, True) if stage == 3 else (True,)):
+            nbytes = estimate_peak_memory(num_params, world_size, stage, largest_layer, param_bytes, grad_bytes,
+                                          optimizer_bytes, reshard_after_forward=reshard)
+            option = str(reshard) if stage == 3 else "-"
+            lines.append(f"| {name} | {option} | {nbytes} | {format_gb(nbytes)} |")
+    return "\n".join(lines)
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     source = parser.add_mutually_exclusive_group(required=True)
@@ -110,6 +129,8 @@ def main(argv=None) -> int:
     parser.add_argument("--param-bytes", type=float, default=2, help="bytes per parameter (default 2, fp16)")
     parser.add_argument("--grad-bytes", type=float, default=2, help="bytes per gradient (default 2, fp16)")
     parser.add_argument("--optimizer-bytes", type=float, default=12, help="optimizer bytes per parameter (default 12, Adam)")
+    parser.add_argument("--largest-layer", type=float,
+                        help="parameters of the largest layer: also print the peak estimate (estimate_peak_memory)")
     args = parser.parse_args(argv)
 
     try:
@@ -119,6 +140,10 @@ def main(argv=None) -> int:
         else:
             num_params = args.params
         print(memory_table(num_params, args.world_size, args.param_bytes, args.grad_bytes, args.optimizer_bytes))
+        if args.largest_layer is not None:
+            print()
+            print(peak_table(num_params, args.world_size, args.largest_layer, args.param_bytes, args.grad_bytes,
+                             args.optimizer_bytes))
     except (ValueError, OSError) as err:
         parser.error(str(err))
     return 0

@@ -20,10 +20,24 @@ FUSION = {kind: {"openstate": True, "bucket_size": FUSION_BUCKET} for kind in ("
 # comm_fusion=None (every case that names no fusion) buckets by 25 MiB, TinyNet in one bucket per
 # kind; {} sends one collective per tensor. Issue 11: both give the same bits.
 UNFUSED = {}
+# issue 10: stage 3 frees gathered parameters after forward by default (reshard_after_forward=True);
+# these cases keep them (False). FP16 cases compute TinyNet's head in float16 (to_float) and are
+# compared with stage 0 on the same network, step by step (the reference computes in float32).
+KEEP_CONFIGS = ("a1", "a2clip")
+FP16_STEPS = 4
 
 
 def _case(name, stage, mode="graph", accum=1, clip=False, optimizer="adam", steps=STEPS, **extra):
     return dict(name=name, mode=mode, stage=stage, accum=accum, clip=clip, optimizer=optimizer, steps=steps, **extra)
+
+
+def _fp16_cases(stage, mode):
+    """Accumulation and clipping with a float16-compute layer: stage 0, and stage 3 both ways."""
+    if stage not in (0, 3):
+        return []
+    options = {"": True, "_keep": False} if stage == 3 else {"": True}
+    return [_case(f"s{stage}_{mode}_fp16{suffix}", stage, mode, 2, True, "momentum", steps=FP16_STEPS, net="fp16",
+                  reshard=reshard) for suffix, reshard in options.items()]
 
 
 def cases_for(world):
@@ -39,8 +53,13 @@ def cases_for(world):
                 # PYNATIVE runs Python for every call, so it counts the collectives actually made
                 # (one per tensor there, the baseline of the fusion cases)
                 counted = (mode, key) == ("pynative", "a1")
+                unfused = {"fusion": UNFUSED} if counted else {}
                 cases.append(_case(f"s{stage}_{mode}_{key}", stage, mode, accum, clip, opt, count_calls=counted,
-                                   **({"fusion": UNFUSED} if counted else {})))
+                                   **unfused))
+                if stage == 3 and key in KEEP_CONFIGS:
+                    cases.append(_case(f"s3_{mode}_{key}_keep", 3, mode, accum, clip, opt, reshard=False,
+                                       count_calls=counted, **unfused))
+            cases += _fp16_cases(stage, mode)
         if stage == 2 and world == 2:  # optimizer states are found the same way at every stage and N
             for opt in OPTIMIZERS:
                 cases.append(_case(f"s{stage}_graph_opt_{opt}", stage, optimizer=opt, steps=5,
@@ -71,7 +90,8 @@ def reference_spec_of(case):
     from zero_results import reference_spec
 
     skipped = (case["overflow_step"],) if "overflow_step" in case else ()
-    return reference_spec(case["steps"], case["clip"], case["optimizer"], skipped, case.get("net", "full"))
+    net = case.get("net", "full")
+    return reference_spec(case["steps"], case["clip"], case["optimizer"], skipped, "full" if net == "fp16" else net)
 
 
 def world_cases(select):

@@ -54,17 +54,21 @@ class CallCounter:
 def run_case(case, out, rank, world):
     ms.set_context(mode=ms.GRAPH_MODE if case["mode"] == "graph" else ms.PYNATIVE_MODE)
     groups = dict(optimizer_parallel_group="zop", dp_group="zdp") if case.get("hybrid") else {}
-    net = init_weights(TinyNet(with_scalar=case.get("net", "full") == "full"))
+    net = init_weights(TinyNet(with_scalar=case.get("net", "full") != "noscalar"))
+    if case.get("net") == "fp16":
+        net.head.to_float(ms.float16)
     loss_net = LossNet(net)
     if case.get("prepare_first"):
-        loss_net = prepare_network(loss_net, case["stage"], groups.get("optimizer_parallel_group"))
+        loss_net = prepare_network(loss_net, case["stage"], groups.get("optimizer_parallel_group"),
+                                   reshard_after_forward=case.get("reshard", True))
     opt = make_optimizer(net.trainable_params(), case.get("optimizer", "adam"))
     scale = nn.DynamicLossScaleUpdateCell(2.0 ** 10, 2, 1000) if case.get("dynamic_scale") else 1.0
     accum = case["accum"]
     train = prepare_train_network(
         loss_net, opt, scale_sense=scale, zero_stage=case["stage"], gradient_accumulation_steps=accum,
         clip_grad=case["clip"], clip_norm=CLIP_NORM, params_split_info=os.path.join(out, case["name"] + "_info"),
-        comm_fusion=case.get("fusion"), optimizer_offload=case.get("offload", False), **groups,
+        comm_fusion=case.get("fusion"), optimizer_offload=case.get("offload", False),
+        reshard_after_forward=case.get("reshard", True), **groups,
     )
     train.set_train(True)
     counter = CallCounter(train) if case.get("count_calls") else None

@@ -1,0 +1,107 @@
+"""Free gathered parameters after forward: ``reshard_after_forward`` (FSDP2's name).
+
+[Note: reshard after forward]
+A ZeRO-3 gather (``ZeroParamWrapper``) returns the full tensor; the Cell that consumes it (the
+matmul of a Dense, the normalisation of a LayerNorm) keeps that tensor as an input of its own
+backward. Without more, every gathered parameter of the network is alive from its forward use
+until its backward: during backward each rank holds the whole model's weights again (2Φ traffic
+per step: one all-gather, one reduce-scatter).
+
+With ``reshard_after_forward=True`` (the default, as in DeepSpeed and FSDP2) ``shard_network``
+marks with ``Cell.recompute()`` every Cell that gathers a split parameter itself (the ZeRO-3 layer
+Cells, the Cells the generic path rewrote, a user's MindOne-style class), so that the gathered
+tensor is dropped after the Cell's forward and backward recomputes the Cell, gathering the
+parameter again (3Φ: two all-gathers and one reduce-scatter, as the ZeRO paper counts). The
+consumer must be inside the recomputed region: recomputing the gather alone saves nothing,
+because the consumer would still keep its input. The recomputed forward is the same code on the
+same inputs, so losses and gradients are those of ``reshard_after_forward=False`` (the parity
+tests check both against stage 0 and one process).
+
+Which Cells are marked, walking from the top Cell:
+
+* a Cell already inside a recomputed region (the user called ``recompute()`` on it or on an
+  ancestor) is left as the user set it: its gathers are recomputed already;
+* the first Cell on each path that gathers a split parameter is marked, and its subtree is then
+  covered by that one region (children are not marked again);
+* the top Cell itself is never marked: recomputing the whole forward in backward would hold the
+  same tensors at the same time. Parameters the top Cell's own ``construct`` reads (a tied output
+  layer reading an Embedding's table, a bare ``self.scale``) therefore stay gathered until their
+  backward, as with ``reshard_after_forward=False``; put such reads in a child Cell to free them.
+
+Recompute is applied with MindSpore's defaults (``use_reentrant=True``), which also avoids the
+PYNATIVE failure described in [Note: non-reentrant recompute] in ``carry.py``. Cost: the marked
+Cells' forward compute runs twice.
+"""
+from typing import List
+
+from mindspore import nn
+
+from .carry import is_recompute_scoped
+from .param_wrapper import ZeroParamWrapper
+
+__all__ = ["check_reshard_after_forward", "mark_reshard_after_forward", "regathered_param_names", "gathers_split"]
+
+
+def check_reshard_after_forward(where: str, value) -> None:
+    """Raise naming ``where`` unless ``value`` is a bool.
+
+    Raises:
+        ValueError: an int (FSDP2's "re-gather from a smaller group", ZeRO++'s hpZ; not supported).
+        TypeError: any other non-bool value.
+    """
+    if isinstance(value, bool):
+        return
+    if isinstance(value, int):
+        raise ValueError(
+            f"For '{where}', the argument 'reshard_after_forward' must be a bool, but got {value!r}; an int (re-gather "
+            f"from a smaller group, ZeRO++'s hpZ) is not supported."
+        )
+    raise TypeError(f"For '{where}', the argument 'reshard_after_forward' must be a bool, but got {value!r}.")
+
+
+def gathers_split(cell: nn.Cell) -> bool:
+    """Whether ``cell`` is a gather wrapper that all-gathers (a split parameter over 2+ ranks)."""
+    gather = getattr(cell, "gather", None) if isinstance(cell, ZeroParamWrapper) else None
+    return gather is not None and gather.gathers
+
+
+def _gathers_directly(cell: nn.Cell) -> bool:
+    return any(gathers_split(child) for child in cell.cells())
+
+
+def _recompute_marked(cell: nn.Cell) -> bool:
+    return bool(getattr(cell, "_has_config_recompute", False)) or is_recompute_scoped(cell)
+
+
+def mark_reshard_after_forward(network: nn.Cell) -> List[nn.Cell]:
+    """Mark with ``recompute()`` the Cells chosen by [Note: reshard after forward]; return them.
+
+    Call after the network is sharded and before it is compiled. Not collective.
+    """
+    marked, seen = [], {id(network)}
+
+    def walk(cell):
+        for child in cell.cells():
+            if child is None or id(child) in seen or isinstance(child, ZeroParamWrapper):
+                continue
+            seen.add(id(child))
+            if _recompute_marked(child):
+                continue
+            if _gathers_directly(child):
+                child.recompute()
+                marked.append(child)
+                continue
+            walk(child)
+
+    walk(network)
+    return marked
+
+
+def regathered_param_names(network: nn.Cell) -> List[str]:
+    """Names of the split parameters gathered again in backward: those with a gather wrapper inside
+    a recomputed region (marked by ``reshard_after_forward`` or by the user). Not collective."""
+    names = []
+    for _, cell in network.cells_and_names():
+        if gathers_split(cell) and is_recompute_scoped(cell) and cell.gather.param_name not in names:
+            names.append(cell.gather.param_name)
+    return names

@@ -1,0 +1,64 @@
+"""reshard_after_forward: a value that is not a bool raises before anything is modified."""
+import numpy as np
+import pytest
+import mindspore as ms
+
+from models import LossNet, TinyNet, init_weights, make_optimizer
+from mindone_zero import prepare_network, prepare_train_network
+from parallel_modules import shard_network
+
+ms.set_device("CPU")
+
+BAD = [
+    (2, ValueError, "must be a bool, but got 2; an int (re-gather from a smaller group, ZeRO++'s hpZ) is not supported."),
+    (0, ValueError, "must be a bool, but got 0;"),
+    ("yes", TypeError, "must be a bool, but got 'yes'."),
+    (None, TypeError, "must be a bool, but got None."),
+]
+
+
+def _snapshot(net):
+    return {p.name: (tuple(p.shape), p.asnumpy().copy()) for p in net.get_parameters()}
+
+
+def _assert_untouched(net, before):
+    after = _snapshot(net)
+    assert after.keys() == before.keys()
+    for name, (shape, value) in before.items():
+        assert after[name][0] == shape and np.array_equal(after[name][1], value), name
+        assert getattr(net.parameters_dict()[name], "zero_spec", None) is None
+    assert not any(c._has_config_recompute for _, c in net.cells_and_names())
+
+
+@pytest.mark.parametrize("value,error,text", BAD)
+def test_prepare_train_network_rejects(value, error, text, tmp_path):
+    net = LossNet(init_weights(TinyNet()))
+    before = _snapshot(net)
+    with pytest.raises(error) as info:
+        prepare_train_network(net, make_optimizer(net.trainable_params()), zero_stage=3, reshard_after_forward=value,
+                              params_split_info=str(tmp_path / "info"))
+    assert str(info.value).startswith("For 'prepare_train_network', the argument 'reshard_after_forward' " + text[:17])
+    assert text in str(info.value)
+    _assert_untouched(net, before)
+    assert not (tmp_path / "info").exists()
+
+
+@pytest.mark.parametrize("value,error,text", BAD)
+@pytest.mark.parametrize("entry,where", [(lambda n, v: prepare_network(n, 3, reshard_after_forward=v), "prepare_network"),
+                                         (lambda n, v: shard_network(n, reshard_after_forward=v), "shard_network")])
+def test_prepare_network_and_shard_network_reject(entry, where, value, error, text):
+    net = LossNet(init_weights(TinyNet()))
+    before = _snapshot(net)
+    with pytest.raises(error) as info:
+        entry(net, value)
+    assert str(info.value).startswith(f"For '{where}', the argument 'reshard_after_forward' must be a bool")
+    assert text in str(info.value)
+    _assert_untouched(net, before)
+
+
+def test_checked_at_every_stage():
+    """Below stage 3 the option changes nothing, but a wrong value is still an error."""
+    net = LossNet(init_weights(TinyNet()))
+    with pytest.raises(ValueError, match="'reshard_after_forward' must be a bool, but got 1;"):
+        prepare_network(net, 0, reshard_after_forward=1)
+    assert prepare_network(net, 0, reshard_after_forward=False) is net

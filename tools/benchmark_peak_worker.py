@@ -1,0 +1,98 @@
+"""msrun worker of ``tools/benchmark_peak.py``: peak memory of training steps for one ZeRO setting.
+
+Builds ``layers`` x ``nn.Dense(width, width)`` under a mean-squared-error loss, AdamWeightDecay,
+wraps it with ``prepare_train_network(zero_stage, reshard_after_forward)``, then measures this
+rank's peak memory over ``steps`` training steps (``mindone_zero.memory_measure.measure_peak_memory``,
+first step's compilation included), above the memory in use just before the steps and above the
+memory in use before the network was built (``memory_in_use``), and
+writes ``<out>/<name>_rank{r}.json``: baseline/peak/growth bytes, model-state bytes by kind, the
+losses, and the library's ``CommPlan`` of one step.
+
+Usage (launched by tools/benchmark_peak.py):
+``msrun ... tools/benchmark_peak_worker.py --out DIR --case JSON``
+"""
+import argparse
+import json
+import os
+import sys
+from pathlib import Path
+
+os.environ.setdefault("GLOG_v", "3")
+REPO = Path(__file__).resolve().parents[1]
+if str(REPO) not in sys.path:
+    sys.path.insert(0, str(REPO))
+
+import numpy as np  # noqa: E402
+import mindspore as ms  # noqa: E402
+from mindspore import Tensor, nn  # noqa: E402
+
+from mindone_zero import prepare_network, prepare_train_network  # noqa: E402
+from mindone_zero.comm import init_data_parallel  # noqa: E402
+from mindone_zero.memory_measure import measure_model_states, measure_peak_memory, memory_in_use  # noqa: E402
+
+
+class MSELoss(nn.Cell):
+    """Mean squared error of ``net(x)`` against ``y``; the top Cell reads no parameter itself."""
+
+    def __init__(self, net):
+        super().__init__()
+        self.net = net
+
+    def construct(self, x, y):
+        return ((self.net(x) - y) ** 2).mean()
+
+
+def build(layers: int, width: int, seed: int = 0) -> nn.Cell:
+    """``layers`` x Dense(width, width) with deterministic weights, under ``MSELoss``."""
+    net = nn.SequentialCell([nn.Dense(width, width) for _ in range(layers)])
+    rng = np.random.default_rng(seed)
+    for p in net.get_parameters():
+        p.set_data(Tensor(rng.standard_normal(p.shape, dtype=np.float32) / np.float32(np.sqrt(width))))
+    return MSELoss(net)
+
+
+def run(case: dict, out: Path, rank: int, world: int) -> dict:
+    ms.set_context(mode=ms.GRAPH_MODE if case["mode"] == "graph" else ms.PYNATIVE_MODE)
+    before_build = memory_in_use()
+    # MindOne's order: shard first (stage 3; a no-op below), so that the optimizer states are
+    # created at shard size instead of whole and then cut.
+    loss_net = prepare_network(build(case["layers"], case["width"]), case["stage"],
+                               reshard_after_forward=case["reshard_after_forward"])
+    optimizer = nn.AdamWeightDecay(loss_net.trainable_params(), learning_rate=1e-4)
+    train = prepare_train_network(loss_net, optimizer, zero_stage=case["stage"],
+                                  reshard_after_forward=case["reshard_after_forward"],
+                                  params_split_info=str(out / "params_info" / case["name"]))
+    train.set_train(True)
+    rng = np.random.default_rng(100 + rank)
+    x = Tensor(rng.standard_normal((case["micro_batch"], case["width"])).astype(np.float32))
+    y = Tensor(rng.standard_normal((case["micro_batch"], case["width"])).astype(np.float32))
+    losses = []
+
+    def step():
+        loss, _, _ = train(x, y)
+        losses.append(float(loss.asnumpy()))
+
+    peak = measure_peak_memory(step, steps=case["steps"])
+    plan = train.comm_plan
+    return {"rank": rank, "world": world, "case": case, "before_build_bytes": before_build,
+            "baseline_bytes": peak.baseline_bytes,
+            "peak_bytes": peak.peak_bytes, "growth_bytes": peak.growth_bytes, "source": peak.source,
+            "model_states": measure_model_states(train), "losses": losses,
+            "comm": {k: {"calls": plan.count(k), "volume": plan.volume(k)} for k in ("all_gather", "reduce_scatter",
+                                                                                     "all_reduce")}}
+
+
+def main():
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--out", required=True)
+    parser.add_argument("--case", required=True, help="JSON: name, stage, reshard_after_forward, layers, width, ...")
+    args = parser.parse_args()
+    case, out = json.loads(args.case), Path(args.out)
+    rank, world = init_data_parallel()
+    result = run(case, out, rank, world)
+    with open(out / f"{case['name']}_rank{rank}.json", "w") as f:
+        json.dump(result, f)
+
+
+if __name__ == "__main__":
+    main()
