@@ -69,6 +69,7 @@ BENCH_DEFAULTS = {
     "param_bytes": 4,
     "grad_bytes": 4,
     "optimizer_bytes": 8,
+    "stage3_keep": True,  # also time stage 3 with reshard_after_forward=False (2Φ) next to the default (3Φ)
 }
 RING = {"all_reduce": 2.0, "reduce_scatter": 1.0, "all_gather": 1.0, "broadcast": 1.0}
 PAPER_FACTOR = {0: 2, 1: 2, 2: 2, 3: 3}
@@ -129,6 +130,8 @@ def _check_bench(bench: dict) -> None:
         _fail("benchmark.stages", f"a list of stages from {list(STAGES)} including 0 (the baseline)", stages)
     if bench["mode"] not in ("graph", "pynative"):
         _fail("benchmark.mode", "'graph' or 'pynative'", bench["mode"])
+    if not isinstance(bench["stage3_keep"], bool):
+        _fail("benchmark.stage3_keep", "a bool", bench["stage3_keep"])
     for key in ("timed_steps", "global_batch_size", "gradient_accumulation_steps", "timeout_s"):
         if not isinstance(bench[key], int) or bench[key] < 1:
             _fail(f"benchmark.{key}", "an integer >= 1", bench[key])
@@ -136,6 +139,20 @@ def _check_bench(bench: dict) -> None:
         if bench["global_batch_size"] % (n * bench["gradient_accumulation_steps"]):
             _fail("benchmark.global_batch_size", f"a multiple of N x accumulation for N={n}",
                   bench["global_batch_size"])
+
+
+def settings_of(bench: dict) -> List[Tuple[int, bool]]:
+    """``(zero_stage, reshard_after_forward)`` of every run: each stage of ``bench["stages"]`` with
+    the default (True), then stage 3 keeping its gathered weights when ``stage3_keep`` is set."""
+    settings = [(stage, True) for stage in bench["stages"]]
+    if bench["stage3_keep"] and 3 in bench["stages"]:
+        settings.append((3, False))
+    return settings
+
+
+def setting_name(stage: int, reshard: bool) -> str:
+    """File stem of a setting: ``stage3`` or, keeping gathered weights at stage 3, ``stage3_keep``."""
+    return f"stage{stage}" + ("_keep" if stage == 3 and not reshard else "")
 
 
 # ----------------------------------------------------------------------------- communication model
@@ -150,12 +167,14 @@ def native_collectives(layout: List[dict], stage: int, accum: int, clip_grad: bo
     """Collectives of one optimizer step on one rank, as native ops: ``[(kind, tensor bytes)]``.
 
     ``layout`` has, per parameter, ``shape`` (full), ``padded_shape``, ``itemsize`` and ``split``
-    (as ``tools/benchmark_worker.py`` writes it). Tensor bytes are the full (padded) tensor a
+    (as ``tools/benchmark_worker.py`` writes it) and ``regathered`` (stage 3 gathers it again in
+    backward). Tensor bytes are the full (padded) tensor a
     collective works on. Follows [Note: gradient reduction] in ``mindone_zero/zero_helper.py``:
     one overflow-flag all-reduce per micro-step; gradients reduced every micro-step at stages 2-3
     (and whenever ``accum == 1``), else once per optimizer step; stages 1-2 reduce-scatter sharded
     gradients and all-gather the updated shards once per step; stage 3 all-gathers each sharded
-    parameter in forward and reduce-scatters its gradient in backward, every micro-step;
+    parameter in forward (and again in backward when it is ``regathered``,
+    ``reshard_after_forward=True``) and reduce-scatters its gradient in backward, every micro-step;
     replicated parameters are all-reduced; one global-norm all-reduce per step when clipping at
     stages >= 1. Pure arithmetic on ``StagePolicy``'s answers.
     """
@@ -166,7 +185,8 @@ def native_collectives(layout: List[dict], stage: int, accum: int, clip_grad: bo
         full = _prod(p["shape"]) * p["itemsize"]
         padded = _prod(p["padded_shape"] or p["shape"]) * p["itemsize"]
         if policy.shards_params and p["split"]:
-            entries += [("all_gather", padded), ("reduce_scatter", padded)] * accum
+            gathers = [("all_gather", padded)] * (2 if p.get("regathered") else 1)
+            entries += (gathers + [("reduce_scatter", padded)]) * accum
         elif policy.uses_masters and p["split"]:
             entries += [("reduce_scatter", padded)] * reduces + [("all_gather", padded)]
         else:
@@ -221,21 +241,21 @@ def run_world(config_path: str, world: int, out: Path, timeout_s: int) -> None:
         raise RuntimeError(f"For 'benchmark', the msrun job with N={world} {what}.\n" + "\n".join(tails))
 
 
-def _load_ranks(out: Path, stage: int, world: int, prefix: str = "") -> List[dict]:
+def _load_ranks(out: Path, stem: str, world: int) -> List[dict]:
     ranks = []
     for r in range(world):
-        with open(out / f"{prefix}stage{stage}_rank{r}.json") as f:
+        with open(out / f"{stem}_rank{r}.json") as f:
             ranks.append(json.load(f))
     return ranks
 
 
 def summarize(cfg: dict, out: Path, world: int, prefix: str = "") -> List[dict]:
-    """One row per stage at ``world`` ranks from the workers' JSON files in ``out``
-    (``prefix`` "dense_" for the Dense stack)."""
+    """One row per setting (``settings_of``) at ``world`` ranks from the workers' JSON files in
+    ``out`` (``prefix`` "dense_" for the Dense stack)."""
     bench = cfg["benchmark"]
     rows = []
-    for stage in bench["stages"]:
-        ranks = _load_ranks(out, stage, world, prefix)
+    for stage, reshard in settings_of(bench):
+        ranks = _load_ranks(out, prefix + setting_name(stage, reshard), world)
         r0 = ranks[0]
         num_params = sum(_prod(p["shape"]) for p in r0["layout"])
         phi = sum(_prod(p["shape"]) * p["itemsize"] for p in r0["layout"])
@@ -244,7 +264,9 @@ def summarize(cfg: dict, out: Path, world: int, prefix: str = "") -> List[dict]:
         ours = native_collectives(r0["layout"], stage, r0["accum"], r0["clip_grad"])
         plan = [(e[0], e[2]) for e in r0["comm_plan"]]
         rows.append({
-            "model": prefix.rstrip("_") or "lm", "world": world, "stage": stage, "effective_stage": r0["effective_stage"], "num_params": num_params,
+            "model": prefix.rstrip("_") or "lm", "world": world, "stage": stage,
+            "label": str(stage) if reshard or stage != 3 else "3 (keep)", "reshard_after_forward": reshard,
+            "effective_stage": r0["effective_stage"], "num_params": num_params,
             "phi_bytes": phi, "memory": {k: max(r["memory"][k] for r in ranks) for k in r0["memory"]},
             "memory_equal_on_ranks": all(r["memory"] == r0["memory"] for r in ranks), "estimate": estimate,
             "step_time": median(r0["step_times"]), "collectives": len(ours), "volume": ring_volume(ours, world),
@@ -282,7 +304,7 @@ def render_tables(cfg: dict, rows: List[dict]) -> str:
     for r in rows:
         unit = r["phi_bytes"] * (r["world"] - 1) / r["world"]  # Φ' = Φ (N-1)/N: the paper's Φ on N ranks
         lines.append(
-            f"| {r['world']} | {r['stage']} | {_kib(r['memory']['total'])} | {_kib(r['estimate'])} | "
+            f"| {r['world']} | {r['label']} | {_kib(r['memory']['total'])} | {_kib(r['estimate'])} | "
             f"{r['memory_ratio']:.3f} | {r['step_time'] * 1e3:.1f} ms | {r['time_ratio']:.2f}x | {r['collectives']} | "
             f"{_kib(r['volume'])} | {r['volume'] / unit:.2f}Φ' | {r['volume_a1'] / unit:.2f}Φ' | "
             f"{PAPER_FACTOR[r['stage']]}Φ |"
@@ -292,7 +314,7 @@ def render_tables(cfg: dict, rows: List[dict]) -> str:
               "|---:|---:|" + "---:|" * (len(MEMORY_KINDS) + 1)]
     for r in rows:
         cells = " | ".join(str(r["memory"][kind]) for kind in MEMORY_KINDS + ("total",))
-        lines.append(f"| {r['world']} | {r['stage']} | {cells} |")
+        lines.append(f"| {r['world']} | {r['label']} | {cells} |")
     lines += ["", *_notes(rows)]
     return "\n".join(lines)
 
@@ -310,7 +332,7 @@ def render_dense_table(cfg: dict, rows: List[dict]) -> str:
     ]
     for r in rows:
         calls = r["library_plan_collectives"] if r["library_plan_collectives"] is not None else r["collectives"]
-        lines.append(f"| {r['world']} | {r['stage']} | {r['step_time'] * 1e3:.1f} ms | {r['time_ratio']:.2f}x | "
+        lines.append(f"| {r['world']} | {r['label']} | {r['step_time'] * 1e3:.1f} ms | {r['time_ratio']:.2f}x | "
                      f"{calls} | {_kib(r['volume'])} |")
     return "\n".join(lines)
 
@@ -326,16 +348,17 @@ def _notes(rows: List[dict]) -> List[str]:
         "N ranks. "
         "Stages 2-3 communicate every micro-step; the next column is the same count with one micro-step per step. "
         "Paper: 2Φ for stages 0-2, 3Φ for stage 3, per step without accumulation (its stage 3 gathers the "
-        "parameters again in backward; ours keeps the forward-gathered ones).",
+        "parameters again in backward, as ours does by default, `reshard_after_forward=True`; "
+        "\"3 (keep)\" keeps the forward-gathered ones until backward: 2Φ).",
     ]
     for r in rows:
         if r["effective_stage"] != r["stage"]:
-            notes.append(f"- N={r['world']} stage {r['stage']} ran as stage {r['effective_stage']} (fallback).")
+            notes.append(f"- N={r['world']} stage {r['label']} ran as stage {r['effective_stage']} (fallback).")
         if not r["memory_equal_on_ranks"]:
-            notes.append(f"- N={r['world']} stage {r['stage']}: ranks hold different bytes; the maximum is shown.")
+            notes.append(f"- N={r['world']} stage {r['label']}: ranks hold different bytes; the maximum is shown.")
         plan = r["library_plan_volume"]
         if plan is not None and abs(plan - r["volume"]) > 1e-6 * max(plan, 1.0):
-            notes.append(f"- N={r['world']} stage {r['stage']}: the library's CommPlan gives {plan:.0f} B "
+            notes.append(f"- N={r['world']} stage {r['label']}: the library's CommPlan gives {plan:.0f} B "
                          f"({r['library_plan_collectives']} collectives), this count {r['volume']:.0f} B.")
     return notes
 

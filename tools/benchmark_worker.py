@@ -4,8 +4,8 @@ at the world sizes the config's ``dense`` section names, on the Dense stack.
 For each (model, stage) it builds the model afresh, wraps it with ``prepare_train_network``,
 measures this rank's model-state bytes (``measure_model_states``) and runs ``warmup_steps``
 optimizer steps (compilation); then it times ``timed_steps`` steps of every (model, stage) in
-turns, and writes ``<out>/stage{s}_rank{r}.json`` (``dense_stage{s}_rank{r}.json`` for the Dense
-stack): the bytes by kind, the timed step durations, the shard layout of every parameter (for
+turns, and writes ``<out>/stage{s}_rank{r}.json`` (``stage3_keep_rank{r}.json`` for stage 3 with
+``reshard_after_forward=False``, ``dense_`` in front for the Dense stack): the bytes by kind, the timed step durations, the shard layout of every parameter (for
 the communication model in ``tools/benchmark.py``) and the library's own ``CommPlan`` when the
 train network has one.
 
@@ -29,15 +29,21 @@ from mindspore import Tensor, nn  # noqa: E402
 from mindone_zero import prepare_train_network  # noqa: E402
 from mindone_zero.comm import init_data_parallel  # noqa: E402
 from mindone_zero.memory_measure import measure_model_states  # noqa: E402
-from tools.benchmark import load_benchmark_config  # noqa: E402
+from mindone_zero.partition import zero_spec_of  # noqa: E402
+from mindone_zero.train_step import _regathered  # noqa: E402
+from tools.benchmark import load_benchmark_config, settings_of, setting_name  # noqa: E402
 from tools.dense_model import DenseLoss, build_dense, dense_batch  # noqa: E402
 from tools.lm_model import LMLoss, build_lm, init_lm_weights, reversal_batch  # noqa: E402
 
 
-def _layout(helper) -> list:
-    """Per parameter: full shape, bytes per element, whether it is sharded, padded rows."""
+def _layout(train_net) -> list:
+    """Per parameter: full shape, bytes per element, whether it is sharded, padded rows, and
+    whether stage 3 gathers it again in backward (``reshard_after_forward``)."""
+    helper = train_net.zero_helper
+    regathered = set(_regathered(train_net.network, helper.policy))
     return [{"name": p.name, "shape": list(s.shape), "itemsize": int(p.itemsize), "split": bool(s.split),
-             "padded_shape": list(s.padded_shape) if s.shape else []}
+             "padded_shape": list(s.padded_shape) if s.shape else [],
+             "regathered": bool(s.split and zero_spec_of(p) is not None and zero_spec_of(p).name in regathered)}
             for s, p in zip(helper.specs, helper.params)]
 
 
@@ -100,13 +106,14 @@ class DenseWorkload:
 class StageRun:
     """One stage's train network of one workload on this rank: built, measured, stepped on demand."""
 
-    def __init__(self, workload, stage: int, rank: int, world: int, out: Path):
-        self.workload, self.stage, self.rank, self.world = workload, stage, rank, world
+    def __init__(self, workload, stage: int, reshard: bool, rank: int, world: int, out: Path):
+        self.workload, self.stage, self.reshard, self.rank, self.world = workload, stage, reshard, rank, world
+        self.name = workload.prefix + setting_name(stage, reshard)
         loss_net, optimizer = workload.build()
         self.train_net = prepare_train_network(
             loss_net, optimizer, zero_stage=stage, gradient_accumulation_steps=workload.accum,
-            clip_grad=workload.clip_grad,
-            params_split_info=str(out / "params_info" / f"{workload.prefix}stage{stage}"),
+            clip_grad=workload.clip_grad, reshard_after_forward=reshard,
+            params_split_info=str(out / "params_info" / self.name),
         )
         self.train_net.set_train(True)
         self.memory = measure_model_states(self.train_net)
@@ -124,13 +131,14 @@ class StageRun:
         self.step += 1
 
     def write(self, out: Path) -> None:
-        """Write this rank's results to ``out/{prefix}stage{s}_rank{r}.json`` (atomically)."""
+        """Write this rank's results to ``out/{prefix}stage{s}[_keep]_rank{r}.json`` (atomically)."""
         helper = self.train_net.zero_helper
-        result = {"stage": self.stage, "world": self.world, "rank": self.rank, "memory": self.memory,
-                  "step_times": self.times, "losses": self.losses, "layout": _layout(helper),
+        result = {"stage": self.stage, "reshard_after_forward": self.reshard, "world": self.world,
+                  "rank": self.rank, "memory": self.memory,
+                  "step_times": self.times, "losses": self.losses, "layout": _layout(self.train_net),
                   "comm_plan": _plan_entries(self.train_net), "accum": self.workload.accum,
                   "clip_grad": self.workload.clip_grad, "effective_stage": int(helper.zero_stage)}
-        path = out / f"{self.workload.prefix}stage{self.stage}_rank{self.rank}.json"
+        path = out / f"{self.name}_rank{self.rank}.json"
         tmp = path.with_suffix(".json.tmp")
         tmp.write_text(json.dumps(result))
         os.replace(tmp, path)
@@ -154,14 +162,13 @@ def run_all(cfg: dict, rank: int, world: int, out: Path) -> None:
     bench = cfg["benchmark"]
     runs = []
     for workload in workloads_for(cfg, world):
-        for stage in bench["stages"]:
+        for stage, reshard in settings_of(bench):
             t0 = time.perf_counter()
-            run = StageRun(workload, stage, rank, world, out)
+            run = StageRun(workload, stage, reshard, rank, world, out)
             for _ in range(bench["warmup_steps"]):
                 run.run_step(timed=False)
             runs.append(run)
-            print(f"rank {rank}: {workload.prefix}stage {stage} built and warmed up in "
-                  f"{time.perf_counter() - t0:.1f}s", flush=True)
+            print(f"rank {rank}: {run.name} built and warmed up in {time.perf_counter() - t0:.1f}s", flush=True)
     for _ in range(bench["timed_steps"]):
         for run in runs:
             run.run_step(timed=True)

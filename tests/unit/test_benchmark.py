@@ -7,7 +7,7 @@ import pytest
 import yaml
 
 from tools.benchmark import (load_benchmark_config, native_collectives, plot, render_dense_table, render_tables,
-                             ring_volume, summarize)
+                             ring_volume, setting_name, settings_of, summarize)
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -35,6 +35,22 @@ def test_native_collectives_per_stage(stage, accum, expected):
     assert native_collectives(layout, stage, accum, clip_grad=True) == expected
 
 
+def test_stage3_regathered_parameters_are_gathered_again_each_micro_step():
+    layout = [dict(LAYOUT[0], regathered=True), LAYOUT[1]]
+    gather, scatter = ("all_gather", 72), ("reduce_scatter", 72)
+    assert native_collectives(layout, 3, 2, clip_grad=False) == [
+        FLAG, FLAG, gather, gather, scatter, gather, gather, scatter, ("all_reduce", 4), ("all_reduce", 4)]
+    # the flag means nothing below stage 3
+    assert native_collectives(layout, 2, 1, False) == native_collectives(LAYOUT, 2, 1, False)
+
+
+def test_settings_add_stage3_keeping_gathered_weights():
+    assert settings_of({"stages": [0, 1, 3], "stage3_keep": True}) == [(0, True), (1, True), (3, True), (3, False)]
+    assert settings_of({"stages": [0, 3], "stage3_keep": False}) == [(0, True), (3, True)]
+    assert settings_of({"stages": [0, 2], "stage3_keep": True}) == [(0, True), (2, True)]
+    assert [setting_name(3, True), setting_name(3, False), setting_name(0, True)] == ["stage3", "stage3_keep", "stage0"]
+
+
 def test_norm_all_reduce_only_when_clipping_at_stages_1_to_3():
     for stage in (1, 2, 3):
         assert len(native_collectives(LAYOUT, stage, 1, True)) == len(native_collectives(LAYOUT, stage, 1, False)) + 1
@@ -43,7 +59,7 @@ def test_norm_all_reduce_only_when_clipping_at_stages_1_to_3():
 
 def test_ring_volume_matches_the_paper_for_one_micro_step():
     # Φ = 64 B with no padding: every stage sends 2Φ(N-1)/N per rank and micro-step besides the 4-byte
-    # flags (stage 3 keeps the forward-gathered parameter for backward, so it is 2Φ, not the paper's 3Φ).
+    # flags when stage 3 keeps the forward-gathered parameter for backward; 3Φ when it gathers it again.
     world = 4
     layout = [dict(LAYOUT[0], shape=[8, 2], padded_shape=[8, 2])]
     phi = 64
@@ -52,6 +68,8 @@ def test_ring_volume_matches_the_paper_for_one_micro_step():
         assert ring_volume(entries, world) == 2 * phi * (world - 1) / world
     entries = [e for e in native_collectives([dict(layout[0], split=False)], 0, 1, False) if e[1] != 4]
     assert ring_volume(entries, world) == 2 * phi * (world - 1) / world
+    entries = [e for e in native_collectives([dict(layout[0], regathered=True)], 3, 1, False) if e[1] != 4]
+    assert ring_volume(entries, world) == 3 * phi * (world - 1) / world
     assert ring_volume([("all_reduce", 100), ("all_gather", 100)], 2) == 150.0
 
 
@@ -67,6 +85,7 @@ def test_shipped_config():
 
 @pytest.mark.parametrize("text,fragment", [
     ({"benchmark": {"stages": [1, 2]}}, "'benchmark.stages' must be a list of stages from [0, 1, 2, 3] including 0"),
+    ({"benchmark": {"stage3_keep": "yes"}}, "'benchmark.stage3_keep' must be a bool, but got 'yes'"),
     ({"benchmark": {"world_sizes": [0]}}, "'benchmark.world_sizes' must be a non-empty list of integers >= 1"),
     ({"benchmark": {"global_batch_size": 12}}, "multiple of N x accumulation for N=4, but got 12"),
     ({"benchmark": {"speed": 1}}, "'benchmark.speed' must be one of"),
@@ -84,14 +103,15 @@ def test_bad_config(tmp_path, text, fragment):
     assert fragment in str(err.value)
 
 
-def _fake_results(folder, world, stage, step_time, memory, prefix="", plan=()):
+def _fake_results(folder, world, stage, step_time, memory, prefix="", plan=(), reshard=True):
     folder.mkdir(parents=True, exist_ok=True)
-    layout = STAGE0_LAYOUT if stage == 0 else LAYOUT
+    layout = STAGE0_LAYOUT if stage == 0 else [dict(p, regathered=p["split"] and reshard and stage == 3)
+                                               for p in LAYOUT]
     for rank in range(world):
         record = {"stage": stage, "world": world, "rank": rank, "memory": memory, "step_times": [step_time] * 3,
                   "losses": [3.0, 2.0], "layout": layout, "comm_plan": list(plan), "accum": 2, "clip_grad": True,
-                  "effective_stage": stage}
-        (folder / f"{prefix}stage{stage}_rank{rank}.json").write_text(json.dumps(record))
+                  "effective_stage": stage, "reshard_after_forward": reshard}
+        (folder / f"{prefix}{setting_name(stage, reshard)}_rank{rank}.json").write_text(json.dumps(record))
 
 
 def test_summary_report_and_chart(tmp_path):
@@ -102,13 +122,17 @@ def test_summary_report_and_chart(tmp_path):
     for stage, parts in totals.items():
         memory = dict(zip(kinds, parts + (0, 0)), total=sum(parts))
         _fake_results(tmp_path, 2, stage, 0.1 * (stage + 1), memory)
+    _fake_results(tmp_path, 2, 3, 0.35, memory, reshard=False)
     rows = summarize(cfg, tmp_path, 2)
     # (4+4+8)P, (4+4)P + 8P/2, 4P + (4+8)P/2, (4+4+8)P/2 with P = 16
-    assert [r["estimate"] for r in rows] == [256, 192, 160, 128]
-    assert [round(r["memory_ratio"], 4) for r in rows] == [1.0, 1.1667, 1.2, 1.0]
-    assert [round(r["time_ratio"], 6) for r in rows] == [1.0, 2.0, 3.0, 4.0]
+    assert [r["estimate"] for r in rows] == [256, 192, 160, 128, 128]
+    assert [round(r["memory_ratio"], 4) for r in rows] == [1.0, 1.1667, 1.2, 1.0, 1.0]
+    assert [round(r["time_ratio"], 6) for r in rows] == [1.0, 2.0, 3.0, 4.0, 3.5]
+    assert [r["label"] for r in rows] == ["0", "1", "2", "3", "3 (keep)"]
     report = render_tables(cfg, rows)
-    assert "| 2 | 3 | 0.1 KiB | 0.1 KiB | 1.000 | 400.0 ms | 4.00x | 9 |" in report
+    # 2 micro-steps: flags 2, gathers 2 x 2 (again in backward) or 2 x 1, reduce-scatters 2, the 0-d one 2, norm 1
+    assert "| 2 | 3 | 0.1 KiB | 0.1 KiB | 1.000 | 400.0 ms | 4.00x | 11 |" in report
+    assert "| 2 | 3 (keep) | 0.1 KiB | 0.1 KiB | 1.000 | 350.0 ms | 3.50x | 9 |" in report
     assert "| 2 | 1 | 64 | 32 | 64 | 64 | 0 | 0 | 224 |" in report
     png = tmp_path / "chart.png"
     has_matplotlib = importlib.util.find_spec("matplotlib") is not None
@@ -123,9 +147,11 @@ def test_dense_rows_are_read_from_their_own_files_and_tabled_against_stage_0(tmp
     for stage in (0, 1, 2, 3):
         _fake_results(tmp_path, 2, stage, 9.9, memory)  # the LM's files must not be read as the Dense's
         _fake_results(tmp_path, 2, stage, 0.2 * (1 + stage / 10), memory, prefix="dense_", plan=plan)
+    _fake_results(tmp_path, 2, 3, 9.9, memory, reshard=False)
+    _fake_results(tmp_path, 2, 3, 0.2 * 1.25, memory, prefix="dense_", plan=plan, reshard=False)
     rows = summarize(cfg, tmp_path, 2, prefix="dense_")
-    assert [r["model"] for r in rows] == ["dense"] * 4
-    assert [round(r["time_ratio"], 6) for r in rows] == [1.0, 1.1, 1.2, 1.3]
+    assert [r["model"] for r in rows] == ["dense"] * 5
+    assert [round(r["time_ratio"], 6) for r in rows] == [1.0, 1.1, 1.2, 1.3, 1.25]
     table = render_dense_table(cfg, rows)
     assert table.startswith("4 x Dense(1024, 1024)")
     assert "| 2 | 2 | 240.0 ms | 1.20x | 2 |" in table
