@@ -10,12 +10,11 @@ training steps, built in MindOne's order (``prepare_network`` first, so that at 
 optimizer states are created at shard size). For each setting the table gives, per rank (the largest over ranks):
 
 * the peak memory of the steps (``measure_peak_memory``: on CPU the process's peak resident set
-  during the steps; on Ascend/GPU the runtime's peak allocated bytes), as growth around the steps
-  (above what was in use once the train network was built and, in graph mode, compiled: the peak
-  of a training step itself, gradients, gathered weights and temporaries) and as growth above what
-  the process used before the network was built (``memory_in_use``; includes the model states,
-  the graph compiler's memory and what the build left resident), each with its ratio to stage 0;
-* the memory the graph compilation kept (in use after ``train.compile`` less after the build);
+  during the steps, the first step's graph compilation included; on Ascend/GPU the runtime's peak
+  allocated bytes), as growth around the steps (above what was in use once the train network was
+  built: what the issue calls the peak of a training step) and as growth above what the process
+  used before the network was built (``memory_in_use``; includes the model states and what the
+  build left resident), each with its ratio to stage 0;
 * the measured model-state bytes (``measure_model_states``), the paper's estimate of them
   (``estimate_model_states_memory``) and the peak estimate (``estimate_peak_memory``: model states
   plus the full-layer term; activations are not counted);
@@ -142,7 +141,6 @@ def summarize(cfg: dict, results: dict) -> List[dict]:
         rows.append({
             "stage": stage, "reshard_after_forward": reshard if stage == 3 else None,
             "growth": growth, "ratio": growth / base, "from_build": built, "ratio_build": built / base_build,
-            "compile": max(r.get("compiled_bytes", 0) - r.get("built_bytes", 0) for r in ranks),
             "peak": max(r["peak_bytes"] for r in ranks),
             "states": max(r["model_states"]["total"] for r in ranks),
             "states_estimate": estimate_model_states_memory(total, n, stage, *nbytes),
@@ -162,16 +160,15 @@ def render(cfg: dict, rows: List[dict]) -> str:
         f"({params / 1e6:.1f} M params, {params * 4 / MB:.0f} MB fp32), AdamWeightDecay, {cfg['mode']} mode, "
         f"{cfg['steps']} steps, micro-batch {cfg['micro_batch']}; MB = 1e6 bytes; source: {rows[0]['source']}.",
         "",
-        "| stage | reshard_after_forward | step peak above the compiled network (MB) | / stage 0 "
-        "| peak above the process before build (MB) | / stage 0 | kept by compilation (MB) "
-        "| model states measured (MB) | model-states estimate (MB) | peak estimate (MB) "
-        "| all-gather per step (Φ) | last loss |",
-        "|---|---|---|---|---|---|---|---|---|---|---|---|",
+        "| stage | reshard_after_forward | peak growth around the steps (MB) | / stage 0 "
+        "| peak above the process before build (MB) | / stage 0 | model states measured (MB) "
+        "| model-states estimate (MB) | peak estimate (MB) | all-gather per step (Φ) | last loss |",
+        "|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in rows:
         option = "-" if r["reshard_after_forward"] is None else str(r["reshard_after_forward"])
         lines.append(f"| {r['stage']} | {option} | {r['growth'] / MB:.0f} | {r['ratio']:.2f} "
-                     f"| {r['from_build'] / MB:.0f} | {r['ratio_build']:.2f} | {r['compile'] / MB:.0f} "
+                     f"| {r['from_build'] / MB:.0f} | {r['ratio_build']:.2f} "
                      f"| {r['states'] / MB:.0f} | {r['states_estimate'] / MB:.0f} | {r['peak_estimate'] / MB:.0f} "
                      f"| {r['all_gather_phi']:.2f} | {r['last_loss']:.6f} |")
     return "\n".join(lines)

@@ -2,13 +2,11 @@
 
 Builds ``layers`` x ``nn.Dense(width, width)`` under a mean-squared-error loss, AdamWeightDecay,
 wraps it with ``prepare_train_network(zero_stage, reshard_after_forward)``, then measures this
-rank's peak memory over ``steps`` training steps (``mindone_zero.memory_measure.measure_peak_memory``;
-in graph mode the train network is compiled first, so that compilation is not a step's memory),
-above the memory in use just before the steps and above the memory in use before the network was
-built (``memory_in_use``; that one counts the compiler's memory too), and writes
-``<out>/<name>_rank{r}.json``: the memory in use before build, after build, after compilation,
-baseline/peak/growth bytes, model-state bytes by kind, the losses, and the library's ``CommPlan``
-of one step.
+rank's peak memory over ``steps`` training steps (``mindone_zero.memory_measure.measure_peak_memory``,
+first step's compilation included), above the memory in use just before the steps and above the
+memory in use before the network was built (``memory_in_use``), and
+writes ``<out>/<name>_rank{r}.json``: baseline/peak/growth bytes, model-state bytes by kind, the
+losses, and the library's ``CommPlan`` of one step.
 
 Usage (launched by tools/benchmark_peak.py):
 ``msrun ... tools/benchmark_peak_worker.py --out DIR --case JSON``
@@ -74,16 +72,10 @@ def run(case: dict, out: Path, rank: int, world: int) -> dict:
         loss, _, _ = train(x, y)
         losses.append(float(loss.asnumpy()))
 
-    built = memory_in_use()
-    if case["mode"] == "graph":
-        # Compile first, so that the peak of the steps is the steps' own memory; on Ascend/GPU the
-        # compiler's host memory is not counted by the device allocator either.
-        train.compile(x, y)
-    compiled = memory_in_use()
     peak = measure_peak_memory(step, steps=case["steps"])
     plan = train.comm_plan
     return {"rank": rank, "world": world, "case": case, "before_build_bytes": before_build,
-            "built_bytes": built, "compiled_bytes": compiled, "baseline_bytes": peak.baseline_bytes,
+            "baseline_bytes": peak.baseline_bytes,
             "peak_bytes": peak.peak_bytes, "growth_bytes": peak.growth_bytes, "source": peak.source,
             "model_states": measure_model_states(train), "losses": losses,
             "comm": {k: {"calls": plan.count(k), "volume": plan.volume(k)} for k in ("all_gather", "reduce_scatter",

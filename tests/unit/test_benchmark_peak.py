@@ -6,9 +6,8 @@ from tools.benchmark_peak import PEAK_DEFAULTS, load_peak_config, render, summar
 MB = 10 ** 6
 
 
-def _rank(growth, ag_volume, loss=0.5, compiled=0):
+def _rank(growth, ag_volume, loss=0.5):
     return {"growth_bytes": growth, "peak_bytes": growth + 400 * MB, "before_build_bytes": 300 * MB,
-            "built_bytes": 350 * MB, "compiled_bytes": 350 * MB + compiled,
             "model_states": {"total": 7},
             "comm": {"all_gather": {"volume": ag_volume}}, "losses": [1.0, loss], "source": "process_rss"}
 
@@ -16,7 +15,7 @@ def _rank(growth, ag_volume, loss=0.5, compiled=0):
 def test_rows_take_the_largest_rank_and_divide_by_stage0(tmp_path):
     cfg = dict(PEAK_DEFAULTS, layers=2, width=10, world_size=4)
     phi = 2 * 110 * 4
-    results = {(0, True): [_rank(1000 * MB, 0, compiled=190 * MB), _rank(1200 * MB, 0, compiled=200 * MB)],
+    results = {(0, True): [_rank(1000 * MB, 0), _rank(1200 * MB, 0)],
                (3, False): [_rank(500 * MB, 0.75 * phi), _rank(480 * MB, 0.75 * phi)],
                (3, True): [_rank(400 * MB, 1.5 * phi), _rank(300 * MB, 1.5 * phi)]}
     rows = summarize(cfg, results)
@@ -25,12 +24,11 @@ def test_rows_take_the_largest_rank_and_divide_by_stage0(tmp_path):
     assert [r["from_build"] for r in rows] == [1300 * MB, 600 * MB, 500 * MB]
     assert [round(r["ratio_build"], 4) for r in rows] == [1.0, round(600 / 1300, 4), round(500 / 1300, 4)]
     assert [r["all_gather_phi"] for r in rows] == [0, 0.75, 1.5]
-    assert [r["compile"] for r in rows] == [200 * MB, 0, 0]
     # estimates: 220 params; stage 3 states 16 * 220 / 4 = 880; free + (4 + 4) * 110, keep + 4 * 165 + 4 * 110
     assert rows[2]["states_estimate"] == 880 and rows[2]["peak_estimate"] == 880 + 880
     assert rows[1]["peak_estimate"] == 880 + 660 + 440
     table = render(cfg, rows)
-    assert "| 3 | True | 400 | 0.33 | 500 | 0.38 | 0 |" in table and "| 0 | - | 1200 | 1.00 | 1300 | 1.00 | 200 |" in table
+    assert "| 3 | True | 400 | 0.33 | 500 | 0.38 |" in table and "| 0 | - | 1200 | 1.00 | 1300 | 1.00 |" in table
 
 
 @pytest.mark.parametrize("section,text", [
