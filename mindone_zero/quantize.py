@@ -10,8 +10,7 @@ plus float32 round-off of the division; an all-zero block has scale 0 and dequan
 zeros.
 
 Non-finite values are kept non-finite, not rejected (a graph cannot raise at run time): a block
-holding an inf or a NaN gets a non-finite scale, and every element of that block dequantizes to
-inf or NaN. A gradient overflow under loss scaling therefore still reaches the overflow check
+holding an inf or a NaN gets a NaN scale, and every element of that block dequantizes to NaN. A gradient overflow under loss scaling therefore still reaches the overflow check
 (which tests for non-finite values); the other blocks are unaffected.
 
 Functions here are pure MindSpore ops on static shapes (usable in GRAPH_MODE ``construct`` and in
@@ -80,6 +79,8 @@ def quantize_blocks(x, block: int, blocks: int, carrier=ms.int8):
         x = ops.concat((x, ops.zeros((rows, pad), ms.float32)), 1)
     x = x.reshape((rows, blocks, block))
     scales = ops.amax(ops.abs(x), 2, True) / QMAX
+    # amax skips NaN: mark a block with any non-finite value explicitly (its scale becomes NaN).
+    scales = ops.select(ops.all(ops.isfinite(x), 2, True), scales, ops.full_like(scales, float("nan")))
     safe = ops.select(scales > 0, scales, ops.ones_like(scales))
     q = ops.clamp(ops.round(x / safe), -QMAX, QMAX).astype(carrier)
     q, scales = q.reshape((rows, blocks * block)), scales.reshape((rows, blocks))
@@ -94,7 +95,7 @@ def dequantize_blocks(q, scales, block: int, numel: int):
     flat = q.ndim == 1
     rows = 1 if flat else q.shape[0]
     blocks = scales.shape[-1]
-    # A non-finite scale makes every product in its block non-finite (0 * inf is NaN).
+    # A NaN scale makes every product in its block NaN.
     values = q.astype(ms.float32).reshape((rows, blocks, block)) * scales.reshape((rows, blocks, 1))
     values = values.reshape((rows, blocks * block))
     if blocks * block != numel:  # [Note: slices] in comm.py: cut only when there is padding

@@ -47,7 +47,7 @@ def check_reshard_after_forward(where: str, value) -> None:
     """Raise naming ``where`` unless ``value`` is a bool.
 
     Raises:
-        ValueError: an int (FSDP2's "re-gather from a smaller group", ZeRO++'s hpZ; not supported).
+        ValueError: an int (FSDP2's "re-gather from a smaller group"; not supported, hpZ is ``zeropp``'s).
         TypeError: any other non-bool value.
     """
     if isinstance(value, bool):
@@ -55,7 +55,7 @@ def check_reshard_after_forward(where: str, value) -> None:
     if isinstance(value, int):
         raise ValueError(
             f"For '{where}', the argument 'reshard_after_forward' must be a bool, but got {value!r}; an int (re-gather "
-            f"from a smaller group, ZeRO++'s hpZ) is not supported."
+            f"from a smaller group) is not supported: ZeRO++'s hpZ is zeropp={{'hpz_group': <group name>}}."
         )
     raise TypeError(f"For '{where}', the argument 'reshard_after_forward' must be a bool, but got {value!r}.")
 

@@ -3,17 +3,21 @@
 Cases (a JSON list from the test, run in order in one job; every rank writes
 ``<name>_rank<r>.json`` under --out):
 
-* ``{"name", "steps", "zeropp": {...} | null, "hpz": bool}``: train ``steps`` optimizer steps;
-  ``hpz`` adds ``hpz_group`` = this rank's half of the world ({0..N/2-1} or {N/2..N-1}).
-  Writes the loss of every step, a digest of every final full parameter (sha256 of its float32
-  bytes) and its values' sum, the comm plan's entries, and ``measured``: the bytes of the int8
-  values and scales that ``quantize_blocks`` produces for every ZeRO++ gather on this rank's
-  shards and gradient shapes (the tensors the CPU emulation moves, counted at 1 byte per int8).
+* ``{"name", "model": "lm" | "tiny", "steps", "zeropp": {...} | null, "hpz": bool}``: build the
+  demo LM (``tools/lm_model.py``, the ``LM`` config below) or ``tests/models.TinyNet`` (uneven
+  shapes, Dense + Embedding + LayerNorm + Conv2d) at stage 3 and train ``steps`` optimizer steps
+  (0: build only); ``hpz`` adds ``hpz_group`` = this rank's half of the world ({0..N/2-1} or
+  {N/2..N-1}). Writes the loss of every step, a digest of every final full parameter (sha256 of
+  its float32 bytes), the comm plan's entries, Φ (fp32 parameter bytes) and ``measured``: the
+  bytes of the int8 values and scales that ``quantize_blocks`` produces for every ZeRO++ gather
+  on this rank's shard and gradient shapes (the tensors the CPU emulation moves, counted at 1 byte
+  per int8 value, as natively).
 * ``{"name": "errors"}``: bad ``zeropp`` values against a network that must stay unmodified.
 """
 import hashlib
 import json
 import os
+import time
 import sys
 from pathlib import Path
 
@@ -29,23 +33,39 @@ from mindone_zero import gather_full_params, prepare_train_network  # noqa: E402
 from mindone_zero.comm import init_data_parallel, world_group  # noqa: E402
 from mindone_zero.quantize import quantize_blocks  # noqa: E402
 from parallel_modules.reshard import zeropp_wrappers  # noqa: E402
+from tests.models import LossNet, TinyNet, init_weights, micro_batch  # noqa: E402
 from tests.msrun_harness import worker_args  # noqa: E402
 from tools.lm_model import LMLoss, build_lm, init_lm_weights, reversal_batch  # noqa: E402
 
-MODEL = {"vocab_size": 32, "d_model": 64, "n_layers": 2, "n_heads": 4, "d_ff": 128, "max_len": 16}
+LM = {"vocab_size": 32, "d_model": 64, "n_layers": 2, "n_heads": 4, "d_ff": 128, "max_len": 16}  # train_lm.yaml
 DIGITS, GLOBAL_BATCH = 8, 32
 KEEP_ALIVE = []  # MindSpore keys parsed Cells by id: keep every case's Cells alive
 
 
-def _build(zeropp, world):
-    net = init_lm_weights(build_lm(MODEL), 0)
-    loss_net = LMLoss(net)
+def _loss_net(model):
+    if model == "tiny":
+        return LossNet(init_weights(TinyNet(with_scalar=False)))
+    return LMLoss(init_lm_weights(build_lm(LM), 0))
+
+
+def _batch(model, step, rank, world):
+    if model == "tiny":
+        ids, labels = micro_batch(step, rank, world, 0, 1)
+        return Tensor(ids), Tensor(labels), Tensor(1.0, ms.float32)
+    micro = GLOBAL_BATCH // world
+    arrays = reversal_batch(1, step, GLOBAL_BATCH, DIGITS, LM["vocab_size"])
+    return tuple(Tensor(a[rank * micro:(rank + 1) * micro]) for a in arrays)
+
+
+def _build(model, zeropp):
+    loss_net = _loss_net(model)
+    phi = sum(p.size * 4 for p in loss_net.trainable_params())
     optimizer = nn.AdamWeightDecay(loss_net.trainable_params(), learning_rate=1e-3, weight_decay=0.0)
     train = prepare_train_network(loss_net, optimizer, scale_sense=1024.0, clip_grad=True, clip_norm=1.0,
                                   zero_stage=3, zeropp=zeropp)
     train.set_train(True)
     KEEP_ALIVE.append(train)
-    return train
+    return train, phi
 
 
 def _measured_bytes(train):
@@ -73,19 +93,20 @@ def run_train(case, rank, world, out):
         name = f"hpz_{members[0]}"
         create_group(name, members)
         zeropp = dict(zeropp or {}, hpz_group=name)
-    train = _build(zeropp, world)
-    micro = GLOBAL_BATCH // world
-    losses = []
+    train, phi = _build(case["model"], zeropp)
+    losses, start = [], time.time()
+    first = start
     for step in range(case["steps"]):
-        arrays = reversal_batch(1, step, GLOBAL_BATCH, DIGITS, MODEL["vocab_size"])
-        batch = tuple(Tensor(a[rank * micro:(rank + 1) * micro]) for a in arrays)
-        loss, overflow, _ = train(*batch)
+        loss, _, _ = train(*_batch(case["model"], step, rank, world))
         losses.append(float(loss.asnumpy()))
-    full = gather_full_params(train)
+        if step == 0:
+            first = time.time()
+    full = gather_full_params(train) if case["steps"] else {}
     digests = {k: hashlib.sha256(np.ascontiguousarray(v, np.float32).tobytes()).hexdigest() for k, v in full.items()}
     plan = train.comm_plan
-    result = {"losses": losses, "digests": digests, "sums": {k: float(np.sum(v)) for k, v in full.items()},
-              "plan": [list(e) for e in plan.entries], "measured": _measured_bytes(train)}
+    result = {"losses": losses, "digests": digests, "plan": [list(e) for e in plan.entries], "phi": phi,
+              "measured": _measured_bytes(train),
+              "seconds": {"first_step": first - start, "rest": time.time() - first}}
     _write(out, case["name"], rank, result)
 
 
@@ -105,8 +126,7 @@ def run_errors(case, rank, world, out):
     ]
     results = {}
     for label, zeropp, kwargs in bad:
-        net = init_lm_weights(build_lm(MODEL), 0)
-        loss_net = LMLoss(net)
+        loss_net = _loss_net("tiny")
         KEEP_ALIVE.append(loss_net)
         before = {p.name: tuple(p.shape) for p in loss_net.get_parameters()}
         optimizer = nn.AdamWeightDecay(loss_net.trainable_params(), learning_rate=1e-3)
