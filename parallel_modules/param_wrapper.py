@@ -377,6 +377,7 @@ class _HpzPrimary(nn.Cell):
         self.begin = (sec_rank * rows,) + (0,) * (len(padded) - 1)
         self.size = (rows,) + tuple(padded[1:])
         self.cast_dtype = base.compute_dtype if base.quantize_weights or base.cast_after_gather else None
+        self.nbytes = int(np.prod(self.size)) * _ITEMSIZE.get(base.compute_dtype, 4)  # the secondary shard
 
     def construct(self, x):
         full = self.base.gather_padded(x)

@@ -7,7 +7,7 @@ import mindspore as ms
 from mindspore import Tensor
 
 from models import LossNet, TinyNet, init_weights, make_optimizer
-from mindone_zero import ZeroPPConfig, prepare_network, prepare_train_network
+from mindone_zero import ZeroPPConfig, estimate_peak_memory, prepare_network, prepare_train_network
 from mindone_zero.comm import CommPlan
 from mindone_zero.quantize import block_layout, dequantize_blocks, quantize_blocks, quantized_nbytes
 from parallel_modules import shard_network
@@ -134,3 +134,12 @@ def test_below_stage_3_is_an_error_and_off_is_a_no_op():
     with pytest.raises(ValueError, match=r"'zeropp' applies to zero_stage 3 only, .* with zero_stage=2"):
         prepare_network(net, 2, zeropp={"quantize_weights": True})
     assert prepare_network(net, 0, zeropp=ZeroPPConfig()) is net  # nothing on: accepted at any stage
+
+
+def test_peak_estimate_adds_the_secondary_shards():
+    base = estimate_peak_memory(1000, 8, 3, 100, 2, 2, 12)
+    assert estimate_peak_memory(1000, 8, 3, 100, 2, 2, 12, hpz_group_size=4) == base + 2 * 1000 // 4
+    with pytest.raises(ValueError, match="'hpz_group_size' must be a finite integer > 0, but got 0"):
+        estimate_peak_memory(1000, 8, 3, 100, hpz_group_size=0)
+    with pytest.raises(ValueError, match=r"'hpz_group_size' \(4\) needs reshard_after_forward=True"):
+        estimate_peak_memory(1000, 8, 3, 100, reshard_after_forward=False, hpz_group_size=4)

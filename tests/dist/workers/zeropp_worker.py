@@ -3,15 +3,16 @@
 Cases (a JSON list from the test, run in order in one job; every rank writes
 ``<name>_rank<r>.json`` under --out):
 
-* ``{"name", "model": "lm" | "tiny", "steps", "zeropp": {...} | null, "hpz": bool}``: build the
-  demo LM (``tools/lm_model.py``, the ``LM`` config below) or ``tests/models.TinyNet`` (uneven
+* ``{"name", "model": "lm" | "lm_small" | "tiny", "steps", "zeropp": {...} | null, "hpz": bool,
+  "reshard": bool (default true)}``: build the demo LM (``tools/lm_model.py``, the ``LM`` config
+  below, or with ``LM_SMALL``'s changes) or ``tests/models.TinyNet`` (uneven
   shapes, Dense + Embedding + LayerNorm + Conv2d) at stage 3 and train ``steps`` optimizer steps
   (0: build only); ``hpz`` adds ``hpz_group`` = this rank's half of the world ({0..N/2-1} or
   {N/2..N-1}). Writes the loss of every step, a digest of every final full parameter (sha256 of
   its float32 bytes), the comm plan's entries, Φ (fp32 parameter bytes) and ``measured``: the
   bytes of the int8 values and scales that ``quantize_blocks`` produces for every ZeRO++ gather
   on this rank's shard and gradient shapes (the tensors the CPU emulation moves, counted at 1 byte
-  per int8 value, as natively).
+  per int8 value, as natively), and ``hpz_bytes`` (``memory_measure.hpz_secondary_bytes``).
 * ``{"name": "errors"}``: bad ``zeropp`` values against a network that must stay unmodified.
 """
 import hashlib
@@ -31,6 +32,7 @@ from mindspore.communication import create_group  # noqa: E402
 
 from mindone_zero import gather_full_params, prepare_train_network  # noqa: E402
 from mindone_zero.comm import init_data_parallel, world_group  # noqa: E402
+from mindone_zero.memory_measure import hpz_secondary_bytes  # noqa: E402
 from mindone_zero.quantize import quantize_blocks  # noqa: E402
 from parallel_modules.reshard import zeropp_wrappers  # noqa: E402
 from tests.models import LossNet, TinyNet, init_weights, micro_batch  # noqa: E402
@@ -38,6 +40,7 @@ from tests.msrun_harness import worker_args  # noqa: E402
 from tools.lm_model import LMLoss, build_lm, init_lm_weights, reversal_batch  # noqa: E402
 
 LM = {"vocab_size": 32, "d_model": 64, "n_layers": 2, "n_heads": 4, "d_ff": 128, "max_len": 16}  # train_lm.yaml
+LM_SMALL = {"d_model": 32, "n_layers": 1}  # as tests/dist/test_train_tool.py: cheaper to compile and run
 DIGITS, GLOBAL_BATCH = 8, 32
 KEEP_ALIVE = []  # MindSpore keys parsed Cells by id: keep every case's Cells alive
 
@@ -45,7 +48,7 @@ KEEP_ALIVE = []  # MindSpore keys parsed Cells by id: keep every case's Cells al
 def _loss_net(model):
     if model == "tiny":
         return LossNet(init_weights(TinyNet(with_scalar=False)))
-    return LMLoss(init_lm_weights(build_lm(LM), 0))
+    return LMLoss(init_lm_weights(build_lm(dict(LM, **LM_SMALL) if model == "lm_small" else LM), 0))
 
 
 def _batch(model, step, rank, world):
@@ -57,12 +60,12 @@ def _batch(model, step, rank, world):
     return tuple(Tensor(a[rank * micro:(rank + 1) * micro]) for a in arrays)
 
 
-def _build(model, zeropp):
+def _build(model, zeropp, reshard):
     loss_net = _loss_net(model)
     phi = sum(p.size * 4 for p in loss_net.trainable_params())
     optimizer = nn.AdamWeightDecay(loss_net.trainable_params(), learning_rate=1e-3, weight_decay=0.0)
     train = prepare_train_network(loss_net, optimizer, scale_sense=1024.0, clip_grad=True, clip_norm=1.0,
-                                  zero_stage=3, zeropp=zeropp)
+                                  zero_stage=3, zeropp=zeropp, reshard_after_forward=reshard)
     train.set_train(True)
     KEEP_ALIVE.append(train)
     return train, phi
@@ -93,7 +96,7 @@ def run_train(case, rank, world, out):
         name = f"hpz_{members[0]}"
         create_group(name, members)
         zeropp = dict(zeropp or {}, hpz_group=name)
-    train, phi = _build(case["model"], zeropp)
+    train, phi = _build(case["model"], zeropp, case.get("reshard", True))
     losses, start = [], time.time()
     first = start
     for step in range(case["steps"]):
@@ -105,7 +108,7 @@ def run_train(case, rank, world, out):
     digests = {k: hashlib.sha256(np.ascontiguousarray(v, np.float32).tobytes()).hexdigest() for k, v in full.items()}
     plan = train.comm_plan
     result = {"losses": losses, "digests": digests, "plan": [list(e) for e in plan.entries], "phi": phi,
-              "measured": _measured_bytes(train),
+              "measured": _measured_bytes(train), "hpz_bytes": hpz_secondary_bytes(train),
               "seconds": {"first_step": first - start, "rest": time.time() - first}}
     _write(out, case["name"], rank, result)
 
