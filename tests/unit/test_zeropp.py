@@ -143,3 +143,18 @@ def test_peak_estimate_adds_the_secondary_shards():
         estimate_peak_memory(1000, 8, 3, 100, hpz_group_size=0)
     with pytest.raises(ValueError, match=r"'hpz_group_size' \(4\) needs reshard_after_forward=True"):
         estimate_peak_memory(1000, 8, 3, 100, reshard_after_forward=False, hpz_group_size=4)
+
+
+def test_benchmark_table_ratios():
+    from tools.benchmark_zeropp import COMBOS, render, volumes
+
+    plain = [["all_gather", "w", 1000, 4], ["all_gather", "w", 1000, 4], ["reduce_scatter", "w", 1000, 4],
+             ["all_reduce", "w", 4, 4]]
+    every = [["all_gather", "w", 250, 4], ["all_gather", "w", 4, 4], ["all_gather", "bench_node", 1000, 2],
+             ["all_gather", "bench_node", 1000, 2], ["all_to_all", "w", 250, 4], ["all_to_all", "w", 4, 4]]
+    assert volumes(plain) == (pytest.approx(2250.0), pytest.approx(2250.0))  # the 4-byte flag is left out
+    assert volumes(every)[1] == pytest.approx(381.0)
+    results = [{"combo": c, "phi": 1000, "entries": every if all(c.values()) else plain} for c in COMBOS]
+    table = render({"world": 4, "results": results})
+    assert "| - | - | - | 2250 | 3.00 | 1.000 | 2250 | 3.00 | 1.000 |" in table
+    assert "| yes | yes | yes | 1381 | 1.84 | 0.614 | 381 | 0.51 | 0.169 |" in table
