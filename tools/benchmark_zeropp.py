@@ -97,10 +97,10 @@ def main(argv=None) -> int:
     parser.add_argument("--config", default=str(REPO / "configs" / "train_lm.yaml"))
     parser.add_argument("--world_size", type=int, default=4)
     parser.add_argument("--out", default="outputs/benchmark/zeropp")
-    parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument("--as_worker", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     out = Path(args.out).resolve()
-    if args.worker:
+    if args.as_worker:
         worker(args.config, out)
         return 0
     if args.world_size < 2 or args.world_size % 2:
@@ -108,7 +108,7 @@ def main(argv=None) -> int:
     out.mkdir(parents=True, exist_ok=True)
     from tests.msrun_harness import run_msrun  # one launcher for the tools and the tests
 
-    run_msrun(__file__, args.world_size, out, ["--config", args.config, "--worker"], timeout=600)
+    run_msrun(__file__, args.world_size, out, ["--config", args.config, "--as_worker"], timeout=600)
     report = render(json.loads((out / "plans.json").read_text()))
     (out / "zeropp.md").write_text(report + "\n")
     print(report)
