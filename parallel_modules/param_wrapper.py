@@ -261,11 +261,9 @@ class _GatherShard(nn.Cell):
         self.cast_before_gather = narrower and not self.quantize_weights
         self.cast_after_gather = not self.cast_before_gather and self.compute_dtype != param_dtype
         self.comm = GroupComm(group) if self.gathers else None
-        if self.gathers:
-            block_size = zeropp.block_size if zeropp is not None else 1
-            shard_numel = int(np.prod(spec.shard_shape))
-            self.w_block, self.w_blocks, _ = block_layout(shard_numel, block_size)
-            self.g_block, self.g_blocks, _ = block_layout(shard_numel, block_size)
+        if self.quantize_weights or self.quantize_grads:
+            # qwZ quantizes this rank's shard, qgZ each destination's block: the same layout.
+            self.block, self.blocks, _ = block_layout(int(np.prod(spec.shard_shape)), zeropp.block_size)
 
     def with_zeropp(self, zeropp) -> "_GatherShard":
         """A gather of the same parameter with ZeRO++ options ``zeropp``."""
@@ -274,7 +272,7 @@ class _GatherShard(nn.Cell):
     def gather_padded(self, x):
         """The padded full tensor (``spec.padded_shape``) of shard ``x``; collective over the group."""
         if self.quantize_weights:
-            return self.comm.all_gather_quantized(x, self.w_block, self.w_blocks)
+            return self.comm.all_gather_quantized(x, self.block, self.blocks)
         if self.cast_before_gather:
             x = x.astype(self.compute_dtype)
         return self.comm.all_gather(x)
@@ -300,7 +298,7 @@ class _GatherShard(nn.Cell):
         if self.gathers:
             grad = pad_dim0(grad, self.pad)
             if self.quantize_grads:
-                grad = self.comm.reduce_scatter_quantized(grad, self.g_block, self.g_blocks).astype(self.param_dtype)
+                grad = self.comm.reduce_scatter_quantized(grad, self.block, self.blocks).astype(self.param_dtype)
             else:
                 grad = self.comm.reduce_scatter(grad)
             grad = grad / self.group_size
@@ -323,7 +321,7 @@ class _GatherShard(nn.Cell):
         elif regathered:
             self._record_gather(plan, times)
         if self.quantize_grads:
-            plan.add_quantized("all_to_all", op, n, n * self.g_block * self.g_blocks, n * self.g_blocks, times)
+            plan.add_quantized("all_to_all", op, n, n * self.block * self.blocks, n * self.blocks, times)
         else:
             numel = int(np.prod(self.spec.padded_shape))
             plan.add("reduce_scatter", op, numel * _ITEMSIZE.get(self.param_dtype, 4), n, times=times)
@@ -331,7 +329,7 @@ class _GatherShard(nn.Cell):
     def _record_gather(self, plan, times: int) -> None:
         n, op = self.group_size, self.comm.group
         if self.quantize_weights:
-            plan.add_quantized("all_gather", op, n, n * self.w_block * self.w_blocks, n * self.w_blocks, times)
+            plan.add_quantized("all_gather", op, n, n * self.block * self.blocks, n * self.blocks, times)
         else:
             itemsize = _ITEMSIZE.get(self.compute_dtype if self.cast_before_gather else self.param_dtype, 4)
             plan.add("all_gather", op, int(np.prod(self.spec.padded_shape)) * itemsize, n, times=times)

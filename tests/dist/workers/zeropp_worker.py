@@ -4,7 +4,7 @@ Cases (a JSON list from the test, run in order in one job; every rank writes
 ``<name>_rank<r>.json`` under --out):
 
 * ``{"name", "model": "lm" | "lm_small" | "tiny", "steps", "zeropp": {...} | null, "hpz": bool,
-  "reshard": bool (default true)}``: build the demo LM (``tools/lm_model.py``, the ``LM`` config
+  "reshard": bool (default true), "mode": "graph" (default) | "pynative"}``: build the demo LM (``tools/lm_model.py``, the ``LM`` config
   below, or with ``LM_SMALL``'s changes) or ``tests/models.TinyNet`` (uneven
   shapes, Dense + Embedding + LayerNorm + Conv2d) at stage 3 and train ``steps`` optimizer steps
   (0: build only); ``hpz`` adds ``hpz_group`` = this rank's half of the world ({0..N/2-1} or
@@ -79,16 +79,17 @@ def _measured_bytes(train):
         n = gather.group_size
         shard = Tensor(np.ones(gather.spec.shard_shape, np.float32))
         if gather.quantize_weights:
-            q, s = quantize_blocks(shard.reshape(-1), gather.w_block, gather.w_blocks)
+            q, s = quantize_blocks(shard.reshape(-1), gather.block, gather.blocks)
             total["all_gather"] += n * (q.size + 4 * s.size)  # the gathered result holds every rank's
         if gather.quantize_grads:
             full = Tensor(np.ones((n, shard.size), np.float32))
-            q, s = quantize_blocks(full, gather.g_block, gather.g_blocks)
+            q, s = quantize_blocks(full, gather.block, gather.blocks)
             total["all_to_all"] += q.size + 4 * s.size  # this rank's (N destinations, blocks) input
     return total
 
 
 def run_train(case, rank, world, out):
+    ms.set_context(mode=ms.PYNATIVE_MODE if case.get("mode") == "pynative" else ms.GRAPH_MODE)
     zeropp = dict(case["zeropp"]) if case["zeropp"] else None
     if case.get("hpz"):
         half = world // 2
