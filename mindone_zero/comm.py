@@ -13,6 +13,9 @@ missing with AllReduce(SUM):
 * all-gather on a sub-group: place the block at its rows in a zero tensor of the full padded
   size and all-reduce. Moves N times the native volume.
 * broadcast on a sub-group: zero the tensor on every rank but the root, then all-reduce.
+* ZeRO++'s quantized reduce-scatter (an all-to-all of int8 blocks natively): all-gather every
+  rank's quantized tensor and keep the pieces of this rank's block. Moves N times the native volume.
+  Int8 values travel in float16 ([Note: int8 on CPU]).
 
 The emulations give the same numbers as the native ops (additions of exact zeros), but move
 more bytes. ``CommPlan`` therefore records what the *native* path would move, which is what
