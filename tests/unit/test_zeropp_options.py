@@ -158,3 +158,11 @@ def test_benchmark_table_ratios():
     table = render({"world": 4, "results": results})
     assert "| - | - | - | 2250 | 3.00 | 1.000 | 2250 | 3.00 | 1.000 |" in table
     assert "| yes | yes | yes | 1381 | 1.84 | 0.614 | 381 | 0.51 | 0.169 |" in table
+
+
+def test_estimator_cli_prints_the_hpz_row(capsys):
+    from tools.estimate_memory import main
+
+    assert main(["--params", "1000", "--world-size", "4", "--largest-layer", "100", "--hpz-group-size", "2"]) == 0
+    # stage 3, fp16 + Adam: 4000 of states + 4 * 100 of a gathered layer + 2 * 1000 / 2 of secondary shards
+    assert "| True, hpZ over 2 ranks | 5400 |" in capsys.readouterr().out
