@@ -6,6 +6,7 @@ from .memory import estimate_model_states_memory, estimate_peak_memory
 from .prepare import prepare_ema, prepare_network, prepare_train_network
 from .train_step import TrainOneStepWrapper
 from .zero_helper import ZeroHelper
+from .zeropp import ZeroPPConfig
 
 __all__ = [
     "prepare_train_network",
@@ -23,6 +24,7 @@ __all__ = [
     "gather_full_params",
     "save_full_checkpoint",
     "PARALLEL_MODULES",
+    "ZeroPPConfig",
 ]
 
 

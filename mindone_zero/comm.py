@@ -13,6 +13,9 @@ missing with AllReduce(SUM):
 * all-gather on a sub-group: place the block at its rows in a zero tensor of the full padded
   size and all-reduce. Moves N times the native volume.
 * broadcast on a sub-group: zero the tensor on every rank but the root, then all-reduce.
+* ZeRO++'s quantized reduce-scatter (an all-to-all of int8 blocks natively): all-gather every
+  rank's quantized tensor and keep the pieces of this rank's block. Moves N times the native volume.
+  Int8 values travel in float16 ([Note: int8 on CPU]).
 
 The emulations give the same numbers as the native ops (additions of exact zeros), but move
 more bytes. ``CommPlan`` therefore records what the *native* path would move, which is what
@@ -43,6 +46,8 @@ import mindspore as ms
 import numpy as np
 from mindspore import Tensor, nn, ops
 from mindspore.communication import GlobalComm, get_group_size, get_rank
+
+from .quantize import SCALE_BYTES, dequantize_blocks, quantize_blocks
 
 __all__ = [
     "GroupComm",
@@ -111,7 +116,7 @@ def group_size_and_rank(group: Optional[str]) -> Tuple[int, int]:
     return get_group_size(group), get_rank(group)
 
 
-_RING_FACTOR = {"all_reduce": 2.0, "reduce_scatter": 1.0, "all_gather": 1.0, "broadcast": 1.0}
+_RING_FACTOR = {"all_reduce": 2.0, "reduce_scatter": 1.0, "all_gather": 1.0, "broadcast": 1.0, "all_to_all": 1.0}
 
 
 @dataclass
@@ -123,7 +128,9 @@ class CommPlan:
     full tensor the collective works on (the all-reduced tensor, the padded input of a
     reduce-scatter, the output of an all-gather). ``volume`` turns that into the bytes a rank
     sends with a ring algorithm: ``2 (n-1)/n`` of it for all-reduce, ``(n-1)/n`` for
-    reduce-scatter and all-gather, the terms of the ZeRO paper's 2Φ / 3Φ.
+    reduce-scatter, all-gather and all-to-all, the terms of the ZeRO paper's 2Φ / 3Φ. ZeRO++'s
+    quantized collectives record int8 values and float32 scales as separate entries
+    (``GroupComm.all_gather_quantized``).
     """
 
     entries: List[Tuple[str, str, int, int]] = field(default_factory=list)
@@ -132,6 +139,13 @@ class CommPlan:
         if kind not in _RING_FACTOR:
             raise ValueError(f"For 'CommPlan.add', the argument 'kind' must be one of {sorted(_RING_FACTOR)}, but got {kind!r}.")
         self.entries.extend([(kind, group, int(nbytes), int(group_size))] * times)
+
+    def add_quantized(self, kind: str, group: str, group_size: int, numel: int, blocks: int, times: int = 1) -> None:
+        """A ZeRO++ quantized collective on a tensor of ``numel`` int8 values in ``blocks`` blocks: one
+        entry for the int8 values (1 byte each, natively; see [Note: int8 on CPU]), one for the
+        float32 scales."""
+        self.add(kind, group, numel, group_size, times)
+        self.add(kind, group, blocks * SCALE_BYTES, group_size, times)
 
     def count(self, kind: Optional[str] = None) -> int:
         """Number of collectives (of ``kind`` if given)."""
@@ -144,6 +158,11 @@ class CommPlan:
     def volume(self, kind: Optional[str] = None) -> float:
         """Bytes each rank sends with ring algorithms (of ``kind`` if given)."""
         return sum(_RING_FACTOR[k] * (n - 1) / n * b for k, _, b, n in self.entries if kind is None or k == kind)
+
+    def volume_outside(self, groups) -> float:
+        """Ring volume per rank of the collectives whose group is not in ``groups`` (ZeRO++: the
+        traffic that leaves hpZ's secondary group, the paper's cross-node volume)."""
+        return sum(_RING_FACTOR[k] * (n - 1) / n * b for k, g, b, n in self.entries if g not in groups)
 
     def summary(self) -> str:
         """One line per kind: calls, full-tensor bytes, ring volume per rank."""
@@ -183,6 +202,12 @@ class GroupComm(nn.Cell):
         onehot = np.zeros((self.size,), np.bool_)
         onehot[self.rank] = True
         self._is_me = Tensor(onehot)
+        # [Note: int8 on CPU] MindSpore 2.10's CPU AllGather and AllReduce have no int8 kernel: the
+        # int8 values travel there in float16, which holds [-127, 127] exactly (2 bytes instead of 1;
+        # CommPlan records the native int8 bytes).
+        self.carrier = ms.int8 if ms.get_context("device_target") != "CPU" else ms.float16
+        self._native_a2a = ms.get_context("device_target") != "CPU"
+        self._all_to_all = ops.AlltoAll(self.size, 0, 0, self.group) if self._native_a2a and self.size > 1 else None
 
     def construct(self, x):
         """Sum of ``x`` over the group (the same as ``all_reduce``)."""
@@ -216,6 +241,35 @@ class GroupComm(nn.Cell):
         mine = ops.broadcast_to(self._is_me.reshape((self.size,) + (1,) * x.ndim), full.shape)
         full = ops.select(mine, full, ops.zeros_like(full))
         return self._all_reduce(full.reshape((self.size * x.shape[0],) + x.shape[1:]))
+
+    def all_gather_quantized(self, x, block: int, blocks: int):
+        """qwZ: all-gather ``x`` (this rank's block) as int8 blocks with float32 scales
+        ([Note: block quantization] in quantize.py, ``block_layout(x.size, block_size)``); every rank
+        dequantizes. Returns float32 of shape ``(size * x.shape[0], *x.shape[1:])``."""
+        q, scales = quantize_blocks(x.reshape(-1), block, blocks, self.carrier)
+        q = self.all_gather(q).reshape((self.size, blocks * block))
+        scales = self.all_gather(scales).reshape((self.size, blocks))
+        full = dequantize_blocks(q, scales, block, x.size)
+        return full.reshape((self.size * x.shape[0],) + x.shape[1:])
+
+    def reduce_scatter_quantized(self, x, block: int, blocks: int):
+        """qgZ: sum of ``x`` over the group, this rank's block of ``x.shape[0] // size`` rows, with
+        every rank's contribution quantized per destination block (``block_layout(block rows' size,
+        block_size)``) and summed in float32 after dequantization. Native: one all-to-all of the
+        int8 blocks and one of the scales. CPU (no all-to-all): all-gather of every rank's
+        quantized tensor, then each rank keeps the pieces of its block; the same numbers, N times
+        the bytes. Returns float32."""
+        rows = x.shape[0] // self.size
+        numel = x.size // self.size
+        q, scales = quantize_blocks(x.reshape((self.size, numel)), block, blocks, self.carrier)
+        if self._all_to_all is not None:
+            q, scales = self._all_to_all(q), self._all_to_all(scales)
+        elif self.size > 1:
+            q = ops.narrow(self.all_gather(q).reshape((self.size, self.size, blocks * block)), 1, self.rank, 1)
+            scales = ops.narrow(self.all_gather(scales).reshape((self.size, self.size, blocks)), 1, self.rank, 1)
+        q, scales = q.reshape((self.size, blocks * block)), scales.reshape((self.size, blocks))
+        total = ops.sum(dequantize_blocks(q, scales, block, numel), 0)
+        return total.reshape((rows,) + x.shape[1:])
 
     def broadcast(self, x, root: int = 0):
         """``x`` of the rank with group index ``root``, on every rank."""

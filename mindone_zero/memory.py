@@ -29,6 +29,8 @@ stage                                  added to the model states
                                        backward) and its full gradient before the reduce-scatter
 3, ``reshard_after_forward=False``     p * P * (N - 1) / N + g * L: every gathered weight is kept
                                        until its backward, so the whole model is held again
+3, ZeRO++ hpZ over K ranks             (p + g) * L + p * P / K: as ``True``, plus the secondary
+                                       shards (1/K of every weight) kept from forward to backward
 =====================================  ==============================================================
 """
 import math
@@ -106,7 +108,8 @@ def estimate_model_states_memory(
 
 
 def estimate_peak_memory(num_params, world_size: int, zero_stage: int, largest_layer_params, param_bytes=2,
-                         grad_bytes=2, optimizer_bytes=12, reshard_after_forward: bool = True) -> int:
+                         grad_bytes=2, optimizer_bytes=12, reshard_after_forward: bool = True,
+                         hpz_group_size=None) -> int:
     """Bytes per device at the peak of a step: model states plus the full-layer term (table above).
 
     ``estimate_model_states_memory`` plus what is held in full during a step: at stage 3 with
@@ -122,6 +125,8 @@ def estimate_peak_memory(num_params, world_size: int, zero_stage: int, largest_l
         largest_layer_params: parameters ``L`` of the largest layer (the most that are gathered at
             once; for a Transformer block recomputed as one Cell, the whole block), 0 <= L <= P.
         reshard_after_forward: stage 3's option (``prepare_train_network``); ignored below stage 3.
+        hpz_group_size: K, the size of ZeRO++'s hpZ secondary group (``zeropp.hpz_group``), or None;
+            adds ``p * P / K`` at stage 3 (needs ``reshard_after_forward=True``).
 
     Returns:
         int: bytes per device, rounded up to a whole byte.
@@ -140,11 +145,18 @@ def estimate_peak_memory(num_params, world_size: int, zero_stage: int, largest_l
     if not isinstance(reshard_after_forward, bool):
         raise TypeError(f"For '{func}', the argument 'reshard_after_forward' must be a bool, but got "
                         f"{reshard_after_forward!r}.")
+    if hpz_group_size is not None:
+        _check_positive(func, "hpz_group_size", hpz_group_size, integral=True)
+        if not reshard_after_forward:
+            raise ValueError(f"For '{func}', the argument 'hpz_group_size' ({hpz_group_size!r}) needs "
+                             f"reshard_after_forward=True, but got False.")
     p, g, big_l, big_p = (Fraction(v) for v in (param_bytes, grad_bytes, largest_layer_params, num_params))
     policy, n = StagePolicy(zero_stage), int(world_size)
     extra = Fraction(0)
     if policy.shards_params:
         extra = (p + g) * big_l if reshard_after_forward else p * big_p * (n - 1) / n + g * big_l
+        if hpz_group_size is not None:
+            extra += p * big_p / int(hpz_group_size)
     elif policy.shards_grads:
         extra = g * big_l
     return states + int(math.ceil(extra))

@@ -24,7 +24,7 @@ import mindspore as ms
 
 from .inventory import inventory
 
-__all__ = ["measure_model_states", "KINDS", "measure_peak_memory", "memory_in_use", "PeakMemory"]
+__all__ = ["measure_model_states", "KINDS", "measure_peak_memory", "memory_in_use", "PeakMemory", "hpz_secondary_bytes"]
 _STATUS = "/proc/self/status"
 _CLEAR_REFS = "/proc/self/clear_refs"
 
@@ -183,3 +183,17 @@ def _run(step, steps):
         for value in out if isinstance(out, (tuple, list)) else (out,):
             if isinstance(value, ms.Tensor):
                 value.asnumpy()
+
+
+def hpz_secondary_bytes(train_net) -> int:
+    """Bytes of ZeRO++ hpZ secondary shards this rank holds from forward to backward (one per
+    gathered parameter read in a recomputed Cell: its padded size / the hpZ group's size, in the
+    compute dtype; [Note: hpZ] in ``parallel_modules/param_wrapper.py``). 0 without hpZ; the
+    counterpart of ``estimate_peak_memory(..., hpz_group_size=K)``'s term. Not collective.
+    """
+    total = 0
+    for _, cell in train_net.cells_and_names():
+        primary = getattr(cell, "hpz_primary", None) if getattr(cell, "hpz", False) else None
+        if primary is not None:
+            total += primary.nbytes
+    return total

@@ -15,6 +15,7 @@ from .partition import mark_shard_flag, zero_spec_of
 from .stage import StagePolicy, check_stage
 from .train_step import TrainOneStepWrapper, _check_step_args
 from .zero_helper import ZeroHelper
+from .zeropp import check_zeropp
 
 __all__ = ["prepare_train_network", "prepare_network", "prepare_ema"]
 
@@ -36,7 +37,7 @@ def _check_module_maps(where, **maps):
 
 
 def prepare_network(network, zero_stage=0, optimizer_parallel_group=None, parallel_modules=None,
-                    special_cases_parallel_module=None, reshard_after_forward=True):
+                    special_cases_parallel_module=None, reshard_after_forward=True, zeropp=None):
     """Shard ``network``'s parameters in place for ZeRO-3 (other stages return it unchanged).
 
     Must run before the network (or anything using its parameters) is compiled, and before
@@ -57,16 +58,22 @@ def prepare_network(network, zero_stage=0, optimizer_parallel_group=None, parall
             (3Φ traffic, peak memory about one layer's weights above the shards); False: keep it
             until its backward (2Φ, the whole model's weights gathered during backward). See
             [Note: reshard after forward] in ``parallel_modules/reshard.py``.
+        zeropp (ZeroPPConfig | dict): stage 3 only, ZeRO++ (off by default): int8 weight all-gather
+            (``quantize_weights``), int8 gradient reduce-scatter (``quantize_gradients``), backward
+            re-gather in a secondary group (``hpz_group``), ``block_size`` elements per scale. See
+            ``mindone_zero/zeropp.py``.
 
     Returns:
         The network (the top Cell itself may have been replaced by its ZeRO-3 version).
 
     Raises:
         TypeError / ValueError: naming the argument and the value, before anything is modified
-            (``reshard_after_forward`` must be a bool; an int is not supported).
+            (``reshard_after_forward`` must be a bool; an int is not supported; ``zeropp`` as
+            ``check_zeropp`` says).
     """
     check_stage(zero_stage, "prepare_network")
     _check_reshard("prepare_network", reshard_after_forward)
+    zeropp = check_zeropp("prepare_network", zeropp, zero_stage, optimizer_parallel_group, reshard_after_forward)
     if not isinstance(network, nn.Cell):
         raise TypeError(f"For 'prepare_network', the argument 'network' must be a Cell, but got {type(network).__name__}.")
     _check_module_maps("prepare_network", parallel_modules=parallel_modules,
@@ -77,7 +84,7 @@ def prepare_network(network, zero_stage=0, optimizer_parallel_group=None, parall
 
     return shard_network(network, group=optimizer_parallel_group, parallel_modules=parallel_modules,
                          special_cases_parallel_module=special_cases_parallel_module,
-                         reshard_after_forward=reshard_after_forward)
+                         reshard_after_forward=reshard_after_forward, zeropp=zeropp)
 
 
 def _check_reshard(where, value):
@@ -105,15 +112,15 @@ def prepare_train_network(network, optimizer, scale_sense=1.0, ema=None, updates
                           gradient_accumulation_steps=1, clip_grad=False, clip_norm=1.0, verbose=False,
                           zero_stage=0, optimizer_offload=False, optimizer_parallel_group=None, dp_group=None,
                           comm_fusion=None, parallel_modules=None, params_split_info="params_info",
-                          special_cases_parallel_module=None, reshard_after_forward=True):
+                          special_cases_parallel_module=None, reshard_after_forward=True, zeropp=None):
     """Wrap ``network`` (returning the loss) and ``optimizer`` into a ZeRO train step.
 
     Same signature and defaults as MindOne's ``prepare_train_network``, plus
     ``params_split_info`` (folder of the split-info JSON files) and
-    ``special_cases_parallel_module`` and ``reshard_after_forward`` (see ``prepare_network``). At
-    stage 3 the network is sharded here if ``prepare_network`` was not called before (if it was,
-    the ``reshard_after_forward`` given to ``prepare_network`` holds; the one given here is
-    checked only). ``ema`` may be any EMA with
+    ``special_cases_parallel_module``, ``reshard_after_forward`` and ``zeropp`` (see
+    ``prepare_network``). At stage 3 the network is sharded here if ``prepare_network`` was not
+    called before (if it was, the ``reshard_after_forward`` and ``zeropp`` given to
+    ``prepare_network`` hold; the ones given here are checked only). ``ema`` may be any EMA with
     MindOne's interface ([Note: EMA interface] in ema.py); ``optimizer`` an ``nn.Optimizer`` or a
     ``mindspore.experimental.optim.Optimizer`` (``mint.optim``). Afterwards every Parameter's
     ``parallel_optimizer`` says whether this rank holds a shard of it ([Note: split rule] in
@@ -134,6 +141,7 @@ def prepare_train_network(network, optimizer, scale_sense=1.0, ema=None, updates
     check_optimizer(optimizer, where)
     _check_step_args(gradient_accumulation_steps, clip_grad, clip_norm, ema)
     _check_groups(where, optimizer_parallel_group, dp_group)
+    zeropp = check_zeropp(where, zeropp, zero_stage, optimizer_parallel_group, reshard_after_forward)
     _check_module_maps(where, parallel_modules=parallel_modules,
                        special_cases_parallel_module=special_cases_parallel_module)
     FusionConfig.from_mindone(comm_fusion)
@@ -142,7 +150,7 @@ def prepare_train_network(network, optimizer, scale_sense=1.0, ema=None, updates
         _check_shardable_optimizer(optimizer)
     if policy.shards_params and not any(zero_spec_of(p) is not None for p in network.get_parameters()):
         network = prepare_network(network, policy.stage, optimizer_parallel_group, parallel_modules,
-                                  special_cases_parallel_module, reshard_after_forward)
+                                  special_cases_parallel_module, reshard_after_forward, zeropp)
     helper = ZeroHelper(optimizer, policy.stage, optimizer_parallel_group, dp_group, optimizer_offload,
                         comm_fusion, params_split_info)
     if ema is not None and policy.is_zero:

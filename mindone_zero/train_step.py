@@ -72,6 +72,15 @@ def _regathered(network, policy):
     return regathered_param_names(network)
 
 
+def _zeropp_wrappers(network, policy):
+    """Stage 3: ``{name: gather wrapper}`` of the parameters gathered with ZeRO++ options."""
+    if not policy.shards_params:
+        return {}
+    from parallel_modules.reshard import zeropp_wrappers  # parallel_modules imports mindone_zero
+
+    return zeropp_wrappers(network)
+
+
 class TrainOneStepWrapper(nn.Cell):
     """One training step with ZeRO; returns ``(loss, overflow, loss_scale)`` like MindOne's.
 
@@ -118,7 +127,8 @@ class TrainOneStepWrapper(nn.Cell):
         # [Note: gradient reduction] in zero_helper.py: stages 0/1 reduce once per optimizer step.
         self.reduce_each_micro_step = self.zero_helper.policy.reduce_each_micro_step(self.accum_steps)
         self.comm_plan = self.zero_helper.comm_plan(self.accum_steps, self.reduce_each_micro_step, clip_grad,
-                                                    _regathered(network, self.zero_helper.policy))
+                                                    _regathered(network, self.zero_helper.policy),
+                                                    _zeropp_wrappers(network, self.zero_helper.policy))
         if self.accum_steps > 1:
             like = self.zero_helper.opt_params if self.reduce_each_micro_step else self.weights
             self.accum_grads = like.clone(prefix="accum_grad", init="zeros")

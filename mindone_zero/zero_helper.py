@@ -168,7 +168,7 @@ class ZeroHelper(nn.Cell):
                                       list(self.opt_params), fusion.allreduce)
 
     def comm_plan(self, micro_steps: int = 1, reduce_each_micro_step: bool = True, clip_grad: bool = False,
-                  regathered=()) -> CommPlan:
+                  regathered=(), zeropp_wrappers=None) -> CommPlan:
         """The collectives of one optimizer step on this rank, as the native path runs them.
 
         Args:
@@ -177,6 +177,8 @@ class ZeroHelper(nn.Cell):
             clip_grad: a global-norm all-reduce is added (stages >= 1).
             regathered: stage 3: names (at sharding time, ``zero_spec.name``) of the parameters
                 gathered again in backward (``reshard_after_forward``; 3Φ instead of 2Φ).
+            zeropp_wrappers: stage 3: ``{name: gather wrapper}`` of the parameters gathered with
+                ZeRO++ options; each records its own (quantized, hpZ) collectives.
         """
         plan = CommPlan()
         if not self.is_parallel:
@@ -186,8 +188,13 @@ class ZeroHelper(nn.Cell):
         for _ in range(micro_steps):
             plan.add("all_reduce", world_group(), 4, n * self.dp_size)  # overflow flag
         if self.policy.shards_params:
+            zeropp_wrappers = zeropp_wrappers or {}
             for s, p in zip(self.specs, self.params):
-                if s.split:
+                wrapper = zeropp_wrappers.get(zero_spec_of(p).name)
+                if wrapper is not None:
+                    hpz = wrapper.hpz_secondary if wrapper.hpz else None
+                    wrapper.gather.record(plan, micro_steps, zero_spec_of(p).name in regathered, hpz)
+                elif s.split:
                     full = int(np.prod(s.padded_shape)) * p.itemsize
                     plan.add("all_gather", op, full, n, times=micro_steps)  # forward
                     if zero_spec_of(p).name in regathered:

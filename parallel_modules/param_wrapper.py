@@ -19,9 +19,10 @@ from typing import Optional
 
 import numpy as np
 import mindspore as ms
-from mindspore import Parameter, Tensor, nn
+from mindspore import Parameter, Tensor, nn, ops
 
 from mindone_zero.comm import GroupComm, group_size_and_rank, pad_dim0, world_group
+from mindone_zero.quantize import block_layout
 from mindone_zero.partition import ShardSpec, is_split_candidate, set_zero_spec, split_array, zero_spec_of
 from mindone_zero.stage import StagePolicy, check_stage
 
@@ -201,6 +202,7 @@ class ZeroParamWrapper(nn.Cell):
         self.need_rewrite = False
         self.sharded = StagePolicy(zero_stage).shards_params
         self.is_split = False
+        self.hpz = False
         if self.sharded:
             spec = shard_parameter(param, group)
             self.is_split = spec.split
@@ -213,14 +215,37 @@ class ZeroParamWrapper(nn.Cell):
         # PYNATIVE keeps the autograd leaf a Parameter got at creation, with its full shape;
         # a custom bprop whose input is that leaf is checked against the stale shape. A same-shape
         # reshape (a view, no copy) gives the custom bprop an input with the shard's real shape.
-        return self.gather(x.reshape(x.shape))
+        x = x.reshape(x.shape)
+        if self.hpz:
+            return self.hpz_secondary(self.hpz_primary(x), x)
+        return self.gather(x)
+
+    def enable_zeropp(self, zeropp, hpz: bool) -> None:
+        """Use ZeRO++ options ``zeropp`` (a ``ZeroPPConfig``) for this parameter; ``hpz``: split the
+        gather for hpZ's secondary group ([Note: hpZ]). Only for a wrapper that gathers. Not collective."""
+        old = self.gather
+        self.gather = old.with_zeropp(zeropp)
+        # MindSpore 2.10 keys parsed Cells by id: keep the replaced Cell alive so no new Cell reuses its id.
+        object.__setattr__(self, "_replaced_gather", old)
+        if hpz:
+            size, rank = group_size_and_rank(zeropp.hpz_group)
+            self.hpz_primary = _HpzPrimary(self.gather, size, rank)
+            self.hpz_secondary = _HpzSecondary(self.gather, zeropp.hpz_group)
+            self.hpz = True
 
 
 class _GatherShard(nn.Cell):
-    """The custom-bprop half of ``ZeroParamWrapper``: all-gather forward, reduce-scatter backward."""
+    """The custom-bprop half of ``ZeroParamWrapper``: all-gather forward, reduce-scatter backward.
 
-    def __init__(self, spec: ShardSpec, param_dtype, group: Optional[str], compute_dtype):
+    With ZeRO++ (``zeropp``, a ``ZeroPPConfig``): qwZ all-gathers the shard as int8 blocks and
+    dequantizes (``GroupComm.all_gather_quantized``, from the parameter's dtype, so a narrower
+    compute dtype is cast after the gather); qgZ reduce-scatters the gradient quantized
+    (``GroupComm.reduce_scatter_quantized``, summed in float32).
+    """
+
+    def __init__(self, spec: ShardSpec, param_dtype, group: Optional[str], compute_dtype, zeropp=None):
         super().__init__(auto_prefix=False)
+        self.spec, self.group_name, self.zeropp = spec, group, zeropp
         self.param_name = spec.name
         self.full_shape = spec.shape
         self.group_size = spec.group_size
@@ -228,32 +253,161 @@ class _GatherShard(nn.Cell):
         self.pad = spec.pad
         self.full_rows = spec.shape[0] if spec.shape else 0
         self.compute_dtype = param_dtype if compute_dtype is None else compute_dtype
-        narrower = _ITEMSIZE.get(self.compute_dtype, 4) < _ITEMSIZE.get(param_dtype, 4)
-        self.cast_before_gather = narrower
-        self.cast_after_gather = not narrower and self.compute_dtype != param_dtype
         # A split parameter in a group of one is already whole; no collective is needed.
         self.gathers = spec.split and spec.group_size > 1
+        self.quantize_weights = self.gathers and zeropp is not None and zeropp.quantize_weights
+        self.quantize_grads = self.gathers and zeropp is not None and zeropp.quantize_gradients
+        narrower = _ITEMSIZE.get(self.compute_dtype, 4) < _ITEMSIZE.get(param_dtype, 4)
+        self.cast_before_gather = narrower and not self.quantize_weights
+        self.cast_after_gather = not self.cast_before_gather and self.compute_dtype != param_dtype
         self.comm = GroupComm(group) if self.gathers else None
+        if self.quantize_weights or self.quantize_grads:
+            # qwZ quantizes this rank's shard, qgZ each destination's block: the same layout.
+            self.block, self.blocks, _ = block_layout(int(np.prod(spec.shard_shape)), zeropp.block_size)
 
-    def construct(self, x):
+    def with_zeropp(self, zeropp) -> "_GatherShard":
+        """A gather of the same parameter with ZeRO++ options ``zeropp``."""
+        return _GatherShard(self.spec, self.param_dtype, self.group_name, self.compute_dtype, zeropp)
+
+    def gather_padded(self, x):
+        """The padded full tensor (``spec.padded_shape``) of shard ``x``; collective over the group."""
+        if self.quantize_weights:
+            return self.comm.all_gather_quantized(x, self.block, self.blocks)
         if self.cast_before_gather:
             x = x.astype(self.compute_dtype)
-        if self.gathers:
-            x = self.comm.all_gather(x)
-            if self.pad > 0:
-                x = x[:self.full_rows]
-        if self.cast_after_gather:
+        return self.comm.all_gather(x)
+
+    def finish(self, x):
+        """Padding rows dropped, cast to the compute dtype."""
+        if self.pad > 0:
+            x = x[:self.full_rows]
+        if self.cast_after_gather or self.quantize_weights:
             x = x.astype(self.compute_dtype)
         return x
 
-    def bprop(self, x, out, dout):
-        """Gradient of the shard: this rank's block of the group mean, in the parameter's dtype."""
+    def construct(self, x):
+        if self.gathers:
+            return self.finish(self.gather_padded(x))
+        if self.cast_before_gather or self.cast_after_gather:
+            x = x.astype(self.compute_dtype)
+        return x
+
+    def shard_grad(self, dout):
+        """This rank's block of the group mean of ``dout``, in the parameter's dtype; collective."""
         grad = dout.astype(self.param_dtype)
         if self.gathers:
             grad = pad_dim0(grad, self.pad)
-            grad = self.comm.reduce_scatter(grad) / self.group_size
-        return (grad,)
+            if self.quantize_grads:
+                grad = self.comm.reduce_scatter_quantized(grad, self.block, self.blocks).astype(self.param_dtype)
+            else:
+                grad = self.comm.reduce_scatter(grad)
+            grad = grad / self.group_size
+        return grad
+
+    def bprop(self, x, out, dout):
+        """Gradient of the shard: this rank's block of the group mean, in the parameter's dtype."""
+        return (self.shard_grad(dout),)
+
+    def record(self, plan, times: int, regathered: bool, hpz=None) -> None:
+        """Add this parameter's collectives of ``times`` micro-steps to ``plan`` (native bytes):
+        the forward gather, the backward re-gather (``regathered``; in hpZ's secondary group when
+        ``hpz``, the wrapper's ``_HpzSecondary``, is given) and the gradient reduce-scatter."""
+        if not self.gathers:
+            return
+        n, op = self.group_size, self.comm.group
+        self._record_gather(plan, times)
+        if hpz is not None:
+            hpz.record(plan, times)
+        elif regathered:
+            self._record_gather(plan, times)
+        if self.quantize_grads:
+            plan.add_quantized("all_to_all", op, n, n * self.block * self.blocks, n * self.blocks, times)
+        else:
+            numel = int(np.prod(self.spec.padded_shape))
+            plan.add("reduce_scatter", op, numel * _ITEMSIZE.get(self.param_dtype, 4), n, times=times)
+
+    def _record_gather(self, plan, times: int) -> None:
+        n, op = self.group_size, self.comm.group
+        if self.quantize_weights:
+            plan.add_quantized("all_gather", op, n, n * self.block * self.blocks, n * self.blocks, times)
+        else:
+            itemsize = _ITEMSIZE.get(self.compute_dtype if self.cast_before_gather else self.param_dtype, 4)
+            plan.add("all_gather", op, int(np.prod(self.spec.padded_shape)) * itemsize, n, times=times)
 
     def extend_repr(self):
         return (f"param={self.param_name}, full_shape={self.full_shape}, group_size={self.group_size}, "
-                f"compute_dtype={self.compute_dtype}, gathers={self.gathers}")
+                f"compute_dtype={self.compute_dtype}, gathers={self.gathers}, zeropp={self.zeropp}")
+
+
+# [Note: hpZ]
+# ZeRO++'s hierarchical partitioning, built on [Note: reshard after forward] (parallel_modules/
+# reshard.py): the Cell that reads a gathered parameter is recomputed in backward. With hpZ the
+# gather is split in two Cells inside that recomputed region:
+#   _HpzPrimary(shard) -> secondary shard: the all-gather over the shard group (quantized with
+#       qwZ), then a cut of rows [j R2, (j+1) R2) of the padded tensor, j this rank's index in the
+#       secondary group of K ranks and R2 = padded rows / K. The cut is a Slice primitive marked
+#       `recompute(False)`, so GRAPH_MODE keeps its output, the secondary shard (1/K of the
+#       parameter, compute dtype), until backward instead of recomputing it: backward does not
+#       touch the primary group.
+#   _HpzSecondary(secondary shard, shard) -> full tensor: an all-gather in the secondary group,
+#       which the recomputation runs again in backward: the re-gather stays inside the group.
+# Gradients: _HpzSecondary's bprop returns zeros for the secondary shard and, for the shard, the
+# same reduce-scatter as without hpZ (_GatherShard.shard_grad, on the same incoming gradient);
+# _HpzPrimary's bprop returns zeros, so autodiff adds an exact zero. The forward values are copies
+# of the same gathered tensor, so losses and updates are bit-identical to those without hpZ.
+# Cost: one more all-gather in forward (in the secondary group), and the secondary shards of all
+# recomputed Cells held from forward to backward (estimate_peak_memory's hpZ term). PYNATIVE's
+# recompute re-runs a Cell's whole construct (the primary gather too), so hpZ needs GRAPH_MODE.
+
+
+class _HpzPrimary(nn.Cell):
+    """hpZ, first half: the primary all-gather, then this rank's secondary shard (1/K of the padded
+    tensor, K the secondary group's size). Its gradient is zero: ``_HpzSecondary`` returns the
+    shard's whole gradient. See [Note: hpZ]."""
+
+    def __init__(self, base: _GatherShard, sec_size: int, sec_rank: int):
+        super().__init__(auto_prefix=False)
+        self.base = base
+        padded = base.spec.padded_shape
+        rows = padded[0] // sec_size
+        # Not recomputed: its output, the secondary shard, is what backward keeps ([Note: hpZ]).
+        self.cut = ops.Slice().recompute(False)
+        self.begin = (sec_rank * rows,) + (0,) * (len(padded) - 1)
+        self.size = (rows,) + tuple(padded[1:])
+        self.cast_dtype = base.compute_dtype if base.quantize_weights or base.cast_after_gather else None
+        self.nbytes = int(np.prod(self.size)) * _ITEMSIZE.get(base.compute_dtype, 4)  # the secondary shard
+
+    def construct(self, x):
+        full = self.base.gather_padded(x)
+        if self.cast_dtype is not None:
+            full = full.astype(self.cast_dtype)
+        return self.cut(full, self.begin, self.size)
+
+    def bprop(self, x, out, dout):
+        return (ops.zeros_like(x),)
+
+
+class _HpzSecondary(nn.Cell):
+    """hpZ, second half: all-gather the secondary shards in the secondary group (again in backward,
+    when recomputed); the custom bprop gives the primary shard its full gradient ([Note: hpZ])."""
+
+    def __init__(self, base: _GatherShard, sec_group: str):
+        super().__init__(auto_prefix=False)
+        self.base = base
+        self.comm = GroupComm(sec_group)
+        self.pad = base.pad
+        self.full_rows = base.full_rows
+
+    def construct(self, sec, x):
+        full = self.comm.all_gather(sec)
+        if self.pad > 0:
+            full = full[:self.full_rows]
+        return full
+
+    def bprop(self, sec, x, out, dout):
+        return ops.zeros_like(sec), self.base.shard_grad(dout)
+
+    def record(self, plan, times: int) -> None:
+        """The secondary all-gathers of ``times`` micro-steps: in forward and again in backward."""
+        nbytes = int(np.prod(self.base.spec.padded_shape)) * _ITEMSIZE.get(self.base.compute_dtype, 4)
+        plan.add("all_gather", self.comm.group, nbytes, self.comm.size, times=2 * times)  # forward and backward

@@ -36,17 +36,18 @@ from typing import List
 
 from mindspore import nn
 
-from .carry import is_recompute_scoped
+from .carry import is_recompute_scoped, spread_recompute_scope
 from .param_wrapper import ZeroParamWrapper
 
-__all__ = ["check_reshard_after_forward", "mark_reshard_after_forward", "regathered_param_names", "gathers_split"]
+__all__ = ["check_reshard_after_forward", "mark_reshard_after_forward", "regathered_param_names", "gathers_split",
+           "apply_zeropp", "zeropp_wrappers"]
 
 
 def check_reshard_after_forward(where: str, value) -> None:
     """Raise naming ``where`` unless ``value`` is a bool.
 
     Raises:
-        ValueError: an int (FSDP2's "re-gather from a smaller group", ZeRO++'s hpZ; not supported).
+        ValueError: an int (FSDP2's "re-gather from a smaller group"; not supported, hpZ is ``zeropp``'s).
         TypeError: any other non-bool value.
     """
     if isinstance(value, bool):
@@ -54,7 +55,7 @@ def check_reshard_after_forward(where: str, value) -> None:
     if isinstance(value, int):
         raise ValueError(
             f"For '{where}', the argument 'reshard_after_forward' must be a bool, but got {value!r}; an int (re-gather "
-            f"from a smaller group, ZeRO++'s hpZ) is not supported."
+            f"from a smaller group) is not supported: ZeRO++'s hpZ is zeropp={{'hpz_group': <group name>}}."
         )
     raise TypeError(f"For '{where}', the argument 'reshard_after_forward' must be a bool, but got {value!r}.")
 
@@ -105,3 +106,25 @@ def regathered_param_names(network: nn.Cell) -> List[str]:
         if gathers_split(cell) and is_recompute_scoped(cell) and cell.gather.param_name not in names:
             names.append(cell.gather.param_name)
     return names
+
+
+def apply_zeropp(network: nn.Cell, zeropp) -> None:
+    """Switch every gather wrapper that all-gathers to the ZeRO++ options ``zeropp`` (a checked
+    ``ZeroPPConfig``); with hpZ, the wrappers inside a recomputed region split their gather for the
+    secondary group ([Note: hpZ] in ``param_wrapper.py``). Call after ``mark_reshard_after_forward``.
+    Not collective."""
+    seen = set()
+    for _, cell in network.cells_and_names():
+        if gathers_split(cell) and id(cell) not in seen:
+            seen.add(id(cell))
+            cell.enable_zeropp(zeropp, hpz=zeropp.hpz_group is not None and is_recompute_scoped(cell))
+    spread_recompute_scope(network)
+
+
+def zeropp_wrappers(network: nn.Cell) -> dict:
+    """``{parameter name: gather wrapper}`` of the parameters gathered with ZeRO++ options. Not collective."""
+    found = {}
+    for _, cell in network.cells_and_names():
+        if gathers_split(cell) and cell.gather.zeropp is not None:
+            found.setdefault(cell.gather.param_name, cell)
+    return found

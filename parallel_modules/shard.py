@@ -7,19 +7,21 @@ from mindspore.communication import GlobalComm
 
 from mindone_zero.comm import world_group
 from mindone_zero.partition import is_split_candidate
+from mindone_zero.zeropp import check_zeropp
 
 from .carry import (carry_hooks, check_carryable, is_recompute_scoped, reapply_recompute, recompute_options,
                     spread_recompute_scope)
 from .layers import PARALLEL_MODULES, ZeroCell
 from .param_wrapper import ZeroParamWrapper, compute_dtype_of, shard_parameter
-from .reshard import check_reshard_after_forward, mark_reshard_after_forward
+from .reshard import apply_zeropp, check_reshard_after_forward, mark_reshard_after_forward
 from .rewrite import apply_rewrites, plan_rewrites
 
 __all__ = ["shard_network"]
 
 
 def shard_network(network: nn.Cell, group: Optional[str] = None, parallel_modules: Optional[Dict] = None,
-                  special_cases_parallel_module: Optional[Dict] = None, reshard_after_forward: bool = True) -> nn.Cell:
+                  special_cases_parallel_module: Optional[Dict] = None, reshard_after_forward: bool = True,
+                  zeropp=None) -> nn.Cell:
     """Rewrite ``network`` in place for ZeRO-3 over ``group`` and return it.
 
     After the call every trainable Parameter with ``ndim >= 1`` not marked
@@ -79,6 +81,8 @@ def shard_network(network: nn.Cell, group: Optional[str] = None, parallel_module
             ``isinstance`` after the exact-type match (MindOne's argument of that name); None: none.
         reshard_after_forward: free each gathered parameter after its forward use and gather it
             again for backward (True, 3Φ traffic), or keep it until its backward (False, 2Φ).
+        zeropp: ZeRO++ options, a ``mindone_zero.ZeroPPConfig`` or a dict of its fields (qwZ, qgZ,
+            hpZ; see ``mindone_zero/zeropp.py``); None: none.
 
     Returns:
         nn.Cell: the network (a new object only when the top Cell itself was replaced).
@@ -93,6 +97,7 @@ def shard_network(network: nn.Cell, group: Optional[str] = None, parallel_module
             is modified.
     """
     check_reshard_after_forward("shard_network", reshard_after_forward)
+    zeropp = check_zeropp("shard_network", zeropp, 3, group, reshard_after_forward)
     match = _check_args(network, group, parallel_modules, special_cases_parallel_module)
     replaced = {id(c) for _, c in network.cells_and_names() if match(c) is not None}
     recomputed = _recompute_records(network, replaced)
@@ -121,6 +126,8 @@ def shard_network(network: nn.Cell, group: Optional[str] = None, parallel_module
     spread_recompute_scope(network)
     if reshard_after_forward:
         mark_reshard_after_forward(network)
+    if zeropp is not None:
+        apply_zeropp(network, zeropp)
     return network
 
 

@@ -30,7 +30,9 @@ per stage and its ratio to stage 0, with the library's collectives per step. Its
 tensors show what a stage costs per byte, where the LM's many small ones show the cost per launch.
 
 Writes ``benchmark.md`` (the tables), ``results.json`` and, if matplotlib is installed
-(``pip install -e .[plot]``), ``benchmark.png`` into ``--out``; prints the tables.
+(``pip install -e .[plot]``), ``benchmark.png`` into ``--out``; prints the tables. ``--zeropp``
+adds ZeRO++'s bytes per step for every combination of qwZ, hpZ and qgZ against plain stage 3
+(``tools/benchmark_zeropp.py``, into ``<out>/zeropp``).
 """
 import argparse
 import copy
@@ -412,6 +414,8 @@ def main(argv=None) -> int:
     parser.add_argument("--stages", type=int, nargs="+", help="override benchmark.stages (must include 0)")
     parser.add_argument("--peak_memory", action="store_true",
                         help="then run the peak-memory section (tools/benchmark_peak.py, configs/benchmark_peak.yaml)")
+    parser.add_argument("--zeropp", action="store_true",
+                        help="then report ZeRO++'s bytes per step for every combination (tools/benchmark_zeropp.py, N=4)")
     args = parser.parse_args(argv)
     try:
         cfg = load_benchmark_config(args.config)
@@ -443,11 +447,16 @@ def main(argv=None) -> int:
     else:
         print("chart skipped: matplotlib is not installed (pip install -e '.[plot]')")
     print(f"tables: {out / 'benchmark.md'}")
+    code = 0
     if args.peak_memory:
         from tools.benchmark_peak import main as peak_main
 
-        return peak_main(["--out", str(out / "peak")])
-    return 0
+        code = peak_main(["--out", str(out / "peak")])
+    if args.zeropp and code == 0:
+        from tools.benchmark_zeropp import main as zeropp_main
+
+        code = zeropp_main(["--out", str(out / "zeropp")])
+    return code
 
 
 if __name__ == "__main__":

@@ -101,9 +101,10 @@ def memory_table(num_params, world_size: int, param_bytes=2, grad_bytes=2, optim
     return "\n".join(lines)
 
 
-def peak_table(num_params, world_size: int, largest_layer, param_bytes=2, grad_bytes=2, optimizer_bytes=12) -> str:
+def peak_table(num_params, world_size: int, largest_layer, param_bytes=2, grad_bytes=2, optimizer_bytes=12,
+               hpz_group_size=None) -> str:
     """Markdown table of the peak estimate (``estimate_peak_memory``) per stage, and at stage 3
-    for both ``reshard_after_forward`` values."""
+    for both ``reshard_after_forward`` values (and with ZeRO++'s hpZ over ``hpz_group_size`` ranks)."""
     lines = [
         f"Peak per device: model states plus the full-layer term, largest layer {largest_layer:g} parameters "
         f"(activations not counted).",
@@ -117,6 +118,10 @@ def peak_table(num_params, world_size: int, largest_layer, param_bytes=2, grad_b
                                           optimizer_bytes, reshard_after_forward=reshard)
             option = str(reshard) if stage == 3 else "-"
             lines.append(f"| {name} | {option} | {nbytes} | {format_gb(nbytes)} |")
+    if hpz_group_size is not None:
+        nbytes = estimate_peak_memory(num_params, world_size, 3, largest_layer, param_bytes, grad_bytes,
+                                      optimizer_bytes, hpz_group_size=hpz_group_size)
+        lines.append(f"| {_STAGE_NAMES[3]} | True, hpZ over {hpz_group_size} ranks | {nbytes} | {format_gb(nbytes)} |")
     return "\n".join(lines)
 
 
@@ -131,6 +136,8 @@ def main(argv=None) -> int:
     parser.add_argument("--optimizer-bytes", type=float, default=12, help="optimizer bytes per parameter (default 12, Adam)")
     parser.add_argument("--largest-layer", type=float,
                         help="parameters of the largest layer: also print the peak estimate (estimate_peak_memory)")
+    parser.add_argument("--hpz-group-size", type=int,
+                        help="with --largest-layer: add stage 3 with ZeRO++'s hpZ secondary shards over this many ranks")
     args = parser.parse_args(argv)
 
     try:
@@ -143,7 +150,7 @@ def main(argv=None) -> int:
         if args.largest_layer is not None:
             print()
             print(peak_table(num_params, args.world_size, args.largest_layer, args.param_bytes, args.grad_bytes,
-                             args.optimizer_bytes))
+                             args.optimizer_bytes, args.hpz_group_size))
     except (ValueError, OSError) as err:
         parser.error(str(err))
     return 0

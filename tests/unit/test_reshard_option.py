@@ -10,7 +10,8 @@ from parallel_modules import shard_network
 ms.set_device("CPU")
 
 BAD = [
-    (2, ValueError, "must be a bool, but got 2; an int (re-gather from a smaller group, ZeRO++'s hpZ) is not supported."),
+    (2, ValueError, "must be a bool, but got 2; an int (re-gather from a smaller group) is not supported: ZeRO++'s "
+                    "hpZ is zeropp={'hpz_group': <group name>}."),
     (0, ValueError, "must be a bool, but got 0;"),
     ("yes", TypeError, "must be a bool, but got 'yes'."),
     (None, TypeError, "must be a bool, but got None."),

@@ -1,0 +1,164 @@
+"""msrun worker for ZeRO++ (tests/dist/test_zeropp.py): the demo LM at stage 3, GRAPH_MODE.
+
+Cases (a JSON list from the test, run in order in one job; every rank writes
+``<name>_rank<r>.json`` under --out):
+
+* ``{"name", "model": "lm" | "lm_small" | "tiny", "steps", "zeropp": {...} | null, "hpz": bool,
+  "reshard": bool (default true), "mode": "graph" (default) | "pynative"}``: build the demo LM (``tools/lm_model.py``, the ``LM`` config
+  below, or with ``LM_SMALL``'s changes) or ``tests/models.TinyNet`` (uneven
+  shapes, Dense + Embedding + LayerNorm + Conv2d) at stage 3 and train ``steps`` optimizer steps
+  (0: build only); ``hpz`` adds ``hpz_group`` = this rank's half of the world ({0..N/2-1} or
+  {N/2..N-1}). Writes the loss of every step, a digest of every final full parameter (sha256 of
+  its float32 bytes), the comm plan's entries, Φ (fp32 parameter bytes) and ``measured``: the
+  bytes of the int8 values and scales that ``quantize_blocks`` produces for every ZeRO++ gather
+  on this rank's shard and gradient shapes (the tensors the CPU emulation moves, counted at 1 byte
+  per int8 value, as natively), and ``hpz_bytes`` (``memory_measure.hpz_secondary_bytes``).
+* ``{"name": "errors"}``: bad ``zeropp`` values against a network that must stay unmodified.
+"""
+import hashlib
+import json
+import os
+import time
+import sys
+from pathlib import Path
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[3]))
+
+import mindspore as ms  # noqa: E402
+from mindspore import Tensor, nn  # noqa: E402
+from mindspore.communication import create_group  # noqa: E402
+
+from mindone_zero import gather_full_params, prepare_train_network  # noqa: E402
+from mindone_zero.comm import init_data_parallel, world_group  # noqa: E402
+from mindone_zero.memory_measure import hpz_secondary_bytes  # noqa: E402
+from mindone_zero.quantize import quantize_blocks  # noqa: E402
+from parallel_modules.reshard import zeropp_wrappers  # noqa: E402
+from tests.models import LossNet, TinyNet, init_weights, micro_batch  # noqa: E402
+from tests.msrun_harness import worker_args  # noqa: E402
+from tools.lm_model import LMLoss, build_lm, init_lm_weights, reversal_batch  # noqa: E402
+
+LM = {"vocab_size": 32, "d_model": 64, "n_layers": 2, "n_heads": 4, "d_ff": 128, "max_len": 16}  # train_lm.yaml
+LM_SMALL = {"d_model": 32, "n_layers": 1}  # as tests/dist/test_train_tool.py: cheaper to compile and run
+DIGITS, GLOBAL_BATCH = 8, 32
+KEEP_ALIVE = []  # MindSpore keys parsed Cells by id: keep every case's Cells alive
+
+
+def _loss_net(model):
+    if model == "tiny":
+        return LossNet(init_weights(TinyNet(with_scalar=False)))
+    return LMLoss(init_lm_weights(build_lm(dict(LM, **LM_SMALL) if model == "lm_small" else LM), 0))
+
+
+def _batch(model, step, rank, world):
+    if model == "tiny":
+        ids, labels = micro_batch(step, rank, world, 0, 1)
+        return Tensor(ids), Tensor(labels), Tensor(1.0, ms.float32)
+    micro = GLOBAL_BATCH // world
+    arrays = reversal_batch(1, step, GLOBAL_BATCH, DIGITS, LM["vocab_size"])
+    return tuple(Tensor(a[rank * micro:(rank + 1) * micro]) for a in arrays)
+
+
+def _build(model, zeropp, reshard):
+    loss_net = _loss_net(model)
+    phi = sum(p.size * 4 for p in loss_net.trainable_params())
+    optimizer = nn.AdamWeightDecay(loss_net.trainable_params(), learning_rate=1e-3, weight_decay=0.0)
+    train = prepare_train_network(loss_net, optimizer, scale_sense=1024.0, clip_grad=True, clip_norm=1.0,
+                                  zero_stage=3, zeropp=zeropp, reshard_after_forward=reshard)
+    train.set_train(True)
+    KEEP_ALIVE.append(train)
+    return train, phi
+
+
+def _measured_bytes(train):
+    """Native bytes of the quantized tensors this rank's ZeRO++ gathers produce, per kind."""
+    total = {"all_gather": 0, "all_to_all": 0}
+    for wrapper in zeropp_wrappers(train.network).values():
+        gather = wrapper.gather
+        n = gather.group_size
+        shard = Tensor(np.ones(gather.spec.shard_shape, np.float32))
+        if gather.quantize_weights:
+            q, s = quantize_blocks(shard.reshape(-1), gather.block, gather.blocks)
+            total["all_gather"] += n * (q.size + 4 * s.size)  # the gathered result holds every rank's
+        if gather.quantize_grads:
+            full = Tensor(np.ones((n, shard.size), np.float32))
+            q, s = quantize_blocks(full, gather.block, gather.blocks)
+            total["all_to_all"] += q.size + 4 * s.size  # this rank's (N destinations, blocks) input
+    return total
+
+
+def run_train(case, rank, world, out):
+    ms.set_context(mode=ms.PYNATIVE_MODE if case.get("mode") == "pynative" else ms.GRAPH_MODE)
+    zeropp = dict(case["zeropp"]) if case["zeropp"] else None
+    if case.get("hpz"):
+        half = world // 2
+        members = list(range(half)) if rank < half else list(range(half, world))
+        name = f"hpz_{members[0]}"
+        create_group(name, members)
+        zeropp = dict(zeropp or {}, hpz_group=name)
+    train, phi = _build(case["model"], zeropp, case.get("reshard", True))
+    losses, start = [], time.time()
+    first = start
+    for step in range(case["steps"]):
+        loss, _, _ = train(*_batch(case["model"], step, rank, world))
+        losses.append(float(loss.asnumpy()))
+        if step == 0:
+            first = time.time()
+    full = gather_full_params(train) if case["steps"] else {}
+    digests = {k: hashlib.sha256(np.ascontiguousarray(v, np.float32).tobytes()).hexdigest() for k, v in full.items()}
+    plan = train.comm_plan
+    result = {"losses": losses, "digests": digests, "plan": [list(e) for e in plan.entries], "phi": phi,
+              "measured": _measured_bytes(train), "hpz_bytes": hpz_secondary_bytes(train),
+              "seconds": {"first_step": first - start, "rest": time.time() - first}}
+    _write(out, case["name"], rank, result)
+
+
+def run_errors(case, rank, world, out):
+    """Each bad value raises naming the argument and value, before the network is modified."""
+    half = world // 2
+    op_members = list(range(half)) if rank < half else list(range(half, world))
+    dp_members = [r for r in range(world) if r % half == rank % half]
+    create_group("err_op", op_members)
+    create_group("err_dp", dp_members)
+    bad = [
+        ("block_size", {"quantize_weights": True, "block_size": 0}, {}),
+        ("block_size_negative", {"quantize_gradients": True, "block_size": -5}, {}),
+        ("not_dividing", {"hpz_group": world_group()}, {"optimizer_parallel_group": "err_op",
+                                                              "dp_group": "err_dp"}),
+        ("no_reshard", {"hpz_group": "err_op"}, {"reshard_after_forward": False}),
+    ]
+    results = {}
+    for label, zeropp, kwargs in bad:
+        loss_net = _loss_net("tiny")
+        KEEP_ALIVE.append(loss_net)
+        before = {p.name: tuple(p.shape) for p in loss_net.get_parameters()}
+        optimizer = nn.AdamWeightDecay(loss_net.trainable_params(), learning_rate=1e-3)
+        try:
+            prepare_train_network(loss_net, optimizer, zero_stage=3, zeropp=zeropp, **kwargs)
+            message = None
+        except (TypeError, ValueError) as err:
+            message = f"{type(err).__name__}: {err}"
+        after = {p.name: tuple(p.shape) for p in loss_net.get_parameters()}
+        sharded = any(hasattr(p, "zero_spec") for p in loss_net.get_parameters())
+        results[label] = {"message": message, "unchanged": before == after and not sharded}
+    _write(out, "errors", rank, results)
+
+
+def _write(out, name, rank, result):
+    path = Path(out) / f"{name}_rank{rank}.json"
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(json.dumps(result))
+    os.replace(tmp, path)
+
+
+def main():
+    out, cases = worker_args()
+    rank, world = init_data_parallel("CPU")
+    ms.set_context(mode=ms.GRAPH_MODE)
+    for case in cases:
+        (run_errors if case["name"] == "errors" else run_train)(case, rank, world, out)
+
+
+if __name__ == "__main__":
+    main()

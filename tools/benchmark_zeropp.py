@@ -1,0 +1,120 @@
+"""ZeRO++ communication per step: every combination of qwZ, hpZ and qgZ against plain stage 3.
+
+    python tools/benchmark_zeropp.py --world_size 4 --out outputs/benchmark/zeropp
+    python tools/benchmark.py ... --zeropp          # the same, after the main tables
+
+One msrun job of ``--world_size`` CPU workers (default 4) builds the demo LM (``model:`` of
+``--config``, default ``configs/train_lm.yaml``) at stage 3 with ``reshard_after_forward=True``
+once per combination and reads ``train_net.comm_plan``: the collectives of one optimizer step with
+the bytes the native path moves (int8 values at 1 byte, float32 scales; see [Note: int8 on CPU] in
+``mindone_zero/comm.py``). hpZ's secondary group is each half of the ranks (a "node" of N/2).
+Nothing is trained: the plan is fixed when the network is built.
+
+Per combination the table gives the ring volume a rank sends per step, in all and outside the
+secondary group (what crosses nodes, the paper's measure), in Φ (the fp32 parameter bytes) and
+against plain stage 3 (3Φ: forward gather, backward re-gather, gradient reduce-scatter). The
+paper's figures (fp16 weights, int4 gradients) are 3Φ -> 0.75Φ across nodes.
+"""
+import argparse
+import itertools
+import json
+import os
+import sys
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+if str(REPO) not in sys.path:
+    sys.path.insert(0, str(REPO))
+
+COMBOS = [dict(zip(("qwZ", "hpZ", "qgZ"), bits)) for bits in itertools.product((False, True), repeat=3)]
+
+
+def _zeropp(combo, hpz_group):
+    return {"quantize_weights": combo["qwZ"], "quantize_gradients": combo["qgZ"],
+            "hpz_group": hpz_group if combo["hpZ"] else None}
+
+
+def worker(config: str, out: Path) -> None:
+    """msrun side: build each combination, write rank 0's plan entries and Φ to ``out/plans.json``."""
+    import mindspore as ms
+    import yaml
+    from mindspore import nn
+    from mindspore.communication import create_group
+
+    from mindone_zero import prepare_train_network
+    from mindone_zero.comm import init_data_parallel
+    from tools.lm_model import LMLoss, build_lm, init_lm_weights
+
+    rank, world = init_data_parallel("CPU")
+    ms.set_context(mode=ms.GRAPH_MODE)
+    half = world // 2
+    members = list(range(half)) if rank < half else list(range(half, world))
+    create_group("bench_node", members)
+    model = yaml.safe_load(open(config, encoding="utf-8"))["model"]
+    results, keep = [], []
+    for combo in COMBOS:
+        loss_net = LMLoss(init_lm_weights(build_lm(model), 0))
+        phi = sum(p.size * 4 for p in loss_net.trainable_params())
+        opt = nn.AdamWeightDecay(loss_net.trainable_params(), learning_rate=1e-3)
+        train = prepare_train_network(loss_net, opt, zero_stage=3, zeropp=_zeropp(combo, "bench_node"),
+                                      params_split_info=str(out / "params_info"))
+        keep.append(train)
+        results.append({"combo": combo, "phi": phi, "entries": [list(e) for e in train.comm_plan.entries]})
+    if rank == 0:
+        (out / "plans.json").write_text(json.dumps({"world": world, "results": results}))
+
+
+def volumes(entries, secondary: str = "bench_node"):
+    """(ring volume per rank, the part outside ``secondary``) of plan entries, without the
+    overflow-flag and clipping all-reduces (4-byte scalars)."""
+    from mindone_zero.comm import CommPlan
+
+    plan = CommPlan([tuple(e) for e in entries if not (e[0] == "all_reduce" and e[2] == 4)])
+    return plan.volume(), plan.volume_outside({secondary})
+
+
+def render(data: dict) -> str:
+    """The markdown table of ``plans.json``."""
+    world, results = data["world"], data["results"]
+    base_total, base_cross = volumes(results[0]["entries"])
+    phi = results[0]["phi"]
+    lines = [f"ZeRO++ communication per optimizer step and rank, demo LM ({phi // 4} parameters, Φ = {phi} B fp32), "
+             f"N={world}, hpZ group = {world // 2} ranks; native bytes (int8 + fp32 scales per block of 2048)",
+             "", "| qwZ | hpZ | qgZ | sent per rank (B) | (Φ) | / stage 3 | outside the hpZ group (B) | (Φ) | / stage 3 |",
+             "|---|---|---|---:|---:|---:|---:|---:|---:|"]
+    for r in results:
+        total, cross = volumes(r["entries"])
+        flags = " | ".join("yes" if r["combo"][k] else "-" for k in ("qwZ", "hpZ", "qgZ"))
+        # Φ of the paper is the full tensor; ring volume is (N-1)/N of it, so divide that out.
+        scale = phi * (world - 1) / world
+        lines.append(f"| {flags} | {total:.0f} | {total / scale:.2f} | {total / base_total:.3f} | {cross:.0f} | "
+                     f"{cross / scale:.2f} | {cross / base_cross:.3f} |")
+    return "\n".join(lines)
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--config", default=str(REPO / "configs" / "train_lm.yaml"))
+    parser.add_argument("--world_size", type=int, default=4)
+    parser.add_argument("--out", default="outputs/benchmark/zeropp")
+    parser.add_argument("--as_worker", action="store_true", help=argparse.SUPPRESS)
+    args = parser.parse_args(argv)
+    out = Path(args.out).resolve()
+    if args.as_worker:
+        worker(args.config, out)
+        return 0
+    if args.world_size < 2 or args.world_size % 2:
+        parser.error(f"the argument '--world_size' must be an even integer >= 2, but got {args.world_size}")
+    out.mkdir(parents=True, exist_ok=True)
+    from tests.msrun_harness import run_msrun  # one launcher for the tools and the tests
+
+    run_msrun(__file__, args.world_size, out, ["--config", args.config, "--as_worker"], timeout=600)
+    report = render(json.loads((out / "plans.json").read_text()))
+    (out / "zeropp.md").write_text(report + "\n")
+    print(report)
+    return 0
+
+
+if __name__ == "__main__":
+    os.environ.setdefault("GLOG_v", "3")
+    sys.exit(main())
