@@ -3,7 +3,8 @@ import numpy as np
 import pytest
 from mindspore import Tensor
 
-from mindone_zero.fusion import DEFAULT_BUCKET_SIZE, BucketedComm, FusionConfig, plan_buckets, ring_chunks
+from mindone_zero.fusion import (DEFAULT_BUCKET_SIZE, LARGE_TENSOR_BYTES, BucketedComm, FusionConfig, plan_buckets,
+                                 ring_chunks)
 
 
 def test_twenty_tensors_in_three_buckets():
@@ -18,6 +19,15 @@ def test_no_fusion_is_one_bucket_per_tensor():
 
 def test_large_tensor_gets_its_own_bucket_and_order_is_kept():
     assert plan_buckets([10, 500, 10, 10], ["float32"] * 4, 100) == [[0], [1], [2, 3]]
+
+
+def test_a_tensor_of_1_mib_or_more_is_never_packed():
+    mib = LARGE_TENSOR_BYTES
+    assert mib == 2 ** 20
+    sizes = [8, mib, 8, mib - 1, 16 * mib]
+    # the small ones still share a bucket around the large ones; just below 1 MiB is packed
+    assert plan_buckets(sizes, ["float32"] * 5, DEFAULT_BUCKET_SIZE) == [[0, 2, 3], [1], [4]]
+    assert plan_buckets([8, 8], ["float32"] * 2, 100, large=8) == [[0], [1]]
 
 
 def test_dtypes_never_share_a_bucket():
