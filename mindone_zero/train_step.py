@@ -51,14 +51,6 @@ class _ScaledLoss(nn.Cell):
         super().__init__(auto_prefix=False)
         self.network = network
 
-    def __call__(self, *inputs):
-        if not self.offload:
-            return super().__call__(*inputs)
-        loss, overflow, scale, go, grads = super().__call__(*inputs)
-        if bool(go.asnumpy()):
-            self.zero_helper.host_offload.step(grads)
-        return loss, overflow, scale
-
     def construct(self, *inputs):
         loss = self.network(*inputs[:-1])
         return loss * ops.cast(inputs[-1], loss.dtype), loss

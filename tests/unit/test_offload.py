@@ -60,3 +60,87 @@ def test_host_update_equals_device_optimizer(optimizer, tmp_path):
     assert folder.startswith("rank0_") and os.listdir(tmp_path / "states" / folder)
     result[2].zero_helper.host_offload.close()
     assert os.listdir(tmp_path / "states") == []
+
+
+def test_ema_overflow_and_pynative_follow_the_device_run(tmp_path):
+    """EMA after the host step, a dropped overflow step with a dynamic loss scale, PYNATIVE_MODE."""
+    device = _run("adam", False, ema=True, overflow_step=1)
+    _assert_same(_run("adam", True, ema=True, overflow_step=1), device)
+    files = {"device": "nvme", "path": str(tmp_path), "chunk_size": 100}
+    _assert_same(_run("adam", files, ema=True, overflow_step=1), device)
+    pynative = _run("momentum", False, mode=ms.PYNATIVE_MODE, steps=3)
+    _assert_same(_run("momentum", True, mode=ms.PYNATIVE_MODE, steps=3), pynative)
+
+
+def test_states_counted_where_they_live(tmp_path):
+    net = init_weights(TinyNet())
+    full = sum(int(np.prod(p.shape)) * 4 for p in net.trainable_params())
+    on_device = measure_model_states(prepare_train_network(LossNet(net), make_optimizer(net.trainable_params())))
+    for offload, where in ((True, "host"), ({"device": "nvme", "path": str(tmp_path)}, "file")):
+        net = init_weights(TinyNet())
+        train = prepare_train_network(LossNet(net), make_optimizer(net.trainable_params()), optimizer_offload=offload)
+        KEEP_ALIVE.append(train)
+        memory = measure_model_states(train)
+        assert set(memory) == set(KINDS) | set(LOCATIONS) | {"total"}
+        assert memory[where] == 2 * full and memory["optimizer_states"] == 0  # Adam: moment1, moment2
+        assert sum(memory[k] for k in LOCATIONS) == 2 * full
+        # the optimizer's own state Parameters are cut to one element each
+        assert memory["total"] == on_device["total"] - 2 * full
+
+
+@pytest.mark.parametrize("value,match", [
+    ("cpu", "must be a bool or a dict"),
+    ({"device": "gpu"}, "'device' 'cpu' or 'nvme'"),
+    ({"device": "nvme"}, "must have a folder 'path'"),
+    ({"device": "nvme", "path": "/x", "chunk_size": 0}, "'chunk_size' >= 4"),
+    ({"device": "cpu", "size": 1}, "unknown keys \\['size'\\]"),
+])
+def test_bad_offload_argument_names_it(value, match):
+    with pytest.raises(ValueError, match="'optimizer_offload'.*" + match):
+        OffloadConfig.parse(value)
+
+
+def test_unwritable_path_raises_before_any_work(tmp_path):
+    blocked = tmp_path / "file"
+    blocked.write_text("")
+    target = str(blocked / "sub" / "states")  # under a file: cannot be created
+    net = init_weights(TinyNet())
+    opt = make_optimizer(net.trainable_params())
+    with pytest.raises(ValueError, match=f"'optimizer_offload' has 'path' '{target}', which is not a writable"):
+        prepare_train_network(LossNet(net), opt, optimizer_offload={"device": "nvme", "path": target})
+    assert sorted(os.listdir(tmp_path)) == ["file"]
+    assert all(p.shape == q.shape for p, q in zip(opt.moment1, net.trainable_params()))  # nothing was changed
+    if os.geteuid() != 0:  # root writes anywhere
+        ro = tmp_path / "ro"
+        ro.mkdir(mode=0o500)
+        with pytest.raises(ValueError, match="not a writable folder"):
+            OffloadConfig.parse({"device": "nvme", "path": str(ro / "x")})
+        assert os.listdir(ro) == []
+
+
+def test_unsupported_optimizer_raises_naming_the_argument():
+    net = init_weights(TinyNet())
+    opt = nn.Adam(net.trainable_params(), use_amsgrad=True)
+    with pytest.raises(ValueError, match="'optimizer_offload' needs an optimizer with a host update.*Adam"):
+        prepare_train_network(LossNet(net), opt, optimizer_offload=True)
+
+
+def test_full_disk_during_a_step_raises_a_clear_error(tmp_path):
+    net = init_weights(TinyNet())
+    train = prepare_train_network(LossNet(net), make_optimizer(net.trainable_params()),
+                                  optimizer_offload={"device": "nvme", "path": str(tmp_path), "chunk_size": 64})
+    KEEP_ALIVE.append(train)
+    ids, labels = micro_batch(0, 0, 1, 0, 1)
+
+    def disk_full(name, offset):
+        if offset >= 64:
+            raise OSError(errno.ENOSPC, "No space left on device")
+
+    set_fault_hook(disk_full)
+    try:
+        with pytest.raises(OSError, match="writing the state file .* at byte 64 failed .*No space left on device.*"
+                                          "resume from the last checkpoint") as info:
+            train(Tensor(ids), Tensor(labels), Tensor(1.0, ms.float32))
+        assert info.value.errno == errno.ENOSPC
+    finally:
+        set_fault_hook(None)
