@@ -137,7 +137,8 @@ class HostOffload:
         from ..checkpoint.resume import _attempt, _agree  # the ranks' agreement lives with checkpoints
 
         _, error = _attempt(lambda: self._update(grads))
-        _agree(self, error, "optimizer_offload")
+        _agree(self, error, "optimizer_offload", "the ranks' optimizer states now disagree: resume from the last "
+                                                 "checkpoint (load_train_state).")
         if self.after.gather or self.after.has_ema:
             self.after()
 
