@@ -86,19 +86,22 @@ def load_peak_config(path: str) -> dict:
     return cfg
 
 
-def case_name(stage: int, reshard: bool) -> str:
-    return f"stage{stage}" + (("_free" if reshard else "_keep") if stage == 3 else "")
+def case_name(stage: int, reshard: bool, offload: str = "none") -> str:
+    name = f"stage{stage}" + (("_free" if reshard else "_keep") if stage == 3 else "")
+    return name if offload == "none" else f"{name}_offload_{offload}"
 
 
-def run_setting(cfg: dict, stage: int, reshard: bool, out: Path) -> List[dict]:
-    """One msrun job for one setting; returns every rank's result.
+def run_setting(cfg: dict, stage: int, reshard: bool, out: Path, offload: str = "none") -> List[dict]:
+    """One msrun job for one setting (``offload``: "none", "cpu" or "nvme", with
+    ``cfg["chunk_size"]``); returns every rank's result.
 
     Raises:
         RuntimeError: the job failed or timed out (with the tail of the worker logs).
     """
-    name, world = case_name(stage, reshard), cfg["world_size"]
+    name, world = case_name(stage, reshard, offload), cfg["world_size"]
     case = {k: cfg[k] for k in ("layers", "width", "micro_batch", "steps", "mode")}
-    case.update(name=name, stage=stage, reshard_after_forward=reshard)
+    case.update(name=name, stage=stage, reshard_after_forward=reshard, offload=offload,
+                chunk_size=cfg.get("chunk_size", 0))
     for stale in out.glob(f"{name}_rank*.json"):
         stale.unlink()  # never report an earlier run's numbers
     log_dir = out / "msrun_logs" / name
