@@ -389,6 +389,8 @@ def main(argv=None) -> int:
     parser.add_argument("--stages", type=int, nargs="+", help="override benchmark.stages (must include 0)")
     parser.add_argument("--peak_memory", action="store_true",
                         help="then run the peak-memory section (tools/benchmark_peak.py, configs/benchmark_peak.yaml)")
+    parser.add_argument("--offload_memory", action="store_true",
+                        help="then run the offload section (tools/benchmark_offload.py, configs/benchmark_offload.yaml)")
     args = parser.parse_args(argv)
     try:
         cfg = load_benchmark_config(args.config)
@@ -420,11 +422,16 @@ def main(argv=None) -> int:
     else:
         print("chart skipped: matplotlib is not installed (pip install -e '.[plot]')")
     print(f"tables: {out / 'benchmark.md'}")
+    code = 0
     if args.peak_memory:
         from tools.benchmark_peak import main as peak_main
 
-        return peak_main(["--out", str(out / "peak")])
-    return 0
+        code = peak_main(["--out", str(out / "peak")])
+    if args.offload_memory and code == 0:
+        from tools.benchmark_offload import main as offload_main
+
+        code = offload_main(["--out", str(out / "offload")])
+    return code
 
 
 if __name__ == "__main__":

@@ -46,8 +46,7 @@ def _world_comm(train_net) -> GroupComm:
 _FALLBACK_COMM = {}
 
 
-def _agree(train_net, error: Optional[BaseException], caller: str,
-           consequence: str = "nothing was changed here.") -> None:
+def _agree(train_net, error: Optional[BaseException], caller: str) -> None:
     """Collective: raise on every rank if ``error`` is set on any rank.
 
     The failing rank re-raises its own exception; the others raise RuntimeError naming the
@@ -64,7 +63,7 @@ def _agree(train_net, error: Optional[BaseException], caller: str,
     if error is not None:
         raise error
     if failed:
-        raise RuntimeError(f"For '{caller}', global rank(s) {failed} failed (see their logs); {consequence}")
+        raise RuntimeError(f"For '{caller}', global rank(s) {failed} failed (see their logs); nothing was changed here.")
 
 
 def _attempt(fn):

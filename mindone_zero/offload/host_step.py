@@ -8,11 +8,12 @@ optimizer step that is not dropped for an overflow. ``TrainOneStepWrapper.__call
 ``HostOffload.step``, which, tensor by tensor and ``chunk_size`` elements at a time, reads the
 optimizer states from the store (host memory or files), updates them and the fp32 tensor the
 optimizer updates (the master shard at stages 1-2, the parameter or its shard otherwise) with
-the host rule (host_optimizer.py), and writes them back. Every rank then agrees that every rank
-succeeded (one all-reduce of a flag per rank, so that a failure raises everywhere instead of
-hanging a collective), and ``after_step`` runs, in its own small graph, what followed the
-optimizer in the train graph: at stages 1-2 the all-gather of the new shards into the network
-(collective) and the EMA update.
+the host rule (host_optimizer.py), and writes them back. Then one small graph (``_AfterStep``)
+runs what followed the optimizer in the train graph, after an all-reduce of one failure flag per
+rank (so that a failure on one rank raises on every rank instead of hanging a collective): at
+stages 1-2 the all-gather of the new shards into the network (collective), then the EMA update.
+The agreement lives in that graph rather than in an eager all-reduce: switching to PYNATIVE_MODE
+for it every step costs time and memory.
 
 Where the tensor the optimizer updates lives: the host reads and writes it through
 ``Parameter.asnumpy()``, which on MindSpore's CPU backend is a view of the Parameter's memory
@@ -31,7 +32,7 @@ from typing import List
 import mindspore as ms
 import numpy as np
 from mindspore import Parameter, Tensor, nn, ops
-from mindspore.communication import GlobalComm, get_rank
+from mindspore.communication import GlobalComm, get_group_size, get_rank
 
 from .config import OffloadConfig
 from .file_store import FileStore, MemoryStore
@@ -73,26 +74,34 @@ class OffloadedState:
 
 
 class _AfterStep(nn.Cell):
-    """What follows the optimizer in the train graph: the all-gather (stages 1-2), then the EMA."""
+    """What follows the host update, in one graph: the ranks' agreement (an all-reduce of one
+    failure flag per global rank), the all-gather (stages 1-2), then the EMA."""
 
     def __init__(self, helper, ema):
         super().__init__(auto_prefix=False)
         self.helper = helper
+        self.agree = helper.is_parallel
         self.gather = helper.use_masters and helper.is_parallel and len(helper.ag_index) > 0
         self.ema = ema
         self.has_ema = ema is not None
 
-    def construct(self):
-        done = ops.ones((), ms.bool_)
+    @property
+    def needed(self) -> bool:
+        return self.agree or self.gather or self.has_ema
+
+    def construct(self, failed):
+        if self.agree:
+            failed = self.helper.world_comm.all_reduce(failed)
         if self.gather:
-            done = ops.depend(done, self.helper.all_gather_params())
+            failed = ops.depend(failed, self.helper.all_gather_params())
         if self.has_ema:
-            done = ops.depend(done, self.ema.ema_update())
-        return done
+            failed = ops.depend(failed, self.ema.ema_update())
+        return failed
 
 
 def _shares_memory(param: Parameter) -> bool:
-    return np.shares_memory(param.asnumpy(), param.asnumpy())
+    """Whether ``asnumpy()`` is a view of the Parameter's memory (two calls, one buffer)."""
+    return np.may_share_memory(param.asnumpy(), param.asnumpy())
 
 
 class HostOffload:
@@ -132,20 +141,33 @@ class HostOffload:
         self.after = _AfterStep(self.helper, ema)
 
     def step(self, grads) -> None:
-        """One optimizer step on the host from ``grads`` (the train graph's outputs), then the
-        agreement and ``after_step``. Collective (every rank, every optimizer step)."""
-        from ..checkpoint.resume import _attempt, _agree  # the ranks' agreement lives with checkpoints
+        """One optimizer step on the host from ``grads`` (the train graph's outputs), then
+        ``after_step`` with the ranks' agreement. Collective (every rank, every optimizer step).
 
-        _, error = _attempt(lambda: self._update(grads))
-        _agree(self, error, "optimizer_offload", "the ranks' optimizer states now disagree: resume from the last "
-                                                 "checkpoint (load_train_state).")
-        if self.after.gather or self.after.has_ema:
-            self.after()
-
-    # ``_agree`` reads ``train_net.zero_helper``; a HostOffload answers for its helper
-    @property
-    def zero_helper(self):
-        return self.helper
+        Raises:
+            OSError: this rank's update failed (a state-file write, say).
+            RuntimeError: another rank's failed.
+        """
+        error = None
+        try:
+            self._update(grads)
+        except Exception as err:  # noqa: BLE001 - raised below, after the collective
+            error = err
+        world, rank = (get_group_size(), get_rank()) if GlobalComm.INITED else (1, 0)
+        flags = np.zeros((world,), np.float32)
+        flags[rank] = 1.0 if error is not None else 0.0
+        if self.after.needed:
+            # A failed rank still runs the collectives, so no rank hangs; the all-gather then
+            # spreads partly updated shards, which the error below says to discard.
+            flags = self.after(Tensor(flags)).asnumpy()
+        if error is not None:
+            raise error
+        failed = [int(i) for i in np.nonzero(flags > 0)[0]]
+        if failed:
+            raise RuntimeError(
+                f"For 'optimizer_offload', the host optimizer step failed on global rank(s) {failed} (see their "
+                f"logs); the ranks' optimizer states now disagree: resume from the last checkpoint (load_train_state)."
+            )
 
     def _update(self, grads) -> None:
         hyper = StepHyper.read(self.helper.optimizer, self.rule)
