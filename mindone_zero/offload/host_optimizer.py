@@ -17,7 +17,8 @@ Each rule follows the kernel the MindSpore optimizer runs on the device (MindSpo
   ``m += (1 - b1)(g - m)``, ``v += (1 - b2)(g^2 - v)``, ``w -= lr_t m / (sqrt(v) + eps)``
   (Nesterov: ``w -= lr_t ((1 - b1) g + b1 m) / (sqrt(v) + eps)``).
 * ``nn.Momentum`` (``ApplyMomentum``): ``g += wd w``, ``a = mu a + g``, ``w -= lr a``
-  (Nesterov: ``w -= lr (g + mu a)``).
+  (Nesterov: ``w -= lr (g + mu a)``, ApplyMomentum's documented formula; MindSpore 2.10's CPU
+  kernel ignores ``use_nesterov`` and applies ``w -= lr a``, so on CPU a Nesterov run differs).
 * ``nn.SGD`` (``SGD`` kernel): ``g += wd w``; with momentum ``a = g`` on the first step (``stat``
   is 1) else ``a = mu a + (1 - dampening) g``, then ``g = a`` (Nesterov: ``g + mu a``);
   ``w -= lr g``; ``stat = 0``.

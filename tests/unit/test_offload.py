@@ -19,10 +19,23 @@ KEEP_ALIVE = []  # MindSpore caches compiled Cells by id: keep every case's Cell
 RTOL = 1e-6
 
 
+def _optimizer(net, name):
+    """The tests' optimizers, plus learning-rate schedules and parameter groups (read per step)."""
+    params = net.trainable_params()
+    if name == "adamw_schedule":  # a LearningRateSchedule Cell, weight decay on the weights only
+        groups = [{"params": [p for p in params if "weight" in p.name], "weight_decay": 0.01},
+                  {"params": [p for p in params if "weight" not in p.name]}]
+        return nn.AdamWeightDecay(groups, learning_rate=nn.CosineDecayLR(0.001, 0.01, 3))
+    if name == "momentum_list":  # a list of per-step learning rates, weight decay
+        # (not Nesterov: MindSpore 2.10's CPU ApplyMomentum ignores use_nesterov, see host_optimizer.py)
+        return nn.Momentum(params, learning_rate=[0.01, 0.03, 0.02, 0.005], momentum=0.9, weight_decay=0.001)
+    return make_optimizer(params, name)
+
+
 def _run(optimizer, offload, mode=ms.GRAPH_MODE, steps=4, accum=2, clip=True, ema=False, overflow_step=None):
     ms.set_context(mode=mode)
-    net = init_weights(TinyNet(with_scalar=optimizer != "adamw"))
-    opt = make_optimizer(net.trainable_params(), optimizer)
+    net = init_weights(TinyNet(with_scalar=not optimizer.startswith("adamw")))
+    opt = _optimizer(net, optimizer)
     scale = nn.DynamicLossScaleUpdateCell(2.0 ** 10, 2, 1000) if overflow_step is not None else 1.0
     train = prepare_train_network(LossNet(net), opt, scale_sense=scale, ema=EMA(net, ema_decay=0.9) if ema else None,
                                   gradient_accumulation_steps=accum, clip_grad=clip, clip_norm=2.0,
@@ -50,7 +63,7 @@ def _assert_same(a, b):
 
 
 # Momentum runs offloaded (memory and files) at stages 0-3 in the N=2 parity job (test_hybrid_fusion_offload.py)
-@pytest.mark.parametrize("optimizer", ["adamw", "adam", "sgd"])
+@pytest.mark.parametrize("optimizer", ["adamw", "adam", "sgd", "adamw_schedule", "momentum_list"])
 def test_host_update_equals_device_optimizer(optimizer, tmp_path):
     device = _run(optimizer, False, steps=3)
     _assert_same(_run(optimizer, True, steps=3), device)
