@@ -8,7 +8,8 @@ Every Parameter of the train network appears once, under the first kind that hol
 
 * ``params``: the network's Parameters (shards at stage 3);
 * ``master_shards``: the fp32 master shards the optimizer updates at stages 1-2;
-* ``optimizer_states``: the optimizer's per-parameter states (shards at stages >= 1);
+* ``optimizer_states``: the optimizer's per-parameter states (shards at stages >= 1); with
+  ``optimizer_offload`` an ``OffloadedState`` each, whose ``location`` is ``host`` or ``file``;
 * ``optimizer_other``: the optimizer's other Parameters (learning rate, step, beta powers);
 * ``ema``: the EMA's weights and an aligned swap cache ([Note: ZeRO EMA] in ema.py);
 * ``accumulation``: gradient accumulation buffers (shards at stages 2-3);
@@ -60,6 +61,8 @@ def inventory(train_net) -> List[Held]:
     n, r = helper.op_size, helper.op_rank
     index = {id(p): i for i, p in enumerate(helper.params)}
     out, seen = [], set()
+    if helper.host_offload is not None:  # cut to one element; OffloadedState stands for each
+        seen.update(id(p) for p in helper.host_offload.placeholders)
 
     def whole(p):
         return ShardSpec(p.name, tuple(p.shape), n, r, False)

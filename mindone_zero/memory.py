@@ -16,6 +16,11 @@ stage  bytes per device             what is partitioned over the N ranks
 
 Activations, temporary buffers and fragmentation are not model states and are not counted.
 
+``estimate_model_states_placement`` splits the same bytes by where they live with
+``optimizer_offload``: the offloaded optimizer bytes per parameter (``k`` by default; 8 for
+Adam's two moments when the fp32 master stays on the device, as it does here at stages 1-2) go
+to ``host`` or ``file``, at 1/N from stage 1 on, and the rest stays on the ``device``.
+
 ``estimate_peak_memory`` adds the term a user needs to pick a stage: what a step holds on top of
 the model states because parameters and gradients exist in full for a while (DeepSpeed's
 "largest layer" term). With ``L`` the parameters of the largest layer (the most gathered at once):
@@ -39,7 +44,7 @@ from fractions import Fraction
 
 from .stage import StagePolicy, check_stage
 
-__all__ = ["estimate_model_states_memory", "estimate_peak_memory"]
+__all__ = ["estimate_model_states_memory", "estimate_peak_memory", "estimate_model_states_placement"]
 
 
 def _check_positive(func: str, name: str, value, allow_zero: bool = False, integral: bool = False) -> None:
@@ -160,3 +165,38 @@ def estimate_peak_memory(num_params, world_size: int, zero_stage: int, largest_l
     elif policy.shards_grads:
         extra = g * big_l
     return states + int(math.ceil(extra))
+
+
+def estimate_model_states_placement(num_params, world_size: int, zero_stage: int, param_bytes=2, grad_bytes=2,
+                                    optimizer_bytes=12, optimizer_offload="none", offloaded_bytes=None) -> dict:
+    """Bytes of model states per rank by where they live: ``{"device", "host", "file"}``.
+
+    Pure arithmetic; not collective. The three add up to ``estimate_model_states_memory`` with the
+    same first six arguments.
+
+    Args:
+        num_params, world_size, zero_stage, param_bytes, grad_bytes, optimizer_bytes: as
+            ``estimate_model_states_memory``.
+        optimizer_offload: ``"none"``, ``"cpu"`` (host memory) or ``"nvme"`` (files).
+        offloaded_bytes: bytes per parameter of the optimizer states that leave the device; None
+            means all of ``optimizer_bytes``; at most ``optimizer_bytes``.
+
+    Raises:
+        ValueError: an argument out of range, naming it and its value.
+    """
+    func = "estimate_model_states_placement"
+    total = estimate_model_states_memory(num_params, world_size, zero_stage, param_bytes, grad_bytes, optimizer_bytes)
+    where = {"none": None, "cpu": "host", "nvme": "file"}
+    if optimizer_offload not in where:
+        raise ValueError(f"For '{func}', the argument 'optimizer_offload' must be one of {list(where)}, "
+                         f"but got {optimizer_offload!r}.")
+    moved_per_param = optimizer_bytes if offloaded_bytes is None else offloaded_bytes
+    _check_positive(func, "offloaded_bytes", moved_per_param, allow_zero=True)
+    if moved_per_param > optimizer_bytes:
+        raise ValueError(f"For '{func}', the argument 'offloaded_bytes' must be at most 'optimizer_bytes' "
+                         f"({optimizer_bytes!r}), but got {offloaded_bytes!r}.")
+    out = {"device": total, "host": 0, "file": 0}
+    if where[optimizer_offload] is not None:
+        moved = estimate_model_states_memory(num_params, world_size, zero_stage, 0, 0, moved_per_param)
+        out["device"], out[where[optimizer_offload]] = total - moved, moved
+    return out

@@ -29,6 +29,7 @@ _STATUS = "/proc/self/status"
 _CLEAR_REFS = "/proc/self/clear_refs"
 
 KINDS = ("params", "master_shards", "optimizer_states", "accumulation", "ema", "other")
+LOCATIONS = ("host", "file")  # where offloaded states live, apart from the device's KINDS
 # the inventory's kinds folded into the coarser ones reported here
 _KIND_OF = {"optimizer_other": "other"}
 
@@ -47,13 +48,16 @@ def measure_model_states(train_net) -> Dict[str, int]:
     * ``ema``: EMA weights (and an EMA's aligned swap cache), if an EMA is attached;
     * ``other``: every remaining Parameter of ``train_net`` (loss scale, step counters, Adam's
       beta powers, learning rate): a few scalars;
-    * ``total``: the sum of the kinds above.
+    * ``total``: the sum of the kinds above: what this rank holds on its device;
+    * ``host`` and ``file``: optimizer states offloaded to host memory or to files
+      (``optimizer_offload``), not in ``total`` nor in ``optimizer_states``.
 
     Args:
         train_net: a ``TrainOneStepWrapper`` (as returned by ``prepare_train_network``).
 
     Returns:
-        dict: ``{kind: bytes}`` with the keys of ``KINDS`` plus ``"total"``, all ints.
+        dict: ``{kind: bytes}`` with the keys of ``KINDS`` plus ``"total"``, ``"host"`` and
+        ``"file"``, all ints.
 
     Raises:
         TypeError: if ``train_net`` has no ``zero_helper``/``network``/``optimizer`` (is not a
@@ -65,9 +69,11 @@ def measure_model_states(train_net) -> Dict[str, int]:
             f"For 'measure_model_states', the argument 'train_net' must be a TrainOneStepWrapper, but got "
             f"{type(train_net).__name__} (no attribute {missing[0]!r})."
         )
-    result = dict.fromkeys(KINDS, 0)
+    result = dict.fromkeys(KINDS + LOCATIONS, 0)
     for held in inventory(train_net):
-        result[_KIND_OF.get(held.kind, held.kind)] += int(held.param.size) * int(held.param.itemsize)
+        where = getattr(held.param, "location", "device")  # offload.OffloadedState: host or file
+        key = _KIND_OF.get(held.kind, held.kind) if where == "device" else where
+        result[key] += int(held.param.size) * int(held.param.itemsize)
     result["total"] = sum(result[k] for k in KINDS)
     return result
 

@@ -12,13 +12,12 @@ known optimizers, every ParameterTuple attribute is classified by what it holds:
 * anything else: the optimizer's states are not shaped like its parameters, and sharding them
   along dim 0 would be wrong, so ``find_optimizer_states`` raises.
 """
-import logging
 from typing import Dict, List, Sequence
 
 from mindspore import Parameter, ParameterTuple, nn
 
-__all__ = ["find_optimizer_states", "repoint_optimizer", "check_no_unknown_states", "place_optimizer_on_host",
-           "check_optimizer", "optimizer_parameters"]
+__all__ = ["find_optimizer_states", "repoint_optimizer", "check_no_unknown_states", "check_optimizer",
+           "optimizer_parameters"]
 
 _PARAM_ATTRS = ("_parameters", "parameters")
 
@@ -123,29 +122,3 @@ def repoint_optimizer(optimizer: nn.Optimizer, new_params: Sequence[Parameter]) 
     new_tuple = ParameterTuple(list(new_params))
     for attr in [a for a in _PARAM_ATTRS if a in vars(optimizer)] + aliases:
         setattr(optimizer, attr, new_tuple)
-
-
-def place_optimizer_on_host(optimizer: nn.Optimizer) -> bool:
-    """Run ``optimizer``'s update on the host (CPU) through MindSpore's own mechanism.
-
-    ``nn.AdamOffload`` and ``nn.Adam(use_offload=True)`` already update on the host. Optimizers
-    whose ``target`` can be set (``nn.Adam``, ``nn.LazyAdam``, ...) get ``target = "CPU"``, which
-    moves their update kernels to the host. Any other optimizer raises on ``target`` (for
-    example ``NotImplementedError`` from AdamWeightDecay or Momentum); it then keeps running on
-    the device and a warning says so. On the CPU backend the placement changes nothing.
-
-    Returns:
-        True if the update now runs on the host.
-    """
-    logger = logging.getLogger(__name__)
-    if type(optimizer).__name__ == "AdamOffload" or getattr(optimizer, "use_offload", False):
-        return True
-    try:
-        optimizer.target = "CPU"
-    except (NotImplementedError, TypeError, ValueError, AttributeError, RuntimeError) as err:
-        logger.warning(
-            "optimizer_offload=True: %s cannot run its update on the host (%s: %s); it runs on the device.",
-            type(optimizer).__name__, type(err).__name__, err,
-        )
-        return False
-    return True

@@ -10,6 +10,7 @@ from mindspore import nn
 from .comm import check_hybrid_groups, is_data_parallel, world_group
 from .ema import bind_ema_to_zero, check_ema, ema_entries
 from .fusion import FusionConfig
+from .offload import OffloadConfig, host_rule_for
 from .optimizer_states import check_optimizer, find_optimizer_states, optimizer_parameters
 from .partition import mark_shard_flag, zero_spec_of
 from .stage import StagePolicy, check_stage
@@ -122,9 +123,11 @@ def prepare_train_network(network, optimizer, scale_sense=1.0, ema=None, updates
     called before (if it was, the ``reshard_after_forward`` and ``zeropp`` given to
     ``prepare_network`` hold; the ones given here are checked only). ``ema`` may be any EMA with
     MindOne's interface ([Note: EMA interface] in ema.py); ``optimizer`` an ``nn.Optimizer`` or a
-    ``mindspore.experimental.optim.Optimizer`` (``mint.optim``). Afterwards every Parameter's
-    ``parallel_optimizer`` says whether this rank holds a shard of it ([Note: split rule] in
-    partition.py). Building is not collective; calling the returned wrapper is (every rank of
+    ``mindspore.experimental.optim.Optimizer`` (``mint.optim``); ``optimizer_offload`` ``True``,
+    ``{"device": "cpu"}`` or ``{"device": "nvme", "path": ...}`` runs the optimizer step on the
+    host with its states in host memory or files ([Note: offload argument] in offload/config.py).
+    Afterwards every Parameter's ``parallel_optimizer`` says whether this rank holds a shard of it
+    ([Note: split rule] in partition.py). Building is not collective; calling the returned wrapper is (every rank of
     the world, every step).
 
     Returns:
@@ -145,13 +148,16 @@ def prepare_train_network(network, optimizer, scale_sense=1.0, ema=None, updates
     _check_module_maps(where, parallel_modules=parallel_modules,
                        special_cases_parallel_module=special_cases_parallel_module)
     FusionConfig.from_mindone(comm_fusion)
+    offload = OffloadConfig.parse(optimizer_offload, where)  # [Note: offload argument]
+    if offload.enabled:
+        host_rule_for(optimizer, where)
     policy = StagePolicy.of(zero_stage, is_data_parallel(), where)  # stage 0 without data parallelism
     if policy.shards_optimizer:
         _check_shardable_optimizer(optimizer)
     if policy.shards_params and not any(zero_spec_of(p) is not None for p in network.get_parameters()):
         network = prepare_network(network, policy.stage, optimizer_parallel_group, parallel_modules,
                                   special_cases_parallel_module, reshard_after_forward, zeropp)
-    helper = ZeroHelper(optimizer, policy.stage, optimizer_parallel_group, dp_group, optimizer_offload,
+    helper = ZeroHelper(optimizer, policy.stage, optimizer_parallel_group, dp_group, offload,
                         comm_fusion, params_split_info)
     if ema is not None and policy.is_zero:
         helper.register_split_entries(bind_ema_to_zero(ema, helper))

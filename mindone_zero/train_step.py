@@ -101,6 +101,11 @@ class TrainOneStepWrapper(nn.Cell):
         clip_grad (bool), clip_norm (float): clip by the global norm of the full gradient.
         verbose (bool): log the configuration at build time.
         zero_helper (ZeroHelper): the ZeRO machinery; None builds a stage-0 helper.
+
+    With ``zero_helper.host_offload`` (``optimizer_offload``), the graph returns the reduced,
+    clipped gradients and ``__call__`` runs the optimizer step on the host, then the all-gather
+    and the EMA ([Note: host step] in offload/host_step.py); call the wrapper itself, not its
+    ``construct`` from another graph.
     """
 
     def __init__(self, network, optimizer, scale_sense=1.0, ema=None, updates=0, drop_overflow_update=True,
@@ -124,6 +129,9 @@ class TrainOneStepWrapper(nn.Cell):
         self.accum_steps = int(gradient_accumulation_steps)
         self.verbose = verbose
         self.zero_stage = self.zero_helper.zero_stage
+        self.offload = self.zero_helper.host_offload is not None
+        if self.offload:
+            self.zero_helper.host_offload.bind_after_step(ema)
         # [Note: gradient reduction] in zero_helper.py: stages 0/1 reduce once per optimizer step.
         self.reduce_each_micro_step = self.zero_helper.policy.reduce_each_micro_step(self.accum_steps)
         self.comm_plan = self.zero_helper.comm_plan(self.accum_steps, self.reduce_each_micro_step, clip_grad,
@@ -197,6 +205,14 @@ class TrainOneStepWrapper(nn.Cell):
         """Whether reduced gradients are averaged (stage 0 follows ``gradients_mean``)."""
         return self.zero_helper.grads_mean
 
+    def __call__(self, *inputs):
+        if not self.offload:
+            return super().__call__(*inputs)
+        loss, overflow, scale, go, grads = super().__call__(*inputs)
+        if bool(go.asnumpy()):
+            self.zero_helper.host_offload.step(grads)
+        return loss, overflow, scale
+
     def construct(self, *inputs):
         scale = self.scale_sense * 1.0  # read the scale before the update cell may change it
         (_, loss), grads = self.loss_and_grads(*inputs, scale)
@@ -206,6 +222,9 @@ class TrainOneStepWrapper(nn.Cell):
         overflow = self.zero_helper.any_rank(ops.logical_not(_all_finite(grads)))
         if self.loss_scaling_manager is not None:
             overflow = self.loss_scaling_manager(self.scale_sense, overflow)
+        if self.offload:
+            go, grads = self._host_grads(grads, overflow) if self.accum_steps == 1 else self._accumulate(grads, overflow)
+            return loss, overflow, scale, go, grads
         if self.accum_steps == 1:
             loss = ops.depend(loss, self._optimizer_step(grads, overflow))
         else:
@@ -239,22 +258,43 @@ class TrainOneStepWrapper(nn.Cell):
             mean = ()
             for i in range(len(self.accum_grads)):
                 mean += (self.accum_grads[i] / self.accum_steps,)
-            result = self._optimizer_step(mean, self.accum_overflow > 0)
+            if self.offload:
+                result, mean = self._host_grads(mean, self.accum_overflow > 0)
+            else:
+                result = self._optimizer_step(mean, self.accum_overflow > 0)
             for i in range(len(self.accum_grads)):
                 result = ops.depend(result, ops.assign(self.accum_grads[i], ops.zeros_like(self.accum_grads[i])))
             result = ops.depend(result, ops.assign(self.accum_step, ops.zeros((), ms.int32)))
             result = ops.depend(result, ops.assign(self.accum_overflow, ops.zeros((), ms.float32)))
+            if self.offload:
+                return result, mean
             return result
+        if self.offload:  # not a step boundary: nothing for the host
+            zeros = ()
+            for i in range(len(self.zero_helper.opt_params)):
+                zeros += (ops.zeros_like(self.zero_helper.opt_params[i]),)
+            return ops.depend(ops.zeros((), ms.bool_), step), zeros
         return ops.depend(overflow, step)
 
-    def _optimizer_step(self, grads, overflow):
-        """Reduce (stages 0/1 with accumulation), clip, update and EMA; skipped on overflow."""
+    def _final_grads(self, grads):
+        """Reduce (stages 0/1 with accumulation) and clip: the gradients the optimizer takes."""
         if not self.reduce_each_micro_step:
             grads = self.zero_helper.reduce_grads(grads)
         if self.clip_grad:
             norm = self.zero_helper.global_norm(grads)
             factor = self.clip_norm / ops.maximum(norm, self.clip_norm)
             grads = tuple(g * ops.cast(factor, g.dtype) for g in grads)
+        return grads
+
+    def _host_grads(self, grads, overflow):
+        """(whether the host steps, the gradients it takes) at an optimizer-step boundary."""
+        grads = self._final_grads(grads)
+        go = ops.logical_not(overflow) if self.drop_overflow_update else ops.ones((), ms.bool_)
+        return go, grads
+
+    def _optimizer_step(self, grads, overflow):
+        """Reduce (stages 0/1 with accumulation), clip, update and EMA; skipped on overflow."""
+        grads = self._final_grads(grads)
         if self.drop_overflow_update and overflow:
             return overflow
         result = self.zero_helper.run_optimizer(grads)

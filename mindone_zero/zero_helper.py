@@ -30,8 +30,8 @@ import numpy as np
 from mindspore import Parameter, ParameterTuple, Tensor, nn, ops
 from .comm import CommPlan, GroupComm, check_hybrid_groups, group_size_and_rank, is_data_parallel, pad_dim0, world_group
 from .fusion import BucketedComm, FusionConfig
-from .optimizer_states import (check_optimizer, find_optimizer_states, optimizer_parameters, place_optimizer_on_host,
-                               repoint_optimizer)
+from .offload import HostOffload, OffloadConfig, host_rule_for
+from .optimizer_states import check_optimizer, find_optimizer_states, optimizer_parameters, repoint_optimizer
 from .partition import ShardSpec, is_split_candidate, split_array, zero_spec_of
 from .stage import StagePolicy
 
@@ -67,8 +67,10 @@ class ZeroHelper(nn.Cell):
             None means the world group.
         dp_group (str): group of the ranks holding the same shard (hybrid sharding); required
             when ``optimizer_parallel_group`` is not the world group.
-        optimizer_offload (bool): run the optimizer update on the host where MindSpore supports it
-            (see ``place_optimizer_on_host``); otherwise warn and run it on the device.
+        optimizer_offload (bool | dict): ``True`` or ``{"device": "cpu"}`` keeps the optimizer states
+            in host memory and runs the update there; ``{"device": "nvme", "path": ...}`` keeps them
+            in files ([Note: offload argument] in offload/config.py, [Note: host step] in
+            offload/host_step.py). ``host_offload`` is then the host side, else None.
         comm_fusion (dict): MindOne's communication-fusion dict; None (the default) buckets by
             ``fusion.DEFAULT_BUCKET_SIZE`` (25 MiB), ``{}`` sends one collective per tensor (see
             [Note: buckets] in fusion.py). ``comm_plan()`` shows the resulting collectives.
@@ -84,6 +86,9 @@ class ZeroHelper(nn.Cell):
                  optimizer_offload=False, comm_fusion=None, params_split_info="params_info"):
         super().__init__(auto_prefix=False)
         check_optimizer(optimizer, "ZeroHelper")
+        offload = OffloadConfig.parse(optimizer_offload, "ZeroHelper")
+        if offload.enabled:
+            host_rule_for(optimizer, "ZeroHelper")
         fusion = FusionConfig.from_mindone(comm_fusion)
         self.is_parallel = is_data_parallel()
         self.policy = StagePolicy.of(zero_stage, self.is_parallel)
@@ -105,10 +110,13 @@ class ZeroHelper(nn.Cell):
         # Stage 0 follows MindSpore's gradients_mean as MindOne's does (its grad reducer);
         # sharded stages always average, as MindOne's ZeroHelper does.
         self.grads_mean = self.policy.is_zero or not self.is_parallel or bool(ms.get_auto_parallel_context("gradients_mean"))
-        self.opt_params = self._shard_optimizer()
+        self.opt_params = self._shard_optimizer(offload.enabled)
         if self.is_parallel:
             self._build_comms(fusion)
-        self.optimizer_offload = bool(optimizer_offload) and place_optimizer_on_host(optimizer)
+        self.optimizer_offload = offload.enabled
+        self.host_offload = HostOffload(self, offload) if offload.enabled else None
+        if self.host_offload is not None:
+            self.opt_states = dict(self.opt_states, **self.host_offload.states)
         self.params_split_info = params_split_info
         self.extra_split_entries = []
 
@@ -125,10 +133,11 @@ class ZeroHelper(nn.Cell):
             specs.append(ShardSpec(p.name, tuple(p.shape), self.op_size, self.op_rank, split))
         return specs
 
-    def _shard_optimizer(self) -> ParameterTuple:
+    def _shard_optimizer(self, offload: bool) -> ParameterTuple:
         """Create master shards (stages 1-2), shard the optimizer states, re-point the optimizer."""
         # Nothing is sharded at stage 0 (or on one rank), so any optimizer works there.
-        states = find_optimizer_states(self.optimizer, [s.shape for s in self.specs]) if any(self.split) else {}
+        find = any(self.split) or offload
+        states = find_optimizer_states(self.optimizer, [s.shape for s in self.specs]) if find else {}
         opt_params = []
         for i, (p, spec) in enumerate(zip(self.params, self.specs)):
             if self.use_masters and spec.split:

@@ -416,6 +416,8 @@ def main(argv=None) -> int:
                         help="then run the peak-memory section (tools/benchmark_peak.py, configs/benchmark_peak.yaml)")
     parser.add_argument("--zeropp", action="store_true",
                         help="then report ZeRO++'s bytes per step for every combination (tools/benchmark_zeropp.py, N=4)")
+    parser.add_argument("--offload_memory", action="store_true",
+                        help="then run the offload section (tools/benchmark_offload.py, configs/benchmark_offload.yaml)")
     args = parser.parse_args(argv)
     try:
         cfg = load_benchmark_config(args.config)
@@ -456,6 +458,10 @@ def main(argv=None) -> int:
         from tools.benchmark_zeropp import main as zeropp_main
 
         code = zeropp_main(["--out", str(out / "zeropp")])
+    if args.offload_memory and code == 0:
+        from tools.benchmark_offload import main as offload_main
+
+        code = offload_main(["--out", str(out / "offload")])
     return code
 
 

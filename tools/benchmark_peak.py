@@ -60,20 +60,26 @@ PEAK_DEFAULTS = {
 MB = 1e6
 
 
+def load_section(path: str, section: str, defaults: dict, caller: str) -> dict:
+    """The ``section`` of a YAML file over ``defaults``; raises ValueError naming an unknown key."""
+    with open(path, encoding="utf-8") as f:
+        loaded = (yaml.safe_load(f) or {}).get(section) or {}
+    cfg = dict(defaults)
+    for key, value in loaded.items():
+        if key not in cfg:
+            raise ValueError(f"For '{caller}', the argument '{section}.{key}' must be one of "
+                             f"{sorted(cfg)}, but got {key!r}.")
+        cfg[key] = value
+    return cfg
+
+
 def load_peak_config(path: str) -> dict:
     """The ``peak_memory`` section of a YAML file over ``PEAK_DEFAULTS``.
 
     Raises:
         ValueError: unknown key or bad value, naming it. OSError: unreadable file.
     """
-    with open(path, encoding="utf-8") as f:
-        loaded = (yaml.safe_load(f) or {}).get("peak_memory") or {}
-    cfg = dict(PEAK_DEFAULTS)
-    for key, value in loaded.items():
-        if key not in cfg:
-            raise ValueError(f"For 'load_peak_config', the argument 'peak_memory.{key}' must be one of "
-                             f"{sorted(cfg)}, but got {key!r}.")
-        cfg[key] = value
+    cfg = load_section(path, "peak_memory", PEAK_DEFAULTS, "load_peak_config")
     for key in ("world_size", "layers", "width", "micro_batch", "steps", "timeout_s"):
         if isinstance(cfg[key], bool) or not isinstance(cfg[key], int) or cfg[key] < 1:
             raise ValueError(f"For 'load_peak_config', the argument 'peak_memory.{key}' must be an integer >= 1, "
@@ -86,19 +92,22 @@ def load_peak_config(path: str) -> dict:
     return cfg
 
 
-def case_name(stage: int, reshard: bool) -> str:
-    return f"stage{stage}" + (("_free" if reshard else "_keep") if stage == 3 else "")
+def case_name(stage: int, reshard: bool, offload: str = "none") -> str:
+    name = f"stage{stage}" + (("_free" if reshard else "_keep") if stage == 3 else "")
+    return name if offload == "none" else f"{name}_offload_{offload}"
 
 
-def run_setting(cfg: dict, stage: int, reshard: bool, out: Path) -> List[dict]:
-    """One msrun job for one setting; returns every rank's result.
+def run_setting(cfg: dict, stage: int, reshard: bool, out: Path, offload: str = "none") -> List[dict]:
+    """One msrun job for one setting (``offload``: "none", "cpu" or "nvme", with
+    ``cfg["chunk_size"]``); returns every rank's result.
 
     Raises:
         RuntimeError: the job failed or timed out (with the tail of the worker logs).
     """
-    name, world = case_name(stage, reshard), cfg["world_size"]
+    name, world = case_name(stage, reshard, offload), cfg["world_size"]
     case = {k: cfg[k] for k in ("layers", "width", "micro_batch", "steps", "mode")}
-    case.update(name=name, stage=stage, reshard_after_forward=reshard)
+    case.update(name=name, stage=stage, reshard_after_forward=reshard, offload=offload,
+                chunk_size=cfg.get("chunk_size", 0))
     for stale in out.glob(f"{name}_rank*.json"):
         stale.unlink()  # never report an earlier run's numbers
     log_dir = out / "msrun_logs" / name
@@ -174,28 +183,39 @@ def render(cfg: dict, rows: List[dict]) -> str:
     return "\n".join(lines)
 
 
-def main(argv=None) -> int:
-    """Run one msrun job per setting, print and write the table; returns the exit code."""
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--config", default=str(REPO / "configs" / "benchmark_peak.yaml"))
-    parser.add_argument("--out", default="outputs/benchmark/peak")
+def run_benchmark(argv, doc: str, default_config: str, default_out: str, load, run, stem: str) -> int:
+    """The CLI of a benchmark section: ``--config`` read by ``load``, ``run(cfg, out)`` giving
+    (rows, table), written to ``<out>/<stem>.md`` and ``.json`` and printed; returns 0."""
+    parser = argparse.ArgumentParser(description=doc.split("\n\n")[0])
+    parser.add_argument("--config", default=default_config)
+    parser.add_argument("--out", default=default_out)
     args = parser.parse_args(argv)
     try:
-        cfg = load_peak_config(args.config)
+        cfg = load(args.config)
     except (ValueError, OSError) as err:
         parser.error(str(err))
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
+    rows, table = run(cfg, out)
+    (out / f"{stem}.md").write_text(table + "\n")
+    (out / f"{stem}.json").write_text(json.dumps(rows, indent=1))
+    print(table)
+    return 0
+
+
+def _run_peak(cfg: dict, out: Path):
     results = {}
     for stage, reshard in cfg["settings"]:
         print(f"running {case_name(stage, reshard)} (N={cfg['world_size']}) ...", flush=True)
         results[(stage, reshard)] = run_setting(cfg, stage, reshard, out)
     rows = summarize(cfg, results)
-    table = render(cfg, rows)
-    (out / "peak.md").write_text(table + "\n")
-    (out / "peak.json").write_text(json.dumps(rows, indent=1))
-    print(table)
-    return 0
+    return rows, render(cfg, rows)
+
+
+def main(argv=None) -> int:
+    """Run one msrun job per setting, print and write the table; returns the exit code."""
+    return run_benchmark(argv, __doc__, str(REPO / "configs" / "benchmark_peak.yaml"), "outputs/benchmark/peak",
+                         load_peak_config, _run_peak, "peak")
 
 
 if __name__ == "__main__":

@@ -5,8 +5,9 @@ wraps it with ``prepare_train_network(zero_stage, reshard_after_forward)``, then
 rank's peak memory over ``steps`` training steps (``mindone_zero.memory_measure.measure_peak_memory``,
 first step's compilation included), above the memory in use just before the steps and above the
 memory in use before the network was built (``memory_in_use``), and
-writes ``<out>/<name>_rank{r}.json``: baseline/peak/growth bytes, model-state bytes by kind, the
-losses, and the library's ``CommPlan`` of one step.
+writes ``<out>/<name>_rank{r}.json``: baseline/peak/growth bytes, model-state bytes by kind (and
+where offloaded states live), the losses, each step's seconds, and the library's ``CommPlan`` of
+one step. ``offload`` ("none", "cpu", "nvme") sets ``optimizer_offload``.
 
 Usage (launched by tools/benchmark_peak.py):
 ``msrun ... tools/benchmark_peak_worker.py --out DIR --case JSON``
@@ -15,6 +16,7 @@ import argparse
 import json
 import os
 import sys
+import time
 from pathlib import Path
 
 os.environ.setdefault("GLOG_v", "3")
@@ -51,6 +53,15 @@ def build(layers: int, width: int, seed: int = 0) -> nn.Cell:
     return MSELoss(net)
 
 
+def offload_argument(case: dict, out: Path):
+    """``optimizer_offload`` for the case's ``offload``: "none", "cpu" (host memory) or "nvme"
+    (files under ``<out>/offload_states``, ``chunk_size`` bytes per chunk)."""
+    offload = case.get("offload", "none")
+    if offload == "nvme":
+        return {"device": "nvme", "path": str(out / "offload_states"), "chunk_size": case["chunk_size"]}
+    return offload == "cpu"
+
+
 def run(case: dict, out: Path, rank: int, world: int) -> dict:
     ms.set_context(mode=ms.GRAPH_MODE if case["mode"] == "graph" else ms.PYNATIVE_MODE)
     before_build = memory_in_use()
@@ -61,23 +72,28 @@ def run(case: dict, out: Path, rank: int, world: int) -> dict:
     optimizer = nn.AdamWeightDecay(loss_net.trainable_params(), learning_rate=1e-4)
     train = prepare_train_network(loss_net, optimizer, zero_stage=case["stage"],
                                   reshard_after_forward=case["reshard_after_forward"],
-                                  params_split_info=str(out / "params_info" / case["name"]))
+                                  params_split_info=str(out / "params_info" / case["name"]),
+                                  optimizer_offload=offload_argument(case, out))
     train.set_train(True)
     rng = np.random.default_rng(100 + rank)
     x = Tensor(rng.standard_normal((case["micro_batch"], case["width"])).astype(np.float32))
     y = Tensor(rng.standard_normal((case["micro_batch"], case["width"])).astype(np.float32))
     losses = []
 
+    seconds = []
+
     def step():
+        start = time.perf_counter()
         loss, _, _ = train(x, y)
         losses.append(float(loss.asnumpy()))
+        seconds.append(time.perf_counter() - start)
 
     peak = measure_peak_memory(step, steps=case["steps"])
     plan = train.comm_plan
     return {"rank": rank, "world": world, "case": case, "before_build_bytes": before_build,
             "baseline_bytes": peak.baseline_bytes,
             "peak_bytes": peak.peak_bytes, "growth_bytes": peak.growth_bytes, "source": peak.source,
-            "model_states": measure_model_states(train), "losses": losses,
+            "model_states": measure_model_states(train), "losses": losses, "step_seconds": seconds,
             "comm": {k: {"calls": plan.count(k), "volume": plan.volume(k)} for k in ("all_gather", "reduce_scatter",
                                                                                      "all_reduce")}}
 

@@ -41,6 +41,10 @@ def _a_cases():
         dict(name="s3", stage=3, ckpt="s3", saves=[5, 10], fmt="safetensors", full=True),
         dict(name="s2_accum", stage=2, accum=2, ckpt="s2_accum", save_mid=[2, 0], end=4),
         dict(name="even_s3", stage=3, net="even", ckpt="even_s3", saves=[1], end=1),
+        # issue 13: optimizer states in files; a full disk during step 7 of the stage-1 run
+        dict(name="s3_off", stage=3, offload="file", ckpt="s3_off", saves=[5, 10]),
+        dict(name="s1_off_fault", stage=1, offload="file", ckpt="s1_off_fault", saves=[5, 10],
+             step_fault={"step": 7, "rank": 1}),
     ]
 
 
@@ -50,6 +54,7 @@ def _c_cases(a):
         dict(name="r2to4_s2", stage=2, load=f"{a}/s2", load_step=5, ckpt="r2to4_s2", saves=[10]),
         dict(name="r2to4_s3", stage=3, load=f"{a}/s3", load_step=5, ckpt="r2to4_s3", saves=[7, 10]),
         dict(name="hyb_s2", stage=2, hybrid=True, ckpt="hyb_s2", saves=[3], end=3),
+        dict(name="r2to4_s3_off", stage=3, offload="host", load=f"{a}/s3_off", load_step=5),
         dict(name="errors_n4", checks={"mid_accum_reshard": f"{a}/s2_accum"}),
     ]
 
@@ -64,6 +69,7 @@ def _b_cases(a, c, bad):
                   other_shapes=f"{a}/s1", save_exists=f"{a}/s1", mid_accum_other_accum=f"{a}/s2_accum")
     return cases + [
         dict(name="r_s2_accum", stage=2, accum=2, load=f"{a}/s2_accum", load_step=2, end=4),
+        dict(name="r_s3_off", stage=3, offload="file", load=f"{a}/s3_off", load_step=5),
         dict(name="r4to2_s1", stage=1, load=f"{c}/s1_n4", load_step=5),
         dict(name="r4to2_s3", stage=3, load=f"{c}/r2to4_s3", load_step=7),  # 2 -> 4 -> 2
         dict(name="r_hyb", stage=2, load=f"{c}/hyb_s2", load_step=3, end=6),
@@ -229,7 +235,7 @@ def _combine(step_dir: Path, kind: str, n: int, fmt: str = "ckpt", json_pattern:
 # ----------------------------------------------------------------------------- resume
 
 
-RESUMES = [(f"s{s}", f"r_s{s}") for s in range(4)] + [("s2_accum", "r_s2_accum")]
+RESUMES = [(f"s{s}", f"r_s{s}") for s in range(4)] + [("s2_accum", "r_s2_accum"), ("s3_off", "r_s3_off")]
 
 
 @pytest.mark.parametrize("straight,resumed", RESUMES, ids=[r for _, r in RESUMES])
@@ -249,7 +255,7 @@ def test_resume_same_world_is_bitwise(jobs, straight, resumed):
 
 # (straight run at N=2, resumed run, its job, its world size, loaded step); all but r_hyb end at step 10
 RESHARDS = [("s2", "r2to4_s2", "C", 4, 5), ("s3", "r2to4_s3", "C", 4, 5), ("s1", "r4to2_s1", "B", 2, 5),
-            ("s3", "r4to2_s3", "B", 2, 7), ("s2", "r_hyb", "B", 2, 3)]
+            ("s3", "r4to2_s3", "B", 2, 7), ("s2", "r_hyb", "B", 2, 3), ("s3", "r2to4_s3_off", "C", 4, 5)]
 
 
 @pytest.mark.parametrize("ref,name,job,world,step", RESHARDS, ids=[r[1] for r in RESHARDS])
@@ -324,6 +330,32 @@ def test_failed_save_raises_everywhere_and_keeps_the_previous_checkpoint(jobs):
     assert not (root / step_dir_name(7)).exists()
     assert sorted(p.name for p in root.iterdir()) == ["latest", step_dir_name(5), step_dir_name(10)]
     assert not [p for p in root.rglob("*") if p.name.endswith(".tmp")]
+
+
+def test_offloaded_states_in_files_train_like_the_device(jobs):
+    """Issue 13: Adam's states in files (stage 3) follow the on-device run (stage 3, same job)."""
+    a = jobs("A")
+    device, files = Run(a, "s3", 2), Run(a, "s3_off", 2)
+    np.testing.assert_allclose(files.step_means(0), device.step_means(0), rtol=1e-6, atol=1e-7)
+    for key, value in device.params().items():
+        np.testing.assert_allclose(files.params()[key], value, rtol=1e-6, atol=1e-7, err_msg=key)
+
+
+def test_full_disk_during_a_step_raises_everywhere_and_the_last_checkpoint_resumes(jobs):
+    """A state-file write fails (ENOSPC) on rank 1 during step 7: both ranks raise, rank 1 naming the
+    file, rank 0 rank 1; both reload step 5 and the run ends where the device run (s1) ends."""
+    a = jobs("A")
+    run, device = Run(a, "s1_off_fault", 2), Run(a, "s1", 2)
+    errors = [ev["step_errors"] for ev in run.events]
+    assert list(errors[1]) == ["7"] and errors[1]["7"].startswith("OSError: [Errno 28] For 'optimizer_offload', "
+                                                                  "writing the state file ")
+    assert "No space left on device (injected)" in errors[1]["7"] and "resume from the last checkpoint" in errors[1]["7"]
+    assert list(errors[0]) == ["7"] and errors[0]["7"].startswith("RuntimeError") and "[1]" in errors[0]["7"]
+    assert [ev["recovered_from"] for ev in run.events] == [5, 5]
+    np.testing.assert_allclose(run.step_means(0)[-3:], device.step_means(0)[-3:], rtol=1e-6, atol=1e-7)
+    for key, value in device.params().items():
+        np.testing.assert_allclose(run.params()[key], value, rtol=1e-6, atol=1e-7, err_msg=key)
+    assert sorted(p.name for p in (a / "s1_off_fault").iterdir()) == ["latest", step_dir_name(5), step_dir_name(10)]
 
 
 def test_gather_rank0_only(jobs):

@@ -6,7 +6,7 @@ from mindspore import nn
 
 from models import LossNet, TinyNet, init_weights, make_optimizer
 from mindone_zero import EMA, prepare_train_network
-from mindone_zero.memory_measure import KINDS, measure_model_states
+from mindone_zero.memory_measure import KINDS, LOCATIONS, measure_model_states
 
 ms.set_device("CPU")
 
@@ -22,7 +22,8 @@ def test_stage0_bytes_by_kind(optimizer, states):
                                   ema=EMA(net, ema_decay=0.9), gradient_accumulation_steps=2)
     full = _full_bytes(net)
     memory = measure_model_states(train)
-    assert set(memory) == set(KINDS) | {"total"}
+    assert set(memory) == set(KINDS) | set(LOCATIONS) | {"total"}
+    assert memory["host"] == memory["file"] == 0
     assert memory["params"] == full and memory["master_shards"] == 0
     assert memory["optimizer_states"] == states * full
     assert memory["accumulation"] == full and memory["ema"] == full

@@ -10,12 +10,17 @@ Each case (keys with defaults in ``DEFAULTS``):
   end: train until this many optimizer steps are done;
   inject: {"kind": "raise"|"kill", "save": step, "rank": r}: that rank fails after writing its
           first file of that save (raise: the save fails on every rank and training goes on);
-  full: write save_full_checkpoint(include_ema=True) to DIR/{name}_full.ckpt at the end.
+  full: write save_full_checkpoint(include_ema=True) to DIR/{name}_full.ckpt at the end;
+  offload: None, "host" (optimizer_offload=True) or "file" (states in files under DIR/offload_states);
+  step_fault: {"step": s, "rank": r}: a state-file write of that rank fails with ENOSPC during step s
+          (an offload "file" case); every rank then rebuilds, loads the latest checkpoint of ``ckpt``
+          and trains on (events "step_errors" and "recovered_from").
 Writes DIR/{name}_rank{r}.npz (losses per micro-step, gathered params and EMA, eval logits) and
 DIR/{name}_rank{r}.json (events), the JSON rewritten after every step so a killed run leaves it.
 Cases named "errors*" run the bad-input checks of ``checkpoint_errors.py`` instead.
 """
 import argparse
+import errno
 import json
 import os
 import signal
@@ -33,11 +38,13 @@ from models import LossNet, TinyNet, global_batch, init_weights, make_optimizer,
 
 from mindone_zero import EMA, prepare_train_network  # noqa: E402
 from mindone_zero.comm import init_data_parallel  # noqa: E402
+from mindone_zero.offload import set_fault_hook  # noqa: E402
 from mindone_zero.checkpoint import resume as ckpt_mod  # noqa: E402  (save_train_state looks its writer up there)
 from mindone_zero.checkpoint import gather_full_params, load_train_state, save_full_checkpoint, save_train_state  # noqa: E402,E501
 
 DEFAULTS = dict(mode="graph", accum=1, fmt="ckpt", net="tiny", hybrid=False, ckpt=None, saves=(), save_mid=None,
-                load=None, load_step=None, end=10, inject=None, full=False)
+                load=None, load_step=None, end=10, inject=None, full=False, offload=None, step_fault=None)
+KEEP_ALIVE = []  # train networks replaced after a failed step: MindSpore caches compiled Cells by id
 EVAL_SEED = 99
 
 
@@ -103,6 +110,8 @@ def build(case, rank, world, net=None):
         zero_stage=case["stage"], gradient_accumulation_steps=case["accum"], clip_grad=True, clip_norm=2.0,
         optimizer_parallel_group=op_group, dp_group=dp_group,
         params_split_info=os.path.join(ARGS.out, "build_info", case["name"], str(rank)),
+        optimizer_offload={"device": "nvme", "path": os.path.join(ARGS.out, "offload_states"), "chunk_size": 64}
+        if case["offload"] == "file" else case["offload"] == "host",
     )
     train.set_train(True)
     return train
@@ -175,6 +184,19 @@ def run_case(case, rank, world):
         restore()
 
 
+def install_step_fault(fault, rank):
+    """Arm a state-file write failure (ENOSPC) for this rank at step ``fault['step']``; returns ``arm``."""
+    state = {"step": None, "fired": False}
+
+    def hook(name, offset):
+        if fault is not None and state["step"] == fault["step"] and rank == fault["rank"] and not state["fired"]:
+            state["fired"] = True  # once: the run resumed from the checkpoint goes through that step again
+            raise OSError(errno.ENOSPC, "No space left on device (injected)")
+
+    set_fault_hook(hook)
+    return lambda step: state.update(step=step)
+
+
 def train_case(case, rec, arm, rank, world):
     train = build(case, rank, world)
     step, micro0 = 0, 0
@@ -187,17 +209,32 @@ def train_case(case, rec, arm, rank, world):
             micro0 = json.load(f)["accum_step"]
         rec.events["loaded_step"] = step
     rec.events["start"] = [step, micro0]
+    arm_step_fault = install_step_fault(case["step_fault"], rank)
     t0 = time.time()
-    while step < case["end"]:
-        for micro in range(micro0, case["accum"]):
-            loss, _, _ = train(*batch(case, step, rank, world, micro))
-            rec.events["losses"].append([step, micro, float(loss.asnumpy())])
-            if case["save_mid"] == [step, micro]:
+    try:
+        while step < case["end"]:
+            arm_step_fault(step)
+            try:
+                for micro in range(micro0, case["accum"]):
+                    loss, _, _ = train(*batch(case, step, rank, world, micro))
+                    rec.events["losses"].append([step, micro, float(loss.asnumpy())])
+                    if case["save_mid"] == [step, micro]:
+                        save(case, train, rec, step, arm)
+            except (OSError, RuntimeError) as err:
+                if case["step_fault"] is None:
+                    raise
+                rec.events.setdefault("step_errors", {})[str(step)] = f"{type(err).__name__}: {err}"
+                KEEP_ALIVE.append(train)
+                train = build(case, rank, world)
+                step, micro0 = load_train_state(train, os.path.join(ARGS.out, case["ckpt"])), 0
+                rec.events["recovered_from"] = step
+                continue
+            micro0, step = 0, step + 1
+            rec.flush()
+            if step in case["saves"]:
                 save(case, train, rec, step, arm)
-        micro0, step = 0, step + 1
-        rec.flush()
-        if step in case["saves"]:
-            save(case, train, rec, step, arm)
+    finally:
+        set_fault_hook(None)
     rec.events["train_seconds"] = round(time.time() - t0, 3)
     t0 = time.time()
     finish(case, train, rec, rank, world)

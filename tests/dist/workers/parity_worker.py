@@ -21,6 +21,7 @@ from models import FactoredOptimizer, LossNet, TinyNet, init_weights, make_optim
 
 from mindone_zero import ZeroHelper, prepare_network, prepare_train_network  # noqa: E402
 from mindone_zero.comm import GroupComm, init_data_parallel  # noqa: E402
+from mindone_zero.memory_measure import measure_model_states  # noqa: E402
 from mindone_zero.optimizer_states import find_optimizer_states  # noqa: E402
 
 CLIP_NORM = 2.0
@@ -51,6 +52,14 @@ class CallCounter:
         return counted
 
 
+def offload_argument(where, out):
+    """``optimizer_offload`` for a case's ``offload``: None, "host", or "file" (40-byte chunks: ten
+    floats, so that every tensor is updated in several chunks)."""
+    if where == "file":
+        return {"device": "nvme", "path": os.path.join(out, "offload_states"), "chunk_size": 40}
+    return where == "host"
+
+
 def run_case(case, out, rank, world):
     ms.set_context(mode=ms.GRAPH_MODE if case["mode"] == "graph" else ms.PYNATIVE_MODE)
     groups = dict(optimizer_parallel_group="zop", dp_group="zdp") if case.get("hybrid") else {}
@@ -67,7 +76,7 @@ def run_case(case, out, rank, world):
     train = prepare_train_network(
         loss_net, opt, scale_sense=scale, zero_stage=case["stage"], gradient_accumulation_steps=accum,
         clip_grad=case["clip"], clip_norm=CLIP_NORM, params_split_info=os.path.join(out, case["name"] + "_info"),
-        comm_fusion=case.get("fusion"), optimizer_offload=case.get("offload", False),
+        comm_fusion=case.get("fusion"), optimizer_offload=offload_argument(case.get("offload"), out),
         reshard_after_forward=case.get("reshard", True), **groups,
     )
     train.set_train(True)
@@ -98,7 +107,8 @@ def run_case(case, out, rank, world):
     plan = train.comm_plan
     with open(os.path.join(out, f"{case['name']}_rank{rank}.json"), "w") as f:
         json.dump({"specs": specs, "state_bytes": int(state_bytes), "master_bytes": int(master_bytes),
-                   "split": [bool(s) for s in helper.split], "offload": helper.optimizer_offload,
+                   "split": [bool(s) for s in helper.split], "memory": measure_model_states(train),
+                   "offload": helper.host_offload.store.location if helper.host_offload else None,
                    "plan": [list(e) for e in plan.entries],
                    "calls_per_step": {k: v / case["steps"] for k, v in counter.counts.items()} if counter else None}, f)
 

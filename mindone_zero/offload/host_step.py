@@ -1,0 +1,193 @@
+"""ZeRO-Offload / ZeRO-Infinity: the optimizer step of a ``ZeroHelper`` run on the host.
+
+[Note: host step]
+With ``optimizer_offload`` on, the train graph stops after the gradients are reduced (and
+averaged over accumulation, unscaled and clipped): it returns them, shaped like the tensors the
+optimizer updates (shards at stages >= 1), with a flag saying whether this call ends an
+optimizer step that is not dropped for an overflow. ``TrainOneStepWrapper.__call__`` then calls
+``HostOffload.step``, which, tensor by tensor and ``chunk_size`` elements at a time, reads the
+optimizer states from the store (host memory or files), updates them and the fp32 tensor the
+optimizer updates (the master shard at stages 1-2, the parameter or its shard otherwise) with
+the host rule (host_optimizer.py), and writes them back. Then one small graph (``_AfterStep``)
+runs what followed the optimizer in the train graph, after an all-reduce of one failure flag per
+rank (so that a failure on one rank raises on every rank instead of hanging a collective): at
+stages 1-2 the all-gather of the new shards into the network (collective), then the EMA update.
+The agreement lives in that graph rather than in an eager all-reduce: switching to PYNATIVE_MODE
+for it every step costs time and memory.
+
+Where the tensor the optimizer updates lives: the host reads and writes it through
+``Parameter.asnumpy()``, which on MindSpore's CPU backend is a view of the Parameter's memory
+(checked at build time); elsewhere it is a copy, written back whole with ``set_data``. The
+optimizer's own state Parameters are cut to one element each (``OffloadedState`` stands for them
+in the inventory, in memory measurements and in checkpoints, under the same names, so
+checkpoints of offloaded and on-device runs load into each other).
+
+Not overlapped with the next step: that step's forward reads the parameters this update writes
+(at stages 1-2 through the all-gather that follows it), so running the update in a thread while
+the device computes would train on stale weights (DeepSpeed's optional "delayed parameter
+update"), which the parity this library promises rules out.
+"""
+from typing import List
+
+import mindspore as ms
+import numpy as np
+from mindspore import Parameter, Tensor, nn, ops
+from mindspore.communication import GlobalComm, get_group_size, get_rank
+
+from .config import OffloadConfig
+from .file_store import FileStore, MemoryStore
+from .host_optimizer import StepHyper, host_rule_for
+
+__all__ = ["HostOffload", "OffloadedState"]
+
+
+class OffloadedState:
+    """Stands for one optimizer state Parameter whose data lives in a store: it has the
+    Parameter's ``name``, ``shape``, ``dtype``, ``size``, ``itemsize``, ``asnumpy()`` and
+    ``set_data(Tensor)`` (one tensor read or written through the store), which is what the
+    inventory, memory measurements and checkpoints use."""
+
+    dtype = ms.float32
+    itemsize = 4
+
+    def __init__(self, store, name: str, shape: tuple):
+        self.store, self.name, self.shape = store, name, tuple(shape)
+        self.size = int(np.prod(self.shape, dtype=np.int64))
+        self.nbytes = self.size * self.itemsize
+
+    @property
+    def location(self) -> str:
+        return self.store.location
+
+    def asnumpy(self) -> np.ndarray:
+        return self.store.read_all(self.name).reshape(self.shape)
+
+    def __array__(self, dtype=None):
+        out = self.asnumpy()
+        return out if dtype is None else out.astype(dtype)
+
+    def set_data(self, data) -> None:
+        values = data.asnumpy() if isinstance(data, Tensor) else np.asarray(data)
+        if tuple(values.shape) != self.shape:
+            raise ValueError(f"For 'OffloadedState.set_data', {self.name!r} has shape {self.shape}, got {values.shape}.")
+        self.store.write_all(self.name, values.astype(np.float32))
+
+
+class _AfterStep(nn.Cell):
+    """What follows the host update, in one graph: the ranks' agreement (an all-reduce of one
+    failure flag per global rank), the all-gather (stages 1-2), then the EMA."""
+
+    def __init__(self, helper, ema):
+        super().__init__(auto_prefix=False)
+        self.helper = helper
+        self.agree = helper.is_parallel
+        self.gather = helper.use_masters and helper.is_parallel and len(helper.ag_index) > 0
+        self.ema = ema
+        self.has_ema = ema is not None
+
+    @property
+    def needed(self) -> bool:
+        return self.agree or self.gather or self.has_ema
+
+    def construct(self, failed):
+        if self.agree:
+            failed = self.helper.world_comm.all_reduce(failed)
+        if self.gather:
+            failed = ops.depend(failed, self.helper.all_gather_params())
+        if self.has_ema:
+            failed = ops.depend(failed, self.ema.ema_update())
+        return failed
+
+
+def _shares_memory(param: Parameter) -> bool:
+    """Whether ``asnumpy()`` is a view of the Parameter's memory (two calls, one buffer)."""
+    return np.may_share_memory(param.asnumpy(), param.asnumpy())
+
+
+class HostOffload:
+    """The host side of one ``ZeroHelper`` with offload ([Note: host step]). Not a Cell.
+
+    Args:
+        helper (ZeroHelper): sharded already; its ``opt_states`` are moved into the store.
+        config (OffloadConfig): where the states go.
+    """
+
+    def __init__(self, helper, config: OffloadConfig):
+        self.helper, self.config = helper, config
+        self.rule = host_rule_for(helper.optimizer, "ZeroHelper")
+        if config.device == "nvme":
+            rank = get_rank() if GlobalComm.INITED else 0
+            self.store = FileStore(config.path, f"rank{rank}_", config.chunk_size, config.keep_files)
+        else:
+            self.store = MemoryStore()
+        self.chunk = max(1, config.chunk_size // 4)
+        self.placeholders: List[Parameter] = []
+        self.states = {attr: self._move(helper.opt_states[attr]) for attr in self.rule.states}
+        self.in_place = [_shares_memory(p) for p in helper.opt_params]
+        self.after = None
+
+    def _move(self, params: List[Parameter]) -> List[OffloadedState]:
+        """Copy each state into the store and cut its Parameter to one element."""
+        out = []
+        for p in params:
+            self.store.create(p.name, p.asnumpy())
+            out.append(OffloadedState(self.store, p.name, tuple(p.shape)))
+            p.set_data(Tensor(np.zeros((1,), np.float32), p.dtype))
+            self.placeholders.append(p)
+        return out
+
+    def bind_after_step(self, ema) -> None:
+        """Build the graph that follows each host step (called by ``TrainOneStepWrapper``)."""
+        self.after = _AfterStep(self.helper, ema)
+
+    def step(self, grads) -> None:
+        """One optimizer step on the host from ``grads`` (the train graph's outputs), then
+        ``after_step`` with the ranks' agreement. Collective (every rank, every optimizer step).
+
+        Raises:
+            OSError: this rank's update failed (a state-file write, say).
+            RuntimeError: another rank's failed.
+        """
+        error = None
+        try:
+            self._update(grads)
+        except Exception as err:  # noqa: BLE001 - raised below, after the collective
+            error = err
+        world, rank = (get_group_size(), get_rank()) if GlobalComm.INITED else (1, 0)
+        flags = np.zeros((world,), np.float32)
+        flags[rank] = 1.0 if error is not None else 0.0
+        if self.after.needed:
+            # A failed rank still runs the collectives, so no rank hangs; the all-gather then
+            # spreads partly updated shards, which the error below says to discard.
+            flags = self.after(Tensor(flags)).asnumpy()
+        if error is not None:
+            raise error
+        failed = [int(i) for i in np.nonzero(flags > 0)[0]]
+        if failed:
+            raise RuntimeError(
+                f"For 'optimizer_offload', the host optimizer step failed on global rank(s) {failed} (see their "
+                f"logs); the ranks' optimizer states now disagree: resume from the last checkpoint (load_train_state)."
+            )
+
+    def _update(self, grads) -> None:
+        hyper = StepHyper.read(self.helper.optimizer, self.rule)
+        for i, (param, grad) in enumerate(zip(self.helper.opt_params, grads)):
+            weights = param.asnumpy()
+            flat_w = weights.reshape(-1)
+            flat_g = grad.asnumpy().reshape(-1)
+            for start in range(0, flat_w.size, self.chunk):
+                stop = min(start + self.chunk, flat_w.size)
+                states = {a: self.store.read(self.states[a][i].name, start, stop) for a in self.rule.states}
+                w = flat_w[start:stop]
+                w32 = w if w.dtype == np.float32 else w.astype(np.float32)
+                self.rule.update(w32, flat_g[start:stop], states, i, hyper)
+                if w32 is not w:
+                    w[:] = w32
+                for a, values in states.items():
+                    self.store.write(self.states[a][i].name, start, values)
+            if not self.in_place[i]:
+                param.set_data(Tensor(weights, param.dtype))
+
+    def close(self) -> None:
+        """Release the store (removing its files unless ``keep_files``)."""
+        self.store.close()

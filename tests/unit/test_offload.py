@@ -1,0 +1,178 @@
+"""Optimizer offload in one process (stage 0): the host update against MindSpore's own optimizers,
+host memory and files, accumulation, clipping, EMA, loss scale and overflow; argument errors;
+where the states are counted. Stages 1-3 at N=2 are in tests/dist/test_offload_dist.py."""
+import errno
+import os
+
+import mindspore as ms
+import numpy as np
+import pytest
+from mindspore import Tensor, nn
+
+from models import LossNet, TinyNet, init_weights, make_optimizer, micro_batch
+from mindone_zero import EMA, prepare_train_network
+from mindone_zero.memory_measure import KINDS, LOCATIONS, measure_model_states
+from mindone_zero.offload import OffloadConfig, set_fault_hook
+
+ms.set_device("CPU")
+KEEP_ALIVE = []  # MindSpore caches compiled Cells by id: keep every case's Cells alive
+RTOL = 1e-6
+
+
+def _optimizer(net, name):
+    """The tests' optimizers, plus learning-rate schedules and parameter groups (read per step)."""
+    params = net.trainable_params()
+    if name == "adamw_schedule":  # a LearningRateSchedule Cell, weight decay on the weights only
+        groups = [{"params": [p for p in params if "weight" in p.name], "weight_decay": 0.01},
+                  {"params": [p for p in params if "weight" not in p.name]}]
+        return nn.AdamWeightDecay(groups, learning_rate=nn.CosineDecayLR(0.001, 0.01, 3))
+    if name == "momentum_list":  # a list of per-step learning rates, weight decay
+        # (not Nesterov: MindSpore 2.10's CPU ApplyMomentum ignores use_nesterov, see host_optimizer.py)
+        return nn.Momentum(params, learning_rate=[0.01, 0.03, 0.02, 0.005], momentum=0.9, weight_decay=0.001)
+    return make_optimizer(params, name)
+
+
+def _run(optimizer, offload, mode=ms.GRAPH_MODE, steps=4, accum=2, clip=True, ema=False, overflow_step=None):
+    ms.set_context(mode=mode)
+    net = init_weights(TinyNet(with_scalar=not optimizer.startswith("adamw")))
+    opt = _optimizer(net, optimizer)
+    scale = nn.DynamicLossScaleUpdateCell(2.0 ** 10, 2, 1000) if overflow_step is not None else 1.0
+    train = prepare_train_network(LossNet(net), opt, scale_sense=scale, ema=EMA(net, ema_decay=0.9) if ema else None,
+                                  gradient_accumulation_steps=accum, clip_grad=clip, clip_norm=2.0,
+                                  optimizer_offload=offload)
+    train.set_train(True)
+    KEEP_ALIVE.append(train)
+    losses = []
+    for step in range(steps):
+        for micro in range(accum):
+            ids, labels = micro_batch(step, 0, 1, micro, accum)
+            factor = np.inf if step == overflow_step and micro == 0 else 1.0
+            loss, _, _ = train(Tensor(ids), Tensor(labels), Tensor(factor, ms.float32))
+            losses.append(float(loss.asnumpy()))
+    params = {p.name: p.asnumpy().copy() for p in net.trainable_params()}
+    if ema:
+        params.update({p.name: p.asnumpy().copy() for p in train.ema.ema_weight})
+    return np.array(losses), params, train
+
+
+def _assert_same(a, b):
+    np.testing.assert_allclose(a[0], b[0], rtol=RTOL, atol=1e-7)
+    assert sorted(a[1]) == sorted(b[1])
+    for name, value in b[1].items():
+        np.testing.assert_allclose(a[1][name], value, rtol=RTOL, atol=1e-7, err_msg=name)
+
+
+# Momentum runs offloaded (memory and files) at stages 0-3 in the N=2 parity job (test_hybrid_fusion_offload.py)
+@pytest.mark.parametrize("optimizer", ["adamw", "adam", "sgd", "adamw_schedule", "momentum_list"])
+def test_host_update_equals_device_optimizer(optimizer, tmp_path):
+    device = _run(optimizer, False, steps=3)
+    _assert_same(_run(optimizer, True, steps=3), device)
+    files = {"device": "nvme", "path": str(tmp_path / "states"), "chunk_size": 64}  # many chunks per tensor
+    result = _run(optimizer, files, steps=3)
+    _assert_same(result, device)
+    (folder,) = os.listdir(tmp_path / "states")  # one fresh folder per rank, removed when closed
+    assert folder.startswith("rank0_") and os.listdir(tmp_path / "states" / folder)
+    result[2].zero_helper.host_offload.close()
+    assert os.listdir(tmp_path / "states") == []
+
+
+def test_ema_overflow_and_pynative_follow_the_device_run(tmp_path):
+    """EMA after the host step, a dropped overflow step with a dynamic loss scale, PYNATIVE_MODE."""
+    device = _run("adam", False, ema=True, overflow_step=1)
+    files = {"device": "nvme", "path": str(tmp_path), "chunk_size": 100}
+    _assert_same(_run("adam", files, ema=True, overflow_step=1), device)
+    pynative = _run("momentum", False, mode=ms.PYNATIVE_MODE, steps=3)
+    _assert_same(_run("momentum", True, mode=ms.PYNATIVE_MODE, steps=3), pynative)
+
+
+def test_states_counted_where_they_live(tmp_path):
+    net = init_weights(TinyNet())
+    full = sum(int(np.prod(p.shape)) * 4 for p in net.trainable_params())
+    on_device = measure_model_states(prepare_train_network(LossNet(net), make_optimizer(net.trainable_params())))
+    for offload, where in ((True, "host"), ({"device": "nvme", "path": str(tmp_path)}, "file")):
+        net = init_weights(TinyNet())
+        train = prepare_train_network(LossNet(net), make_optimizer(net.trainable_params()), optimizer_offload=offload)
+        KEEP_ALIVE.append(train)
+        memory = measure_model_states(train)
+        assert set(memory) == set(KINDS) | set(LOCATIONS) | {"total"}
+        assert memory[where] == 2 * full and memory["optimizer_states"] == 0  # Adam: moment1, moment2
+        assert sum(memory[k] for k in LOCATIONS) == 2 * full
+        # the optimizer's own state Parameters are cut to one element each
+        assert memory["total"] == on_device["total"] - 2 * full
+
+
+@pytest.mark.parametrize("value,match", [
+    ("cpu", "must be a bool or a dict"),
+    ({"device": "gpu"}, "'device' 'cpu' or 'nvme'"),
+    ({"device": "nvme"}, "must have a folder 'path'"),
+    ({"device": "nvme", "path": "/x", "chunk_size": 0}, "'chunk_size' >= 4"),
+    ({"device": "cpu", "size": 1}, "unknown keys \\['size'\\]"),
+])
+def test_bad_offload_argument_names_it(value, match):
+    with pytest.raises(ValueError, match="'optimizer_offload'.*" + match):
+        OffloadConfig.parse(value)
+
+
+def test_unwritable_path_raises_before_any_work(tmp_path):
+    blocked = tmp_path / "file"
+    blocked.write_text("")
+    target = str(blocked / "sub" / "states")  # under a file: cannot be created
+    net = init_weights(TinyNet())
+    opt = make_optimizer(net.trainable_params())
+    with pytest.raises(ValueError, match=f"'optimizer_offload' has 'path' '{target}', which is not a writable"):
+        prepare_train_network(LossNet(net), opt, optimizer_offload={"device": "nvme", "path": target})
+    assert sorted(os.listdir(tmp_path)) == ["file"]
+    assert all(p.shape == q.shape for p, q in zip(opt.moment1, net.trainable_params()))  # nothing was changed
+    if os.geteuid() != 0:  # root writes anywhere
+        ro = tmp_path / "ro"
+        ro.mkdir(mode=0o500)
+        with pytest.raises(ValueError, match="not a writable folder"):
+            OffloadConfig.parse({"device": "nvme", "path": str(ro / "x")})
+        assert os.listdir(ro) == []
+
+
+def test_unsupported_optimizer_raises_naming_the_argument():
+    net = init_weights(TinyNet())
+    opt = nn.Adam(net.trainable_params(), use_amsgrad=True)
+    with pytest.raises(ValueError, match="'optimizer_offload' needs an optimizer with a host update.*Adam"):
+        prepare_train_network(LossNet(net), opt, optimizer_offload=True)
+
+
+def test_full_disk_during_a_step_raises_a_clear_error(tmp_path):
+    net = init_weights(TinyNet())
+    train = prepare_train_network(LossNet(net), make_optimizer(net.trainable_params()),
+                                  optimizer_offload={"device": "nvme", "path": str(tmp_path), "chunk_size": 64})
+    KEEP_ALIVE.append(train)
+    ids, labels = micro_batch(0, 0, 1, 0, 1)
+
+    def disk_full(name, offset):
+        if offset >= 64:
+            raise OSError(errno.ENOSPC, "No space left on device")
+
+    set_fault_hook(disk_full)
+    try:
+        with pytest.raises(OSError, match="writing the state file .* at byte 64 failed .*No space left on device.*"
+                                          "resume from the last checkpoint") as info:
+            train(Tensor(ids), Tensor(labels), Tensor(1.0, ms.float32))
+        assert info.value.errno == errno.ENOSPC
+    finally:
+        set_fault_hook(None)
+
+
+def test_placement_estimate_moves_the_offloaded_bytes():
+    from mindone_zero.memory import estimate_model_states_memory, estimate_model_states_placement
+
+    p, n = 7.5e9, 64
+    for stage in range(4):
+        total = estimate_model_states_memory(p, n, stage)
+        assert estimate_model_states_placement(p, n, stage) == {"device": total, "host": 0, "file": 0}
+        moved = 12 * p / (n if stage >= 1 else 1)
+        assert estimate_model_states_placement(p, n, stage, optimizer_offload="cpu") == \
+            {"device": total - moved, "host": moved, "file": 0}
+    # stage 3, fp32 Adam on 2 ranks, moments in files, no master copy: 8 of 16 bytes per parameter move
+    got = estimate_model_states_placement(100, 2, 3, 4, 4, 8, "nvme")
+    assert got == {"device": 400, "host": 0, "file": 400}
+    with pytest.raises(ValueError, match="'optimizer_offload' must be one of"):
+        estimate_model_states_placement(100, 2, 3, optimizer_offload=True)
+    with pytest.raises(ValueError, match="'offloaded_bytes' must be at most 'optimizer_bytes'"):
+        estimate_model_states_placement(100, 2, 3, optimizer_bytes=8, offloaded_bytes=12)
