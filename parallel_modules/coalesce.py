@@ -31,7 +31,7 @@ from mindspore import nn, ops
 from mindone_zero.comm import GroupComm, pad_dim0
 
 __all__ = ["ZeroGatherGroup", "COALESCE_MAX_BYTES", "pack_shards", "unpack_gathered", "pack_grads",
-           "unpack_grad_shards", "build_gather_group"]
+           "unpack_grad_shards", "build_gather_group", "offsets_of"]
 
 COALESCE_MAX_BYTES = 1 << 20
 """Largest padded parameter (bytes, in the gathered dtype) that ``ZeroGatherGroup`` coalesces."""
@@ -45,12 +45,21 @@ def pack_shards(shards: Sequence):
     return ops.concat(flat, 0)
 
 
-def unpack_gathered(buf, n: int, numels: tuple, padded_shapes: tuple, full_rows: tuple, pads: tuple):
+def offsets_of(numels: Sequence[int]) -> tuple:
+    """Where each parameter's piece starts in the flat buffer."""
+    return tuple(int(x) for x in np.cumsum((0,) + tuple(numels[:-1])))
+
+
+# The pieces are cut with copying slices, not ops.split: GRAPH_MODE (2.10) failed to compile
+# ops.split inside this custom bprop once a second network had been built in the process
+# ("The func graph is empty ... split").
+def unpack_gathered(buf, n: int, numels: tuple, offsets: tuple, padded_shapes: tuple, full_rows: tuple,
+                    pads: tuple):
     """The full tensors (padding rows dropped) from the all-gathered buffer of N * sum(numels) elements."""
-    cols = ops.split(buf.reshape((n, sum(numels))), numels, 1)
+    rows = buf.reshape((n, sum(numels)))
     out = ()
     for i in range(len(numels)):
-        x = cols[i].reshape(padded_shapes[i])
+        x = rows[:, offsets[i]:offsets[i] + numels[i]].reshape(padded_shapes[i])
         if pads[i] > 0:
             x = x[:full_rows[i]]  # a copy: [Note: a view keeps its base]
         out = out + (x,)
@@ -65,12 +74,11 @@ def pack_grads(grads: Sequence, n: int, numels: tuple, pads: tuple):
     return ops.concat(cols, 1).reshape(-1)
 
 
-def unpack_grad_shards(buf, numels: tuple, shard_shapes: tuple):
+def unpack_grad_shards(buf, numels: tuple, offsets: tuple, shard_shapes: tuple):
     """This rank's gradient shards from the reduce-scattered buffer of sum(numels) elements."""
-    parts = ops.split(buf, numels, 0)
     out = ()
     for i in range(len(numels)):
-        out = out + (parts[i].reshape(shard_shapes[i]),)
+        out = out + (buf[offsets[i]:offsets[i] + numels[i]].reshape(shard_shapes[i]),)
     return out
 
 
@@ -87,6 +95,7 @@ class _CoalescedGather(nn.Cell):
         self.cast_before_gather = base.cast_before_gather
         self.cast_after_gather = base.cast_after_gather
         self.numels = tuple(int(np.prod(g.spec.shard_shape)) for g in gathers)
+        self.offsets = offsets_of(self.numels)
         self.padded_shapes = tuple(tuple(g.spec.padded_shape) for g in gathers)
         self.shard_shapes = tuple(tuple(g.spec.shard_shape) for g in gathers)
         self.full_rows = tuple(g.full_rows for g in gathers)
@@ -97,8 +106,8 @@ class _CoalescedGather(nn.Cell):
         buf = pack_shards(xs)
         if self.cast_before_gather:
             buf = buf.astype(self.compute_dtype)
-        full = unpack_gathered(self.comm.all_gather(buf), self.group_size, self.numels, self.padded_shapes,
-                               self.full_rows, self.pads)
+        full = unpack_gathered(self.comm.all_gather(buf), self.group_size, self.numels, self.offsets,
+                               self.padded_shapes, self.full_rows, self.pads)
         if not self.cast_after_gather:
             return full
         out = ()
@@ -111,7 +120,7 @@ class _CoalescedGather(nn.Cell):
         for g in dout:
             grads = grads + (g.astype(self.param_dtype),)
         buf = self.comm.reduce_scatter(pack_grads(grads, self.group_size, self.numels, self.pads))
-        return (unpack_grad_shards(buf / self.group_size, self.numels, self.shard_shapes),)
+        return (unpack_grad_shards(buf / self.group_size, self.numels, self.offsets, self.shard_shapes),)
 
     def nbytes(self, itemsize: int) -> int:
         """Bytes of the gathered buffer (N * S elements of ``itemsize``)."""

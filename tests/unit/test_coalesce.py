@@ -9,7 +9,7 @@ from mindspore import Tensor
 
 from mindone_zero.partition import ShardSpec, split_array
 from parallel_modules.coalesce import (COALESCE_MAX_BYTES, build_gather_group, pack_grads, pack_shards,
-                                       unpack_gathered, unpack_grad_shards)
+                                       offsets_of, unpack_gathered, unpack_grad_shards)
 
 SHAPES = [(7, 15), (15, 3), (5,), (8, 2), (1, 4)]
 
@@ -28,7 +28,7 @@ def test_all_gathered_buffer_unpacks_to_the_full_tensors(n):
     # the all-gather: every rank's flat buffer, concatenated in rank order
     bufs = [pack_shards([Tensor(split_array(f, n, r)) for f in fulls]).asnumpy() for r in range(n)]
     assert all(b.shape == (sum(numels),) for b in bufs)
-    out = unpack_gathered(Tensor(np.concatenate(bufs)), n, numels, padded, rows, pads)
+    out = unpack_gathered(Tensor(np.concatenate(bufs)), n, numels, offsets_of(numels), padded, rows, pads)
     for got, want in zip(out, fulls):
         assert got.shape == want.shape
         assert np.array_equal(got.asnumpy(), want)
@@ -46,7 +46,7 @@ def test_reduce_scattered_buffer_holds_each_parameters_block_bitwise(n):
     size = sum(numels)
     for rank in range(n):
         block = Tensor(total[rank * size:(rank + 1) * size] / n)
-        shards = unpack_grad_shards(block, numels, shard_shapes)
+        shards = unpack_grad_shards(block, numels, offsets_of(numels), shard_shapes)
         for i, got in enumerate(shards):
             summed = grads[0][i]
             for r in range(1, n):
