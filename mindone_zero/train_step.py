@@ -81,6 +81,15 @@ def _zeropp_wrappers(network, policy):
     return zeropp_wrappers(network)
 
 
+def _coalesced(network, policy):
+    """Stage 3: the enabled coalesced gathers ([Note: coalesced gathers] in parallel_modules/coalesce.py)."""
+    if not policy.shards_params:
+        return []
+    from parallel_modules.reshard import coalesced_groups  # parallel_modules imports mindone_zero
+
+    return coalesced_groups(network)
+
+
 class TrainOneStepWrapper(nn.Cell):
     """One training step with ZeRO; returns ``(loss, overflow, loss_scale)`` like MindOne's.
 
@@ -136,7 +145,8 @@ class TrainOneStepWrapper(nn.Cell):
         self.reduce_each_micro_step = self.zero_helper.policy.reduce_each_micro_step(self.accum_steps)
         self.comm_plan = self.zero_helper.comm_plan(self.accum_steps, self.reduce_each_micro_step, clip_grad,
                                                     _regathered(network, self.zero_helper.policy),
-                                                    _zeropp_wrappers(network, self.zero_helper.policy))
+                                                    _zeropp_wrappers(network, self.zero_helper.policy),
+                                                    _coalesced(network, self.zero_helper.policy))
         if self.accum_steps > 1:
             like = self.zero_helper.opt_params if self.reduce_each_micro_step else self.weights
             self.accum_grads = like.clone(prefix="accum_grad", init="zeros")

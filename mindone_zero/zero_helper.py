@@ -177,7 +177,7 @@ class ZeroHelper(nn.Cell):
                                       list(self.opt_params), fusion.allreduce)
 
     def comm_plan(self, micro_steps: int = 1, reduce_each_micro_step: bool = True, clip_grad: bool = False,
-                  regathered=(), zeropp_wrappers=None) -> CommPlan:
+                  regathered=(), zeropp_wrappers=None, coalesced=()) -> CommPlan:
         """The collectives of one optimizer step on this rank, as the native path runs them.
 
         Args:
@@ -188,6 +188,9 @@ class ZeroHelper(nn.Cell):
                 gathered again in backward (``reshard_after_forward``; 3Φ instead of 2Φ).
             zeropp_wrappers: stage 3: ``{name: gather wrapper}`` of the parameters gathered with
                 ZeRO++ options; each records its own (quantized, hpZ) collectives.
+            coalesced: stage 3: the ``ZeroGatherGroup`` Cells gathering several parameters in one
+                collective ([Note: coalesced gathers] in parallel_modules/coalesce.py); each records
+                one entry per collective with the total bytes.
         """
         plan = CommPlan()
         if not self.is_parallel:
@@ -198,8 +201,14 @@ class ZeroHelper(nn.Cell):
             plan.add("all_reduce", world_group(), 4, n * self.dp_size)  # overflow flag
         if self.policy.shards_params:
             zeropp_wrappers = zeropp_wrappers or {}
+            in_groups = set()
+            for group in coalesced:
+                group.record(plan, micro_steps, all(name in regathered for name in group.param_names))
+                in_groups.update(group.param_names)
             for s, p in zip(self.specs, self.params):
                 wrapper = zeropp_wrappers.get(zero_spec_of(p).name)
+                if zero_spec_of(p).name in in_groups:
+                    continue
                 if wrapper is not None:
                     hpz = wrapper.hpz_secondary if wrapper.hpz else None
                     wrapper.gather.record(plan, micro_steps, zero_spec_of(p).name in regathered, hpz)

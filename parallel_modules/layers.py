@@ -25,6 +25,7 @@ from mindspore import mint, nn, ops
 from mindone_zero.partition import zero_spec_of
 from mindone_zero.stage import StagePolicy, check_stage
 
+from .coalesce import build_gather_group
 from .carry import carry_cell_state, check_carryable, is_recompute_scoped, reapply_recompute, recompute_options
 from .param_wrapper import (ZeroParamWrapper, check_compute_dtype, check_group, compute_dtype_of,
                             gather_attr_name)
@@ -60,6 +61,7 @@ class ZeroCell(nn.Cell):
     """
 
     zero3_gathers_itself = True
+    coalesces = False  # construct reads zero_gather_group when zero_coalesce ([Note: coalesced gathers])
     accepts = ()
     copy_attrs = ()
     child_cells = ()
@@ -89,6 +91,7 @@ class ZeroCell(nn.Cell):
             setattr(self, attr, param)
             if param is not None:
                 setattr(self, gather_attr_name(attr), ZeroParamWrapper(param, zero_stage, group, cell_type))
+        self._build_gather_group(param_attrs)
         self._build(net)
         carry_cell_state(net, self)
         options = recompute_options(net)
@@ -114,6 +117,15 @@ class ZeroCell(nn.Cell):
         check_carryable(name, net)
         return group
 
+    def _build_gather_group(self, param_attrs):
+        # [Note: coalesced gathers] in coalesce.py: all the split parameters in one all-gather, or none.
+        self.zero_gather_group = None
+        self.zero_coalesce = False
+        if self.coalesces and StagePolicy(self.zero_stage).shards_params:
+            wrappers = [getattr(self, gather_attr_name(a)) for a in param_attrs if getattr(self, a, None) is not None]
+            self.zero_gather_group = build_gather_group(wrappers)
+            self.zero_coalesce = self.zero_gather_group is not None
+
     def _build(self, net):
         """Subclass hook: set up the Cell's own primitives (after the parameters are taken over)."""
 
@@ -137,6 +149,7 @@ class Dense(ZeroCell):
     accepts = (nn.Dense,)
     copy_attrs = ("in_channels", "out_channels", "has_bias", "activation_flag")
     child_cells = ("activation",)
+    coalesces = True
 
     def _build(self, net):
         self.matmul = ops.MatMul(transpose_b=True)
@@ -146,9 +159,13 @@ class Dense(ZeroCell):
         x_shape = x.shape
         if len(x_shape) != 2:
             x = x.reshape(-1, x_shape[-1])
-        x = self.matmul(x, self.weight_zero_gather(self.weight))
-        if self.has_bias:
-            x = self.bias_add(x, self.bias_zero_gather(self.bias))
+        if self.zero_coalesce:
+            weight, bias = self.zero_gather_group(self.weight, self.bias)
+            x = self.bias_add(self.matmul(x, weight), bias)
+        else:
+            x = self.matmul(x, self.weight_zero_gather(self.weight))
+            if self.has_bias:
+                x = self.bias_add(x, self.bias_zero_gather(self.bias))
         if self.activation_flag:
             x = self.activation(x)
         if len(x_shape) != 2:
@@ -161,11 +178,15 @@ class Linear(ZeroCell):
 
     accepts = (nn.Linear, mint.nn.Linear)
     copy_attrs = ("in_features", "out_features", "has_bias")
+    coalesces = True
 
     def _build(self, net):
         self.dense = ops.Dense()
 
     def construct(self, x):
+        if self.zero_coalesce:
+            weight, bias = self.zero_gather_group(self.weight, self.bias)
+            return self.dense(x, weight, bias)
         weight = self.weight_zero_gather(self.weight)
         if self.has_bias:
             return self.dense(x, weight, self.bias_zero_gather(self.bias))

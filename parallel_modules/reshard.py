@@ -40,7 +40,7 @@ from .carry import is_recompute_scoped, spread_recompute_scope
 from .param_wrapper import ZeroParamWrapper
 
 __all__ = ["check_reshard_after_forward", "mark_reshard_after_forward", "regathered_param_names", "gathers_split",
-           "apply_zeropp", "zeropp_wrappers"]
+           "apply_zeropp", "zeropp_wrappers", "coalesced_groups"]
 
 
 def check_reshard_after_forward(where: str, value) -> None:
@@ -115,6 +115,9 @@ def apply_zeropp(network: nn.Cell, zeropp) -> None:
     Not collective."""
     seen = set()
     for _, cell in network.cells_and_names():
+        if getattr(cell, "zero_coalesce", False):  # ZeRO++ gathers are per parameter ([Note: coalesced gathers])
+            cell.zero_coalesce = False
+            cell.zero_gather_group.enabled = False
         if gathers_split(cell) and id(cell) not in seen:
             seen.add(id(cell))
             cell.enable_zeropp(zeropp, hpz=zeropp.hpz_group is not None and is_recompute_scoped(cell))
@@ -128,3 +131,15 @@ def zeropp_wrappers(network: nn.Cell) -> dict:
         if gathers_split(cell) and cell.gather.zeropp is not None:
             found.setdefault(cell.gather.param_name, cell)
     return found
+
+
+def coalesced_groups(network: nn.Cell) -> list:
+    """The enabled ``ZeroGatherGroup`` Cells of ``network`` ([Note: coalesced gathers] in
+    ``coalesce.py``), each once. Not collective."""
+    groups, seen = [], set()
+    for _, cell in network.cells_and_names():
+        group = getattr(cell, "zero_gather_group", None) if getattr(cell, "zero_coalesce", False) else None
+        if group is not None and group.enabled and id(group) not in seen:
+            seen.add(id(group))
+            groups.append(group)
+    return groups

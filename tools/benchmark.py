@@ -178,14 +178,27 @@ def native_collectives(layout: List[dict], stage: int, accum: int, clip_grad: bo
     parameter in forward (and again in backward when it is ``regathered``,
     ``reshard_after_forward=True``) and reduce-scatters its gradient in backward, every micro-step;
     replicated parameters are all-reduced; one global-norm all-reduce per step when clipping at
-    stages >= 1. Pure arithmetic on ``StagePolicy``'s answers.
+    stages >= 1. At stage 3 the parameters with the same ``coalesced`` index (not None) share each
+    collective, recorded once with their summed bytes ([Note: coalesced gathers] in
+    ``parallel_modules/coalesce.py``). Pure arithmetic on ``StagePolicy``'s answers.
     """
     policy = StagePolicy(stage)
     entries = [("all_reduce", 4)] * accum
     reduces = accum if policy.reduce_each_micro_step(accum) else 1
+    group_bytes, counted = {}, set()
+    for p in layout:
+        if p.get("coalesced") is not None:
+            padded = _prod(p["padded_shape"] or p["shape"]) * p["itemsize"]
+            group_bytes[p["coalesced"]] = group_bytes.get(p["coalesced"], 0) + padded
     for p in layout:
         full = _prod(p["shape"]) * p["itemsize"]
         padded = _prod(p["padded_shape"] or p["shape"]) * p["itemsize"]
+        group = p.get("coalesced") if policy.shards_params and p["split"] else None
+        if group is not None:
+            if group in counted:
+                continue
+            counted.add(group)
+            padded = group_bytes[group]
         if policy.shards_params and p["split"]:
             gathers = [("all_gather", padded)] * (2 if p.get("regathered") else 1)
             entries += (gathers + [("reduce_scatter", padded)]) * accum

@@ -30,7 +30,7 @@ from mindone_zero import prepare_train_network  # noqa: E402
 from mindone_zero.comm import init_data_parallel  # noqa: E402
 from mindone_zero.memory_measure import measure_model_states  # noqa: E402
 from mindone_zero.partition import zero_spec_of  # noqa: E402
-from mindone_zero.train_step import _regathered  # noqa: E402
+from mindone_zero.train_step import _coalesced, _regathered  # noqa: E402
 from tools.benchmark import load_benchmark_config, settings_of, setting_name  # noqa: E402
 from tools.dense_model import DenseLoss, build_dense, dense_batch  # noqa: E402
 from tools.lm_model import LMLoss, build_lm, init_lm_weights, reversal_batch  # noqa: E402
@@ -41,8 +41,11 @@ def _layout(train_net) -> list:
     whether stage 3 gathers it again in backward (``reshard_after_forward``)."""
     helper = train_net.zero_helper
     regathered = set(_regathered(train_net.network, helper.policy))
+    coalesced = {name: i for i, group in enumerate(_coalesced(train_net.network, helper.policy))
+                 for name in group.param_names}
     return [{"name": p.name, "shape": list(s.shape), "itemsize": int(p.itemsize), "split": bool(s.split),
              "padded_shape": list(s.padded_shape) if s.shape else [],
+             "coalesced": coalesced.get(zero_spec_of(p).name) if zero_spec_of(p) is not None else None,
              "regathered": bool(s.split and zero_spec_of(p) is not None and zero_spec_of(p).name in regathered)}
             for s, p in zip(helper.specs, helper.params)]
 

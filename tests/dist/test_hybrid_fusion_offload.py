@@ -27,7 +27,7 @@ def test_comm_plan_matches_the_collectives_actually_called(parity_jobs, world, n
         assert r.meta["calls_per_step"] == dict(_plan_counts(r))
 
 
-# Stage 3 gathers and reduce-scatters per parameter inside the layer wrappers (not fused); its
+# Stage 3 gathers and reduce-scatters per layer (weight and bias coalesced, not bucketed); its
 # fused collectives are the replicated all-reduces, too few in TinyNet to need two buckets.
 @pytest.mark.parametrize("stage", [0, 1, 2])
 def test_fusion_cuts_collectives_to_one_per_bucket(parity_jobs, stage):

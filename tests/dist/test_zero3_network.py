@@ -114,3 +114,20 @@ def test_recompute_gathers_again_in_backward(job, size):
         calls = rep["gather_calls"]
         assert calls.pop("out_scale") == 1, (rep["rank"], rep["gather_calls"])
         assert len(calls) == 13 and set(calls.values()) == {2}, (rep["rank"], calls)
+
+
+@pytest.mark.parametrize("size", SIZES)
+@pytest.mark.parametrize("case", CASES + RECOMPUTE_CASES)
+def test_layers_with_weight_and_bias_gather_them_coalesced(job, case, size):
+    for report in _reports(job(size), case, size):
+        assert report["coalesced_groups"] >= 1, (case, report["rank"])
+
+
+@pytest.mark.parametrize("size", SIZES)
+@pytest.mark.parametrize("case", ["graph_recompute", "pynative_fp16"])
+def test_coalesced_gathers_equal_per_parameter_bitwise(job, case, size):
+    """[Note: coalesced gathers]: one all-gather and one reduce-scatter per layer give the loss and
+    every gradient of one collective per parameter, bit for bit (GRAPH: with the re-gather of
+    reshard_after_forward; PYNATIVE: float16 compute, cast before the gather)."""
+    for report in _reports(job(size), case, size):
+        assert report["uncoalesced_equal"], (case, report["rank"])

@@ -155,3 +155,14 @@ def test_dense_rows_are_read_from_their_own_files_and_tabled_against_stage_0(tmp
     table = render_dense_table(cfg, rows)
     assert table.startswith("4 x Dense(1024, 1024)")
     assert "| 2 | 2 | 240.0 ms | 1.20x | 2 |" in table
+
+
+def test_stage3_coalesced_parameters_share_one_collective_with_their_summed_bytes():
+    """[Note: coalesced gathers]: a group records one all-gather (two when regathered) and one
+    reduce-scatter of the summed padded bytes; below stage 3 the index means nothing."""
+    bias = {"name": "b", "shape": [5], "padded_shape": [6], "itemsize": 4, "split": True}
+    layout = [dict(LAYOUT[0], coalesced=0, regathered=True), dict(bias, coalesced=0, regathered=True), LAYOUT[1]]
+    gather, scatter = ("all_gather", 72 + 24), ("reduce_scatter", 72 + 24)
+    assert native_collectives(layout, 3, 1, clip_grad=False) == [FLAG, gather, gather, scatter, ("all_reduce", 4)]
+    plain = [dict(p, coalesced=None) for p in layout]
+    assert native_collectives(layout, 2, 1, False) == native_collectives(plain, 2, 1, False)

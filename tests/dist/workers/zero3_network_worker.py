@@ -9,6 +9,9 @@ whose Cells are marked with ``recompute()`` in both copies) it writes
   against ``split_array(mean over ranks of the unsharded gradients)`` (split parameters), or the
   unsharded gradient on this rank's batch (replicated ones); shapes and byte counts;
 * parameter names before and after, and the type the user override produced;
+* the loss and gradients of the same network with coalesced gathers switched off (one collective
+  per parameter), which must equal the coalesced ones bit for bit ([Note: coalesced gathers] in
+  ``parallel_modules/coalesce.py``), and how many coalesced groups the network has;
 * for ``pynative_recompute``, how many times each parameter's gather ran in one forward and
   backward (twice under a recomputed Cell: forward, then again when backward recomputes it).
 
@@ -30,9 +33,14 @@ import zero3_models as zm  # noqa: E402
 from mindone_zero.comm import init_data_parallel  # noqa: E402
 from mindone_zero.partition import split_array  # noqa: E402
 from parallel_modules import shard_network  # noqa: E402
+from parallel_modules.coalesce import _CoalescedGather  # noqa: E402
 from parallel_modules.param_wrapper import _GatherShard  # noqa: E402
+from parallel_modules.reshard import coalesced_groups  # noqa: E402
 
 SEED = 7
+# Cases that also run the network with one collective per parameter ([Note: coalesced gathers]): the
+# re-gather under recompute in GRAPH, the cast-before-gather path in PYNATIVE (each costs a build).
+UNCOALESCED_CASES = ("graph_recompute", "pynative_fp16")
 CASES = [f"{mode}_{variant}" for mode in ("graph", "pynative") for variant in ("fp32", "fp16", "recompute")]
 
 
@@ -46,17 +54,21 @@ def _grads(loss_net, batch):
 def _count_gathers(fn):
     """(fn(), {parameter name: how many times its gather ran}); PYNATIVE only (a Python spy)."""
     counts = collections.Counter()
-    original = _GatherShard.construct
+    original, coalesced = _GatherShard.construct, _CoalescedGather.construct
 
     def spy(self, x):
         counts[self.param_name] += 1
         return original(self, x)
 
-    _GatherShard.construct = spy
+    def spy_coalesced(self, xs):
+        counts.update(self.param_names)
+        return coalesced(self, xs)
+
+    _GatherShard.construct, _CoalescedGather.construct = spy, spy_coalesced
     try:
         return fn(), dict(counts)
     finally:
-        _GatherShard.construct = original
+        _GatherShard.construct, _CoalescedGather.construct = original, coalesced
 
 
 def _param_report(param, size):
@@ -74,6 +86,17 @@ def _param_report(param, size):
         "nbytes": int(param.nbytes),
         "expected_nbytes": int(np.prod(expected_shape, dtype=np.int64)) * itemsize,
     }
+
+
+def _uncoalesced_equal(net, batch, loss, grads):
+    """Whether ``net`` sharded with every coalesced gather switched off gives ``loss`` and ``grads`` bit for bit."""
+    net = shard_network(net, parallel_modules={zm.Shift: zm.ShiftZero3})
+    for _, cell in net.cells_and_names():
+        if getattr(cell, "zero_coalesce", False):
+            cell.zero_coalesce = False
+    other_loss, _, other_grads = _grads(zm.Zero3LossNet(net), batch)
+    return other_loss == loss and len(grads) == len(other_grads) and all(
+        a.shape == b.shape and np.array_equal(a, b) for a, b in zip(grads, other_grads))
 
 
 def run_case(mode, fp16, size, rank, recompute=False):
@@ -110,6 +133,12 @@ def run_case(mode, fp16, size, rank, recompute=False):
         if a.name != b.name
     ]
     report["params"] = {p.name: _param_report(p, size) for _, p in loss_net.parameters_and_names()}
+    report["coalesced_groups"] = len(coalesced_groups(net))
+    if f"{'graph' if mode == ms.GRAPH_MODE else 'pynative'}_{'recompute' if recompute else 'fp16' if fp16 else 'fp32'}" \
+            in UNCOALESCED_CASES:
+        t0 = time.time()
+        report["uncoalesced_equal"] = _uncoalesced_equal(build(fp16), batches[rank], loss, grads)
+        report["uncoalesced_s"] = time.time() - t0
     report["grads"] = {}
     for i, param in enumerate(loss_net.trainable_params()):
         if param.zero_spec.split:
