@@ -18,7 +18,8 @@ one collective (DeepSpeed's ``all_gather_coalesced`` per module, FSDP's per unit
 
 Which parameters are coalesced: the split ones a ZeRO-3 layer Cell gathers (``layers.py``), when
 at least two have identical gather settings (group, parameter dtype, compute dtype) and each
-padded tensor is at most ``COALESCE_MAX_BYTES``: a large tensor gains nothing from sharing a
+padded tensor is at most ``COALESCE_MAX_BYTES``, the size from which buckets send a tensor alone
+too (``mindone_zero.fusion.LARGE_TENSOR_BYTES``): a large tensor gains nothing from sharing a
 launch and would pay a copy into and out of the buffer. ZeRO++ (qwZ, qgZ, hpZ) gathers are not
 coalesced: ``apply_zeropp`` switches every group off (``ZeroGatherGroup.enabled``) and the Cell
 falls back to its per-parameter wrappers, which carry the quantization and hpZ logic.
@@ -29,11 +30,12 @@ import numpy as np
 from mindspore import nn, ops
 
 from mindone_zero.comm import GroupComm, pad_dim0
+from mindone_zero.fusion import LARGE_TENSOR_BYTES
 
 __all__ = ["ZeroGatherGroup", "COALESCE_MAX_BYTES", "pack_shards", "unpack_gathered", "pack_grads",
            "unpack_grad_shards", "build_gather_group", "offsets_of"]
 
-COALESCE_MAX_BYTES = 1 << 20
+COALESCE_MAX_BYTES = LARGE_TENSOR_BYTES
 """Largest padded parameter (bytes, in the gathered dtype) that ``ZeroGatherGroup`` coalesces."""
 
 
