@@ -29,7 +29,7 @@ from typing import List, Optional, Sequence
 import numpy as np
 from mindspore import nn, ops
 
-from mindone_zero.comm import GroupComm, pad_dim0
+from mindone_zero.comm import GroupComm, divide, pad_dim0
 from mindone_zero.fusion import LARGE_TENSOR_BYTES
 
 __all__ = ["ZeroGatherGroup", "COALESCE_MAX_BYTES", "pack_shards", "unpack_gathered", "pack_grads",
@@ -122,7 +122,7 @@ class _CoalescedGather(nn.Cell):
         for g in dout:
             grads = grads + (g.astype(self.param_dtype),)
         buf = self.comm.reduce_scatter(pack_grads(grads, self.group_size, self.numels, self.pads))
-        return (unpack_grad_shards(buf / self.group_size, self.numels, self.offsets, self.shard_shapes),)
+        return (unpack_grad_shards(divide(buf, self.group_size), self.numels, self.offsets, self.shard_shapes),)
 
     def nbytes(self, itemsize: int) -> int:
         """Bytes of the gathered buffer (N * S elements of ``itemsize``)."""

@@ -21,7 +21,7 @@ import numpy as np
 import mindspore as ms
 from mindspore import Parameter, Tensor, nn, ops
 
-from mindone_zero.comm import GroupComm, group_size_and_rank, pad_dim0, world_group
+from mindone_zero.comm import GroupComm, divide, group_size_and_rank, pad_dim0, world_group
 from mindone_zero.quantize import block_layout
 from mindone_zero.partition import ShardSpec, is_split_candidate, set_zero_spec, split_array, zero_spec_of
 from mindone_zero.stage import StagePolicy, check_stage
@@ -301,7 +301,7 @@ class _GatherShard(nn.Cell):
                 grad = self.comm.reduce_scatter_quantized(grad, self.block, self.blocks).astype(self.param_dtype)
             else:
                 grad = self.comm.reduce_scatter(grad)
-            grad = grad / self.group_size
+            grad = divide(grad, self.group_size)  # [Note: Div on CPU] in mindone_zero/comm.py
         return grad
 
     def bprop(self, x, out, dout):
