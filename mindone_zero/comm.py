@@ -232,7 +232,7 @@ class GroupComm(nn.Cell):
 
     def all_reduce_mean(self, x):
         """Mean of ``x`` over the group."""
-        return self._all_reduce(x) / self.size
+        return divide(self._all_reduce(x), self.size)  # [Note: Div on CPU]
 
     def reduce_scatter(self, x):
         """Sum of ``x`` over the group, then this rank's block of ``x.shape[0] // size`` rows."""

@@ -10,6 +10,7 @@ import logging
 import mindspore as ms
 from mindspore import Parameter, Tensor, nn, ops
 
+from .comm import divide
 from .ema import check_ema
 from .zero_helper import ZeroHelper
 
@@ -267,7 +268,7 @@ class TrainOneStepWrapper(nn.Cell):
         if step >= self.accum_steps:
             mean = ()
             for i in range(len(self.accum_grads)):
-                mean += (self.accum_grads[i] / self.accum_steps,)
+                mean += (divide(self.accum_grads[i], self.accum_steps),)  # [Note: Div on CPU] in comm.py
             if self.offload:
                 result, mean = self._host_grads(mean, self.accum_overflow > 0)
             else:

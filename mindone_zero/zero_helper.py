@@ -28,7 +28,8 @@ from typing import List, Optional
 import mindspore as ms
 import numpy as np
 from mindspore import Parameter, ParameterTuple, Tensor, nn, ops
-from .comm import CommPlan, GroupComm, check_hybrid_groups, group_size_and_rank, is_data_parallel, pad_dim0, world_group
+from .comm import (CommPlan, GroupComm, check_hybrid_groups, divide, group_size_and_rank, is_data_parallel, pad_dim0,
+                   world_group)
 from .fusion import BucketedComm, FusionConfig
 from .offload import HostOffload, OffloadConfig, host_rule_for
 from .optimizer_states import check_optimizer, find_optimizer_states, optimizer_parameters, repoint_optimizer
@@ -265,7 +266,7 @@ class ZeroHelper(nn.Cell):
         k_rs, k_ar = 0, 0
         for i in range(len(grads)):
             if i in self.rs_index:
-                out += (_cast_if_needed(shards[k_rs] / self.op_size, self.opt_params[i].dtype),)
+                out += (_cast_if_needed(divide(shards[k_rs], self.op_size), self.opt_params[i].dtype),)
                 k_rs += 1
             elif i in self.ar_index:
                 out += (replicated[k_ar],)
