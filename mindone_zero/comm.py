@@ -40,15 +40,17 @@ at once (unpacking a bucket, copying into a parameter).
 
 [Note: Div on CPU]
 ``x / n`` becomes the Div primitive, whose CPU kernel (MindSpore 2.10) allocates temporary
-buffers many times the size of its input on every launch: a (512, 2048) float32 gradient shard
-divided by the group size took two 67 MB host buffers (64 bytes per element), which the heap
-allocator keeps once freed; in a stage-3 step (8 x Dense(2048) at N=4) they were 134 MB of the
-per-rank peak. ``divide`` uses RealDiv instead, which allocates nothing beyond its output (one
-process, GRAPH_MODE, the same shard divided by 4: peak growth 26 MB with Div, 9.6 MB with RealDiv,
-the same as a multiplication). Both compute
-the IEEE float quotient, so results are bit-identical (checked on every float32 class: normals,
-subnormals, zeros, infinities, NaN; and by the parity tests). RealDiv has no bfloat16 scalar
-input on CPU, so a bfloat16 tensor keeps ``/``.
+buffers many times the size of its input on every launch, which the heap allocator keeps once
+freed: a (512, 2048) float32 gradient shard divided by the group size took two 67 MB buffers (64
+bytes per element). On 8 x Dense(2048) at N=4 they were 125 MB of the stage-3 peak per rank and
+535 MB of the stage-0 peak (full gradients). ``divide`` uses RealDiv, which allocates nothing
+beyond its output (one process, GRAPH_MODE, that shard divided by 4: peak growth 26 MB with Div,
+9.6 MB with RealDiv, as with a multiplication). Both compute the IEEE float32 quotient, so results
+are bit-identical (tests/unit/test_divide.py; the outputs of the N=4 parity job, every stage and
+mode, equal those of Div byte for byte), with one exception: a subnormal quotient follows the
+flush-to-zero state of the thread that runs the kernel, which a library may have set on one
+kernel's thread and not the other's (seen in PYNATIVE_MODE after other tests in one process).
+RealDiv takes no bfloat16 scalar on CPU, so a bfloat16 tensor keeps ``/``.
 """
 from contextlib import contextmanager
 from dataclasses import dataclass, field
