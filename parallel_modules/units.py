@@ -136,7 +136,7 @@ def find_units(network: nn.Cell, classes: tuple, where: str = "shard_network") -
                                      f"parameters, inside the unit {unit.describe()}; build the network from plain "
                                      f"Cells (shard_network replaces them outside units) or keep it out of the unit.")
         for name, child in cell._cells.items():
-            if child is not None:
+            if child is not None and name != "_recompute_cell":  # MindSpore's wrapper of a recomputed Cell
                 walk(child, f"{path}.{name}" if path else name, unit)
 
     walk(network, "", None)
@@ -158,7 +158,7 @@ def param_path(root: nn.Cell, param: Parameter) -> Optional[List]:
             if p is param:
                 return steps + [name]
         for name, child in cell._cells.items():
-            if child is None:
+            if child is None or name == "_recompute_cell":
                 continue
             step = int(name) if isinstance(cell, (nn.CellList, nn.SequentialCell)) and name.isdigit() else name
             found = search(child, steps + [step])

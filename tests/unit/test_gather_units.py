@@ -172,3 +172,17 @@ def test_units_in_a_group_of_one_compute_what_the_network_does(mode):
     assert len(net.blocks[0].zero3_unit_gather.parts) == 2
     # reshard_after_forward: the unit roots are the recomputed regions, the top Cell never is
     assert not net._has_config_recompute and all(b._has_config_recompute for b in net.blocks)
+
+
+def test_cells_the_user_recomputed_stay_recomputed_inside_units():
+    """A unit root and a Cell inside another unit marked with recompute() before sharding (MindSpore
+    then holds a `_recompute_cell` child, which is not part of the unit)."""
+    ms.set_context(mode=ms.GRAPH_MODE)
+    ref, net = _lm(), _lm()
+    for n in (ref, net):
+        n.blocks[0].recompute()
+        n.blocks[1].attn.recompute()
+    net = shard_network(net, gather_units=(Block,))
+    ids = Tensor(reversal_batch(1, 0, 2, 8, LM["vocab_size"])[0])
+    assert np.array_equal(ref(ids).asnumpy(), net(ids).asnumpy())
+    assert net.blocks[0]._has_config_recompute and net.blocks[1].attn._has_config_recompute
