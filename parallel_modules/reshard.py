@@ -107,7 +107,7 @@ def regathered_param_names(network: nn.Cell) -> List[str]:
         if gathers_split(cell) and is_recompute_scoped(cell) and cell.gather.param_name not in names:
             names.append(cell.gather.param_name)
         if isinstance(cell, ZeroUnitGather) and is_recompute_scoped(cell):
-            names += [name for group in cell.groups() for name in group.param_names if name not in names]
+            names += [name for name in cell.gathered_names() if name not in names]
     return names
 
 

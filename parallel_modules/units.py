@@ -5,7 +5,11 @@
 ``transformer_layer_cls`` auto-wrap policy does: the split parameters read anywhere in the unit's
 subtree (nested units excepted) are all-gathered in ONE collective when the unit's forward starts,
 and their gradients are reduce-scattered in ONE collective (one of each per distinct gather
-setting: group, parameter dtype, compute dtype). Without units, each reading Cell gathers its own
+setting: group, parameter dtype, compute dtype). As in [Note: coalesced gathers], a parameter whose
+padded tensor exceeds ``COALESCE_MAX_BYTES`` (1 MiB) is gathered alone, by its own ``_GatherShard``:
+it gains nothing from sharing a launch and would pay a copy into and out of the buffer (the
+benchmark's Dense(1024, 1024) stack measured 1.35x stage 0 with such copies, against 1.28x without
+units); so is an element alone in its setting. Without units, each reading Cell gathers its own
 (a Dense its weight and bias, coalesced; a LayerNorm gamma and beta, one each).
 
 Why the gathered tensors are threaded as an argument: MindSpore's graph CSE merges identical
@@ -49,9 +53,11 @@ Memory: a unit's parameters are all full at once (in forward, and again in backw
 """
 from typing import Dict, List, Optional, Tuple
 
+import numpy as np
 from mindspore import Parameter, nn
 
-from .coalesce import ZeroGatherGroup, _settings
+from .coalesce import COALESCE_MAX_BYTES, ZeroGatherGroup, _settings
+from .param_wrapper import _ITEMSIZE
 
 __all__ = ["GatherUnit", "ZeroUnitGather", "UNIT_ARG", "UNIT_GATHER_ATTR", "check_gather_units", "find_units",
            "attach_unit_gathers", "unit_gathers"]
@@ -200,6 +206,21 @@ class _UnitCasts(nn.Cell):
         return ys
 
 
+class _UnitSingle(nn.Cell):
+    """One large element gathered alone by its own ``_GatherShard`` (no copies into a buffer)."""
+
+    def __init__(self, gather, index: int):
+        super().__init__(auto_prefix=False)
+        self.gather = gather
+        self.index = index
+        self.param_names = (gather.param_name,)
+
+    def construct(self, xs):
+        x = xs[self.index]
+        # PYNATIVE: a same-shape reshape gives the custom bprop the shard's real shape (see ZeroParamWrapper).
+        return (self.gather(x.reshape(x.shape)),)
+
+
 class ZeroUnitGather(nn.Cell):
     """All-gather a unit's shards: one collective per gather setting ([Note: gather units]).
 
@@ -213,12 +234,19 @@ class ZeroUnitGather(nn.Cell):
         super().__init__(auto_prefix=False)
         self.unit_path = unit_path
         keyed: Dict[tuple, List[int]] = {}
-        for i, g in enumerate(gathers):
-            keyed.setdefault(_settings(g) + (g.gathers,), []).append(i)
         parts, flat = [], []
+        for i, g in enumerate(gathers):
+            if g.gathers and _padded_bytes(g) > COALESCE_MAX_BYTES:
+                parts.append(_UnitSingle(g, i))
+                flat.append(i)
+            else:
+                keyed.setdefault(_settings(g) + (g.gathers,), []).append(i)
         for key, idx in keyed.items():
             members = [gathers[i] for i in idx]
-            parts.append(_UnitPart(members, tuple(idx)) if key[-1] else _UnitCasts(members, tuple(idx)))
+            if key[-1] and len(idx) == 1:
+                parts.append(_UnitSingle(members[0], idx[0]))
+            else:
+                parts.append(_UnitPart(members, tuple(idx)) if key[-1] else _UnitCasts(members, tuple(idx)))
             flat += idx
         self.parts = nn.CellList(parts)
         self.order = tuple(flat.index(i) for i in range(len(gathers)))
@@ -234,8 +262,18 @@ class ZeroUnitGather(nn.Cell):
         return res
 
     def groups(self) -> List[ZeroGatherGroup]:
-        """The parts that communicate (for ``CommPlan``: one all-gather and one reduce-scatter each)."""
+        """The coalesced parts (for ``CommPlan``: one all-gather and one reduce-scatter each, with the
+        summed bytes); the elements gathered alone are counted per parameter."""
         return [p for p in self.parts if isinstance(p, _UnitPart)]
+
+    def gathered_names(self) -> List[str]:
+        """Names of every element that is all-gathered (coalesced or alone)."""
+        return [n for p in self.parts if isinstance(p, (_UnitPart, _UnitSingle)) for n in p.param_names]
+
+
+def _padded_bytes(gather) -> int:
+    dtype = gather.compute_dtype if gather.cast_before_gather else gather.param_dtype
+    return int(np.prod(gather.spec.padded_shape)) * _ITEMSIZE.get(dtype, 4)
 
 
 def attach_unit_gathers(units: List[GatherUnit], make_gather) -> None:

@@ -5,7 +5,8 @@ One msrun job at N=2 (``workers/units_worker.py``) trains each case twice with
 without ``gather_units`` and with them. Cases: the demo LM (``tools/lm_model.py``) with
 ``(Block,)`` in GRAPH_MODE with both ``reshard_after_forward`` values, with nested units
 ``(Block, TransformerLM)``, and in PYNATIVE_MODE; a stack of Dense-holding Cells (uneven shapes, a
-LayerNorm between, Dense layers computing in float16: two gather settings per unit). Losses at every
+LayerNorm between, Dense layers computing in float16: two gather settings per unit); a unit with a
+weight over 1 MiB, gathered alone, keeping the gathered weights. Losses at every
 micro-step and every rank's parameter shards after every step must be bit-identical, and the
 library's ``CommPlan`` must count one all-gather (two with the re-gather) and one reduce-scatter per
 unit (per gather setting) per micro-step in place of the per-Cell ones.
@@ -26,6 +27,7 @@ CASES = [
     {"name": "lm_graph_nested", "model": "lm", "units": ["Block", "TransformerLM"], "reshard": True, "steps": 3},
     {"name": "mlp_graph_fp16", "model": "dense", "units": ["MLP"], "reshard": True, "fp16": True, "steps": 3},
     {"name": "lm_pynative", "model": "lm", "units": ["Block"], "reshard": True, "steps": 2, "mode": "pynative"},
+    {"name": "wide_graph_keep", "model": "wide", "units": ["Wide"], "reshard": False, "steps": 2},
 ]
 NAMES = [c["name"] for c in CASES]
 
@@ -66,6 +68,16 @@ def test_one_gather_and_one_reduce_scatter_per_unit_and_micro_step(reports, name
     assert counts["all_reduce"] == base["all_reduce"]  # overflow flags and the clipping norm only
     assert counts["reduce_scatter"] < base["reduce_scatter"] and counts["all_gather"] < base["all_gather"]
     assert counts["all_gather"] == gathers * counts["reduce_scatter"]
+
+
+def test_a_weight_over_1_mib_is_gathered_alone(reports):
+    """[Note: gather units]: the 520 x 520 weight (1.08 MB) has its own collectives; the bias and the
+    LayerNorm's gamma and beta share one (per micro-step: 2 all-gathers, 2 reduce-scatters)."""
+    rep = reports("wide_graph_keep")[0]
+    assert rep["unit_parts"] == [1] and len(rep["unit_entries"]) == 1
+    counts = _counts(rep["plan"])
+    assert (counts["all_gather"], counts["reduce_scatter"]) == (2 * rep["accum"], 2 * rep["accum"])
+    assert ["all_gather", "mccl_world_group", 520 * 520 * 4, 2] in rep["plan"]
 
 
 @pytest.mark.parametrize("name,total,base_total", [("lm_graph_reshard", 39, 93), ("lm_graph_keep", 27, 63),

@@ -87,7 +87,7 @@ def test_shipped_config():
     assert bench["gradient_accumulation_steps"] > 1  # so that gradients are held, as the formula counts them
     assert cfg["dense"] == {"world_sizes": [2], "layers": 4, "width": 1024, "batch_per_rank": 32,
                             "gradient_accumulation_steps": 1, "stage3_units": ["Dense"]}
-    assert bench["stage3_units"] == ["Block"]
+    assert bench["stage3_units"] == ["Block", "TransformerLM"]
 
 
 @pytest.mark.parametrize("text,fragment", [
@@ -133,7 +133,7 @@ def test_summary_report_and_chart(tmp_path):
         _fake_results(tmp_path, 2, stage, 0.1 * (stage + 1), memory)
     _fake_results(tmp_path, 2, 3, 0.35, memory, reshard=False)
     _fake_results(tmp_path, 2, 3, 0.3, memory, units=True)
-    assert cfg["benchmark"]["stage3_units"] == ["Block"]
+    assert cfg["benchmark"]["stage3_units"] == ["Block", "TransformerLM"]
     rows = summarize(cfg, tmp_path, 2)
     # (4+4+8)P, (4+4)P + 8P/2, 4P + (4+8)P/2, (4+4+8)P/2 with P = 16
     assert [r["estimate"] for r in rows] == [256, 192, 160, 128, 128, 128]

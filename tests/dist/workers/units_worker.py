@@ -57,6 +57,27 @@ class DenseStack(nn.Cell):
         return ((self.head(self.b(self.a(x))) - y) ** 2).mean()
 
 
+class Wide(nn.Cell):
+    """A unit with one weight over 1 MiB (gathered alone) and small parameters (coalesced)."""
+
+    def __init__(self):
+        super().__init__()
+        self.fc = nn.Dense(520, 520)
+        self.norm = nn.LayerNorm((520,))
+
+    def construct(self, x, y):
+        return ((self.norm(self.fc(x)) - y) ** 2).mean()
+
+
+class WideLoss(nn.Cell):
+    def __init__(self):
+        super().__init__()
+        self.wide = Wide()
+
+    def construct(self, x, y):
+        return self.wide(x, y)
+
+
 def _init(net, seed):
     rng = np.random.default_rng(seed)
     for p in net.get_parameters():
@@ -67,11 +88,13 @@ def _init(net, seed):
 def _build(case):
     if case["model"] == "lm":
         return LMLoss(init_lm_weights(build_lm(LM), 0))
+    if case["model"] == "wide":
+        return _init(WideLoss(), 0)
     return _init(DenseStack(case.get("fp16", False)), 0)
 
 
 def _units(case):
-    names = {"Block": Block, "TransformerLM": TransformerLM, "MLP": MLP}
+    names = {"Block": Block, "TransformerLM": TransformerLM, "MLP": MLP, "Wide": Wide}
     return tuple(names[n] for n in case["units"])
 
 
@@ -80,6 +103,10 @@ def _batches(case, step, rank, world):
     chunks = world * ACCUM
     if case["model"] == "lm":
         arrays = reversal_batch(1, step, MICRO * chunks, 8, LM["vocab_size"])
+    elif case["model"] == "wide":
+        rng = np.random.default_rng([4, step])
+        arrays = (rng.standard_normal((MICRO * chunks, 520)).astype(np.float32),
+                  rng.standard_normal((MICRO * chunks, 520)).astype(np.float32))
     else:
         rng = np.random.default_rng([3, step])
         arrays = (rng.standard_normal((MICRO * chunks, 12)).astype(np.float32),
