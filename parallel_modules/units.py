@@ -134,7 +134,8 @@ def find_units(network: nn.Cell, classes: tuple, where: str = "shard_network") -
         if id(cell) in owner:
             if owner[id(cell)] is not unit:
                 raise _unit_error(where, f"puts the Cell {path or '<top>'!r} in two places: it is shared between "
-                                         f"units (or a unit and the rest of the network); a unit's Cells must be its own.")
+                                         f"units (or a unit and the rest of the network); a unit's Cells must be "
+                                         f"its own.")
             return
         owner[id(cell)] = unit
         if unit is not None and getattr(cell, "zero3_gathers_itself", False):

@@ -57,10 +57,12 @@ def test_not_a_tuple_of_cell_classes(where, value, tmp_path):
 @pytest.mark.parametrize("stage", [0, 1, 2])
 def test_stage_below_3(stage, tmp_path):
     net = LossNet(init_weights(TinyNet()))
-    with pytest.raises(ValueError, match=rf"For 'prepare_network', the argument 'gather_units' applies to zero_stage 3 "
-                                         rf"only, but got gather_units=\(<class .*TinyNet'>,\) with zero_stage={stage}"):
+    with pytest.raises(ValueError, match=rf"For 'prepare_network', the argument 'gather_units' applies to zero_stage "
+                                         rf"3 only, but got gather_units=\(<class .*TinyNet'>,\) with "
+                                         rf"zero_stage={stage}"):
         prepare_network(net, stage, gather_units=(TinyNet,))
-    with pytest.raises(ValueError, match="For 'prepare_train_network', the argument 'gather_units' applies to zero_stage 3"):
+    with pytest.raises(ValueError,
+                       match="For 'prepare_train_network', the argument 'gather_units' applies to zero_stage 3"):
         prepare_train_network(net, make_optimizer(net.trainable_params()), zero_stage=stage, gather_units=(TinyNet,),
                               params_split_info=str(tmp_path / "info"))
     assert not (tmp_path / "info").exists()
