@@ -23,7 +23,9 @@ to ``host`` or ``file``, at 1/N from stage 1 on, and the rest stays on the ``dev
 
 ``estimate_peak_memory`` adds the term a user needs to pick a stage: what a step holds on top of
 the model states because parameters and gradients exist in full for a while (DeepSpeed's
-"largest layer" term). With ``L`` the parameters of the largest layer (the most gathered at once):
+"largest layer" term). With ``L`` the parameters of the largest layer (the most gathered at once;
+with stage 3's ``gather_units`` a unit's parameters are all gathered together, so ``L`` is the
+largest unit, e.g. a whole Transformer block; [Note: gather units] in ``parallel_modules/units.py``):
 
 =====================================  ==============================================================
 stage                                  added to the model states
@@ -128,7 +130,8 @@ def estimate_peak_memory(num_params, world_size: int, zero_stage: int, largest_l
         num_params, world_size, zero_stage, param_bytes, grad_bytes, optimizer_bytes: as in
             ``estimate_model_states_memory``.
         largest_layer_params: parameters ``L`` of the largest layer (the most that are gathered at
-            once; for a Transformer block recomputed as one Cell, the whole block), 0 <= L <= P.
+            once; for a Transformer block recomputed as one Cell, the whole block; with
+            ``gather_units``, the largest unit), 0 <= L <= P.
         reshard_after_forward: stage 3's option (``prepare_train_network``); ignored below stage 3.
         hpz_group_size: K, the size of ZeRO++'s hpZ secondary group (``zeropp.hpz_group``), or None;
             adds ``p * P / K`` at stage 3 (needs ``reshard_after_forward=True``).

@@ -38,7 +38,7 @@ def _check_module_maps(where, **maps):
 
 
 def prepare_network(network, zero_stage=0, optimizer_parallel_group=None, parallel_modules=None,
-                    special_cases_parallel_module=None, reshard_after_forward=True, zeropp=None):
+                    special_cases_parallel_module=None, reshard_after_forward=True, zeropp=None, gather_units=None):
     """Shard ``network``'s parameters in place for ZeRO-3 (other stages return it unchanged).
 
     Must run before the network (or anything using its parameters) is compiled, and before
@@ -63,6 +63,13 @@ def prepare_network(network, zero_stage=0, optimizer_parallel_group=None, parall
             (``quantize_weights``), int8 gradient reduce-scatter (``quantize_gradients``), backward
             re-gather in a secondary group (``hpz_group``), ``block_size`` elements per scale. See
             ``mindone_zero/zeropp.py``.
+        gather_units (tuple): stage 3 only, FSDP-style units: a tuple of Cell classes; each instance
+            gathers the split parameters of its subtree in one all-gather when its forward starts and
+            reduce-scatters their gradients in one (per gather setting); with
+            ``reshard_after_forward`` it is the recomputed region. None (default): each Cell gathers
+            its own. Not with ``zeropp``. The whole unit is then full at once: for
+            ``estimate_peak_memory`` the largest layer is the largest unit. See [Note: gather units]
+            in ``parallel_modules/units.py``.
 
     Returns:
         The network (the top Cell itself may have been replaced by its ZeRO-3 version).
@@ -70,11 +77,13 @@ def prepare_network(network, zero_stage=0, optimizer_parallel_group=None, parall
     Raises:
         TypeError / ValueError: naming the argument and the value, before anything is modified
             (``reshard_after_forward`` must be a bool; an int is not supported; ``zeropp`` as
-            ``check_zeropp`` says).
+            ``check_zeropp`` says; ``gather_units`` a tuple of Cell classes with an instance in
+            the network, at stage 3, without ``zeropp``).
     """
     check_stage(zero_stage, "prepare_network")
     _check_reshard("prepare_network", reshard_after_forward)
     zeropp = check_zeropp("prepare_network", zeropp, zero_stage, optimizer_parallel_group, reshard_after_forward)
+    gather_units = _check_units("prepare_network", gather_units, zero_stage, zeropp)
     if not isinstance(network, nn.Cell):
         raise TypeError(f"For 'prepare_network', the argument 'network' must be a Cell, but got {type(network).__name__}.")
     _check_module_maps("prepare_network", parallel_modules=parallel_modules,
@@ -85,7 +94,13 @@ def prepare_network(network, zero_stage=0, optimizer_parallel_group=None, parall
 
     return shard_network(network, group=optimizer_parallel_group, parallel_modules=parallel_modules,
                          special_cases_parallel_module=special_cases_parallel_module,
-                         reshard_after_forward=reshard_after_forward, zeropp=zeropp)
+                         reshard_after_forward=reshard_after_forward, zeropp=zeropp, gather_units=gather_units)
+
+
+def _check_units(where, value, zero_stage, zeropp):
+    from parallel_modules.units import check_gather_units  # parallel_modules imports mindone_zero
+
+    return check_gather_units(where, value, zero_stage, zeropp)
 
 
 def _check_reshard(where, value):
@@ -113,14 +128,15 @@ def prepare_train_network(network, optimizer, scale_sense=1.0, ema=None, updates
                           gradient_accumulation_steps=1, clip_grad=False, clip_norm=1.0, verbose=False,
                           zero_stage=0, optimizer_offload=False, optimizer_parallel_group=None, dp_group=None,
                           comm_fusion=None, parallel_modules=None, params_split_info="params_info",
-                          special_cases_parallel_module=None, reshard_after_forward=True, zeropp=None):
+                          special_cases_parallel_module=None, reshard_after_forward=True, zeropp=None,
+                          gather_units=None):
     """Wrap ``network`` (returning the loss) and ``optimizer`` into a ZeRO train step.
 
     Same signature and defaults as MindOne's ``prepare_train_network``, plus
     ``params_split_info`` (folder of the split-info JSON files) and
-    ``special_cases_parallel_module``, ``reshard_after_forward`` and ``zeropp`` (see
-    ``prepare_network``). At stage 3 the network is sharded here if ``prepare_network`` was not
-    called before (if it was, the ``reshard_after_forward`` and ``zeropp`` given to
+    ``special_cases_parallel_module``, ``reshard_after_forward``, ``zeropp`` and ``gather_units``
+    (see ``prepare_network``). At stage 3 the network is sharded here if ``prepare_network`` was not
+    called before (if it was, the ``reshard_after_forward``, ``zeropp`` and ``gather_units`` given to
     ``prepare_network`` hold; the ones given here are checked only). ``ema`` may be any EMA with
     MindOne's interface ([Note: EMA interface] in ema.py); ``optimizer`` an ``nn.Optimizer`` or a
     ``mindspore.experimental.optim.Optimizer`` (``mint.optim``); ``optimizer_offload`` ``True``,
@@ -145,6 +161,7 @@ def prepare_train_network(network, optimizer, scale_sense=1.0, ema=None, updates
     _check_step_args(gradient_accumulation_steps, clip_grad, clip_norm, ema)
     _check_groups(where, optimizer_parallel_group, dp_group)
     zeropp = check_zeropp(where, zeropp, zero_stage, optimizer_parallel_group, reshard_after_forward)
+    gather_units = _check_units(where, gather_units, zero_stage, zeropp)
     _check_module_maps(where, parallel_modules=parallel_modules,
                        special_cases_parallel_module=special_cases_parallel_module)
     FusionConfig.from_mindone(comm_fusion)
@@ -156,7 +173,7 @@ def prepare_train_network(network, optimizer, scale_sense=1.0, ema=None, updates
         _check_shardable_optimizer(optimizer)
     if policy.shards_params and not any(zero_spec_of(p) is not None for p in network.get_parameters()):
         network = prepare_network(network, policy.stage, optimizer_parallel_group, parallel_modules,
-                                  special_cases_parallel_module, reshard_after_forward, zeropp)
+                                  special_cases_parallel_module, reshard_after_forward, zeropp, gather_units)
     helper = ZeroHelper(optimizer, policy.stage, optimizer_parallel_group, dp_group, offload,
                         comm_fusion, params_split_info)
     if ema is not None and policy.is_zero:

@@ -38,6 +38,7 @@ from mindspore import nn
 
 from .carry import is_recompute_scoped, spread_recompute_scope
 from .param_wrapper import ZeroParamWrapper
+from .units import ZeroUnitGather, unit_gathers
 
 __all__ = ["check_reshard_after_forward", "mark_reshard_after_forward", "regathered_param_names", "gathers_split",
            "apply_zeropp", "zeropp_wrappers", "coalesced_groups"]
@@ -67,7 +68,7 @@ def gathers_split(cell: nn.Cell) -> bool:
 
 
 def _gathers_directly(cell: nn.Cell) -> bool:
-    return any(gathers_split(child) for child in cell.cells())
+    return any(gathers_split(child) or isinstance(child, ZeroUnitGather) for child in cell.cells())
 
 
 def _recompute_marked(cell: nn.Cell) -> bool:
@@ -83,7 +84,7 @@ def mark_reshard_after_forward(network: nn.Cell) -> List[nn.Cell]:
 
     def walk(cell):
         for child in cell.cells():
-            if child is None or id(child) in seen or isinstance(child, ZeroParamWrapper):
+            if child is None or id(child) in seen or isinstance(child, (ZeroParamWrapper, ZeroUnitGather)):
                 continue
             seen.add(id(child))
             if _recompute_marked(child):
@@ -105,6 +106,8 @@ def regathered_param_names(network: nn.Cell) -> List[str]:
     for _, cell in network.cells_and_names():
         if gathers_split(cell) and is_recompute_scoped(cell) and cell.gather.param_name not in names:
             names.append(cell.gather.param_name)
+        if isinstance(cell, ZeroUnitGather) and is_recompute_scoped(cell):
+            names += [name for name in cell.gathered_names() if name not in names]
     return names
 
 
@@ -135,11 +138,15 @@ def zeropp_wrappers(network: nn.Cell) -> dict:
 
 def coalesced_groups(network: nn.Cell) -> list:
     """The enabled ``ZeroGatherGroup`` Cells of ``network`` ([Note: coalesced gathers] in
-    ``coalesce.py``), each once. Not collective."""
+    ``coalesce.py``), those of gather units included ([Note: gather units] in ``units.py``), each
+    once. Not collective."""
     groups, seen = [], set()
     for _, cell in network.cells_and_names():
         group = getattr(cell, "zero_gather_group", None) if getattr(cell, "zero_coalesce", False) else None
         if group is not None and group.enabled and id(group) not in seen:
             seen.add(id(group))
             groups.append(group)
+    for unit in unit_gathers(network):  # [Note: gather units]: one group per gather setting
+        groups += [g for g in unit.groups() if id(g) not in seen]
+        seen.update(id(g) for g in unit.groups())
     return groups

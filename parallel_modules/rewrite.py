@@ -33,6 +33,10 @@ touching the user's classes:
 
 Methods that read a parameter but are not reachable from ``construct`` (``extend_repr``,
 initialisers) are not rewritten: outside the graph they see the shard.
+
+Unit mode ([Note: gather units] in ``units.py``): inside a gather unit a read becomes an element
+of the unit's gathered tuple instead of a wrapper call, the Cells of the unit are analysed only
+through the calls of the unit's code, and ``unit_threading.py`` passes the tuple along those calls.
 """
 import ast
 import atexit
@@ -51,6 +55,8 @@ from typing import Callable, Dict, List, Optional, Set, Tuple
 from mindspore import Parameter, ParameterTuple, nn
 
 from .param_wrapper import GATHER_SUFFIX, ZeroParamWrapper, compute_dtype_of
+from .unit_threading import thread_units, unreached_note
+from .units import UNIT_ARG
 
 __all__ = ["RewritePlan", "plan_rewrites", "apply_rewrites", "SUPER_PREFIX"]
 
@@ -84,6 +90,12 @@ class _MethodPlan:
     has_reads: bool = False
     super_keys: List[str] = field(default_factory=list)
     emit: bool = False
+    # [Note: gather units]: reads of the unit's tensors, calls (node, callee cell id, callee key),
+    # whether the method takes `zero3_unit` (needs) or defines it (provides: the root's construct).
+    reads_unit: bool = False
+    calls: List[tuple] = field(default_factory=list)
+    needs_unit: bool = False
+    provides_unit: bool = False
 
 
 @dataclass
@@ -158,6 +170,7 @@ class _ChainRewriter(ast.NodeTransformer):
 
     def __init__(self, planner, plan: RewritePlan, mplan: _MethodPlan, self_name: str):
         self.planner, self.plan, self.mplan, self.self_name = planner, plan, mplan, self_name
+        self.unit = planner.units.get(id(plan.cell))
         self.where = f"{plan.path or '<top>'} ({plan.original_class.__name__}.{mplan.func.__name__})"
 
     # -- chains --------------------------------------------------------------------------
@@ -199,6 +212,11 @@ class _ChainRewriter(ast.NodeTransformer):
                 f"reads the sharded parameter {param.name!r} through a subscript in {self.where}; "
                 f"read it as an attribute, or set its parallel_optimizer to False."
             )
+        if self.unit is not None:  # [Note: gather units]: the unit's gathered tuple
+            self.planner.referenced.add(id(param))
+            self.mplan.reads_unit = self.mplan.has_reads = True
+            k = self.unit.index(param, compute_dtype_of(self.plan.cell))
+            return ast.Subscript(value=ast.Name(id=UNIT_ARG, ctx=ast.Load()), slice=ast.Constant(k), ctx=ast.Load())
         path = "__".join(re.sub(r"\W", "_", str(s)) for _, s in steps[: i + 1])
         attr = path + GATHER_SUFFIX
         existing = _lookup(self.plan.cell, attr)
@@ -283,6 +301,13 @@ class _ChainRewriter(ast.NodeTransformer):
                 i, obj = self._resolve(steps)
                 if isinstance(obj, _Method) and i == len(steps) - 1:
                     self.planner.schedule(obj.cell, obj.name)
+                    self.mplan.calls.append((node, id(obj.cell), obj.name))
+                if i == -1:
+                    target = _follow(self.plan.cell, steps)
+                    if id(target) in self.planner.units and not isinstance(target, ZeroParamWrapper):
+                        # A Cell of a unit runs its construct in unit mode ([Note: gather units]).
+                        self.planner.schedule(target, "construct")
+                        self.mplan.calls.append((node, id(target), "construct"))
                 if i == -1 and isinstance(_follow(self.plan.cell, steps), ZeroParamWrapper):
                     # Hand-written ZeRO-3 code (`self.w_gather(self.w)`) already gathers: leave it.
                     self._mark_args(node)
@@ -329,6 +354,7 @@ class _ChainRewriter(ast.NodeTransformer):
                 key = f"{SUPER_PREFIX}{idx}_{method}"
                 self.planner.schedule(self.plan.cell, key, mro[idx], method)
                 self.mplan.super_keys.append(key)
+                self.mplan.calls.append((node, id(self.plan.cell), key))
                 node.func = ast.Attribute(value=ast.Name(id=self.self_name, ctx=ast.Load()), attr=key, ctx=ast.Load())
                 return self.generic_visit(node)
         raise _zero_error(f"calls super().{method} which no base class defines, in {self.where}.")
@@ -391,9 +417,10 @@ def _find_method(cls, method, start=None):
 class _Planner:
     """Step 1 and 2 of [Note: generic rewrite]: analyse every Cell, modify nothing."""
 
-    def __init__(self, network: nn.Cell, split_ids: Set[int], skip: Callable[[nn.Cell], bool]):
+    def __init__(self, network: nn.Cell, split_ids: Set[int], skip: Callable[[nn.Cell], bool], units=None):
         self.split_ids = split_ids
         self.skip = skip
+        self.units = units or {}  # id(cell) -> GatherUnit ([Note: gather units])
         self.paths = {id(c): name for name, c in network.cells_and_names()}
         self.plans: Dict[int, RewritePlan] = {}
         self.queue: List[Tuple[RewritePlan, _MethodPlan]] = []
@@ -425,12 +452,17 @@ class _Planner:
 
     def run(self, network):
         for _, cell in network.cells_and_names():
+            unit = self.units.get(id(cell))
+            if unit is not None and unit.root is not cell:
+                continue  # reached (in unit mode) through the calls of its unit's code
             if self.skip(cell):
                 self.referenced.update(id(p) for p in cell._params.values() if p is not None)
             else:
                 self.schedule(cell, "construct")
         while self.queue:
             self._analyse(*self.queue.pop())
+        if self.units:
+            thread_units(self)
         self._decide_emission()
         return [p for p in self.plans.values() if p.emitted() or p.reads]
 
@@ -451,7 +483,8 @@ class _Planner:
             changed = False
             for plan in self.plans.values():
                 for m in plan.methods.values():
-                    emit = m.tree is not None and (m.has_reads or any(plan.methods[k].emit for k in m.super_keys))
+                    emit = m.tree is not None and (m.has_reads or m.needs_unit or m.provides_unit
+                                                   or any(plan.methods[k].emit for k in m.super_keys))
                     if emit and not m.emit:
                         m.emit, changed = True, True
         for plan in self.plans.values():
@@ -463,7 +496,8 @@ class _Planner:
                     )
 
 
-def plan_rewrites(network: nn.Cell, split_ids: Set[int], skip: Callable[[nn.Cell], bool]) -> List[RewritePlan]:
+def plan_rewrites(network: nn.Cell, split_ids: Set[int], skip: Callable[[nn.Cell], bool],
+                  units=None) -> List[RewritePlan]:
     """Analyse ``network`` (step 1 and 2 of [Note: generic rewrite]); nothing is modified.
 
     Args:
@@ -471,6 +505,8 @@ def plan_rewrites(network: nn.Cell, split_ids: Set[int], skip: Callable[[nn.Cell
         split_ids: ``id()`` of every Parameter that will be split.
         skip: Cells whose own code is not analysed because they gather their parameters
             themselves (ZeRO-3 layer Cells, and Cells about to be replaced by one).
+        units: ``{id(cell): GatherUnit}`` from ``units.find_units`` for the Cells of gather units,
+            whose code is rewritten in unit mode ([Note: gather units] in ``units.py``); None: none.
 
     Returns:
         The plans of the Cells that need new methods or gather wrappers.
@@ -479,11 +515,12 @@ def plan_rewrites(network: nn.Cell, split_ids: Set[int], skip: Callable[[nn.Cell
         ValueError: for an unsupported use of a sharded parameter, or a sharded parameter that
             no analysed code reads (the message names the Cell, method and parameter).
     """
-    planner = _Planner(network, split_ids, skip)
+    planner = _Planner(network, split_ids, skip, units)
     plans = planner.run(network)
     missing = [p for p in _unique_params(network) if id(p) in split_ids and id(p) not in planner.referenced]
     if missing:
         notes = ("; code that could not be read: " + "; ".join(planner.unreadable)) if planner.unreadable else ""
+        notes += unreached_note(network, planner.units, missing)
         raise _zero_error(
             f"holds sharded parameters that no construct (or method it calls) reads as self.<attribute>: "
             f"{[p.name for p in missing]}. They would be used as shards or never synchronised. Read them as "

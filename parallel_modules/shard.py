@@ -15,13 +15,14 @@ from .layers import PARALLEL_MODULES, ZeroCell
 from .param_wrapper import ZeroParamWrapper, compute_dtype_of, shard_parameter
 from .reshard import apply_zeropp, check_reshard_after_forward, mark_reshard_after_forward
 from .rewrite import apply_rewrites, plan_rewrites
+from .units import attach_unit_gathers, check_gather_units, find_units
 
 __all__ = ["shard_network"]
 
 
 def shard_network(network: nn.Cell, group: Optional[str] = None, parallel_modules: Optional[Dict] = None,
                   special_cases_parallel_module: Optional[Dict] = None, reshard_after_forward: bool = True,
-                  zeropp=None) -> nn.Cell:
+                  zeropp=None, gather_units=None) -> nn.Cell:
     """Rewrite ``network`` in place for ZeRO-3 over ``group`` and return it.
 
     After the call every trainable Parameter with ``ndim >= 1`` not marked
@@ -83,6 +84,12 @@ def shard_network(network: nn.Cell, group: Optional[str] = None, parallel_module
             again for backward (True, 3Φ traffic), or keep it until its backward (False, 2Φ).
         zeropp: ZeRO++ options, a ``mindone_zero.ZeroPPConfig`` or a dict of its fields (qwZ, qgZ,
             hpZ; see ``mindone_zero/zeropp.py``); None: none.
+        gather_units: a tuple of Cell classes (FSDP's ``transformer_layer_cls``): each instance is a
+            unit whose split parameters are all-gathered in one collective when its forward starts
+            and reduce-scattered in one (per gather setting); with ``reshard_after_forward`` the unit
+            is the recomputed region. Cells inside a unit are not replaced by ``parallel_modules``
+            classes. See [Note: gather units] in ``units.py`` (what can be threaded, what raises).
+            None (default): each reading Cell gathers its own parameters.
 
     Returns:
         nn.Cell: the network (a new object only when the top Cell itself was replaced).
@@ -95,10 +102,17 @@ def shard_network(network: nn.Cell, group: Optional[str] = None, parallel_module
             generic path cannot rewrite (the message names the Cell, method and parameter), or
             holds state that cannot be carried (``Cell.shard``). These checks run before anything
             is modified.
+        TypeError / ValueError: ``gather_units`` not a tuple of Cell classes, combined with
+            ``zeropp``, naming a class with no instance, or a unit whose code cannot be threaded
+            ([Note: gather units]); also before anything is modified.
     """
     check_reshard_after_forward("shard_network", reshard_after_forward)
     zeropp = check_zeropp("shard_network", zeropp, 3, group, reshard_after_forward)
+    gather_units = check_gather_units("shard_network", gather_units, 3, zeropp)
     match = _check_args(network, group, parallel_modules, special_cases_parallel_module)
+    units = find_units(network, gather_units) if gather_units else {}
+    if units:
+        match = _outside_units(match, units)
     replaced = {id(c) for _, c in network.cells_and_names() if match(c) is not None}
     recomputed = _recompute_records(network, replaced)
     trainable = [p for _, p in network.parameters_and_names() if p.requires_grad]
@@ -107,7 +121,7 @@ def shard_network(network: nn.Cell, group: Optional[str] = None, parallel_module
     def skip(cell):
         return id(cell) in replaced or getattr(cell, "zero3_gathers_itself", False)
 
-    plans = plan_rewrites(network, split_ids, skip)
+    plans = plan_rewrites(network, split_ids, skip, units)
     network, new_cells = _replace_cells(network, match, group)
     for param in trainable:
         shard_parameter(param, group)
@@ -122,6 +136,8 @@ def shard_network(network: nn.Cell, group: Optional[str] = None, parallel_module
         return wrappers[key]
 
     apply_rewrites(plans, make_wrapper)
+    attach_unit_gathers(list({id(u): u for u in units.values()}.values()),
+                        lambda param, dtype: ZeroParamWrapper(param, group, dtype).gather)
     _restore_recompute(recomputed, new_cells)
     spread_recompute_scope(network)
     if reshard_after_forward:
@@ -129,6 +145,15 @@ def shard_network(network: nn.Cell, group: Optional[str] = None, parallel_module
     if zeropp is not None:
         apply_zeropp(network, zeropp)
     return network
+
+
+def _outside_units(match, units: dict):
+    """``match`` that leaves the Cells of gather units alone: the unit gathers their parameters."""
+
+    def outside(cell):
+        return None if id(cell) in units else match(cell)
+
+    return outside
 
 
 def _recompute_records(network: nn.Cell, replaced: set) -> list:

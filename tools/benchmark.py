@@ -72,13 +72,17 @@ BENCH_DEFAULTS = {
     "grad_bytes": 4,
     "optimizer_bytes": 8,
     "stage3_keep": True,  # also time stage 3 with reshard_after_forward=False (2Φ) next to the default (3Φ)
+    # also time stage 3 with these gather units (class names in tools/lm_model.py), "3 (units)"; []: not
+    "stage3_units": [],
 }
 RING = {"all_reduce": 2.0, "reduce_scatter": 1.0, "all_gather": 1.0, "broadcast": 1.0}
 PAPER_FACTOR = {0: 2, 1: 2, 2: 2, 3: 3}
 MEMORY_KINDS = ("params", "master_shards", "optimizer_states", "accumulation", "ema", "other")
 # The Dense stack (tools/dense_model.py), issue 11's 4 x Dense(1024, 1024) with AdamWeightDecay.
 DENSE_DEFAULTS = {"world_sizes": [2], "layers": 4, "width": 1024, "batch_per_rank": 32,
-                  "gradient_accumulation_steps": 1}
+                  "gradient_accumulation_steps": 1,
+                  # the "3 (units)" run's gather units for the Dense stack (tools/dense_model.py, then mindspore.nn)
+                  "stage3_units": ["Dense"]}
 
 
 def _fail(key, what, value):
@@ -122,6 +126,12 @@ def _check_dense(dense: dict) -> None:
     for key in ("layers", "width", "batch_per_rank", "gradient_accumulation_steps"):
         if not isinstance(dense[key], int) or isinstance(dense[key], bool) or dense[key] < 1:
             _fail(f"dense.{key}", "an integer >= 1", dense[key])
+    _check_names("dense.stage3_units", dense["stage3_units"])
+
+
+def _check_names(key: str, names) -> None:
+    if not isinstance(names, list) or any(not isinstance(n, str) or not n.isidentifier() for n in names):
+        _fail(key, "a list of Cell class names", names)
 
 
 def _check_bench(bench: dict) -> None:
@@ -134,6 +144,7 @@ def _check_bench(bench: dict) -> None:
         _fail("benchmark.mode", "'graph' or 'pynative'", bench["mode"])
     if not isinstance(bench["stage3_keep"], bool):
         _fail("benchmark.stage3_keep", "a bool", bench["stage3_keep"])
+    _check_names("benchmark.stage3_units", bench["stage3_units"])
     for key in ("timed_steps", "global_batch_size", "gradient_accumulation_steps", "timeout_s"):
         if not isinstance(bench[key], int) or bench[key] < 1:
             _fail(f"benchmark.{key}", "an integer >= 1", bench[key])
@@ -143,18 +154,27 @@ def _check_bench(bench: dict) -> None:
                   bench["global_batch_size"])
 
 
-def settings_of(bench: dict) -> List[Tuple[int, bool]]:
-    """``(zero_stage, reshard_after_forward)`` of every run: each stage of ``bench["stages"]`` with
-    the default (True), then stage 3 keeping its gathered weights when ``stage3_keep`` is set."""
-    settings = [(stage, True) for stage in bench["stages"]]
+def settings_of(bench: dict) -> List[Tuple[int, bool, bool]]:
+    """``(zero_stage, reshard_after_forward, gather units)`` of every run: each stage of
+    ``bench["stages"]`` with the default (True, no units), then stage 3 keeping its gathered weights
+    when ``stage3_keep`` is set, then stage 3 with gather units when ``stage3_units`` names some."""
+    settings = [(stage, True, False) for stage in bench["stages"]]
     if bench["stage3_keep"] and 3 in bench["stages"]:
-        settings.append((3, False))
+        settings.append((3, False, False))
+    if bench.get("stage3_units") and 3 in bench["stages"]:
+        settings.append((3, True, True))
     return settings
 
 
-def setting_name(stage: int, reshard: bool) -> str:
-    """File stem of a setting: ``stage3`` or, keeping gathered weights at stage 3, ``stage3_keep``."""
-    return f"stage{stage}" + ("_keep" if stage == 3 and not reshard else "")
+def setting_name(stage: int, reshard: bool, units: bool = False) -> str:
+    """File stem of a setting: ``stage3``; at stage 3 keeping gathered weights ``stage3_keep``, with
+    gather units ``stage3_units``."""
+    return f"stage{stage}" + ("_keep" if stage == 3 and not reshard else "") + ("_units" if units else "")
+
+
+def setting_label(stage: int, reshard: bool, units: bool = False) -> str:
+    """Row label of a setting: ``3``, ``3 (keep)``, ``3 (units)``."""
+    return str(stage) + (" (keep)" if stage == 3 and not reshard else "") + (" (units)" if units else "")
 
 
 # ----------------------------------------------------------------------------- communication model
@@ -269,8 +289,8 @@ def summarize(cfg: dict, out: Path, world: int, prefix: str = "") -> List[dict]:
     ``out`` (``prefix`` "dense_" for the Dense stack)."""
     bench = cfg["benchmark"]
     rows = []
-    for stage, reshard in settings_of(bench):
-        ranks = _load_ranks(out, prefix + setting_name(stage, reshard), world)
+    for stage, reshard, units in settings_of(bench):
+        ranks = _load_ranks(out, prefix + setting_name(stage, reshard, units), world)
         r0 = ranks[0]
         num_params = sum(_prod(p["shape"]) for p in r0["layout"])
         phi = sum(_prod(p["shape"]) * p["itemsize"] for p in r0["layout"])
@@ -280,7 +300,7 @@ def summarize(cfg: dict, out: Path, world: int, prefix: str = "") -> List[dict]:
         plan = [(e[0], e[2]) for e in r0["comm_plan"]]
         rows.append({
             "model": prefix.rstrip("_") or "lm", "world": world, "stage": stage,
-            "label": str(stage) if reshard or stage != 3 else "3 (keep)", "reshard_after_forward": reshard,
+            "label": setting_label(stage, reshard, units), "reshard_after_forward": reshard, "units": r0.get("units"),
             "effective_stage": r0["effective_stage"], "num_params": num_params,
             "phi_bytes": phi, "memory": {k: max(r["memory"][k] for r in ranks) for k in r0["memory"]},
             "memory_equal_on_ranks": all(r["memory"] == r0["memory"] for r in ranks), "estimate": estimate,
@@ -366,6 +386,11 @@ def _notes(rows: List[dict]) -> List[str]:
         "parameters again in backward, as ours does by default, `reshard_after_forward=True`; "
         "\"3 (keep)\" keeps the forward-gathered ones until backward: 2Φ).",
     ]
+    units = sorted({", ".join(r["units"]) for r in rows if r.get("units")})
+    if units:
+        notes.append(f"- \"3 (units)\": stage 3 with gather_units=({'; '.join(units)}): each unit's parameters in one "
+                     f"all-gather (again in backward's recompute) and one reduce-scatter ([Note: gather units] in "
+                     f"parallel_modules/units.py).")
     for r in rows:
         if r["effective_stage"] != r["stage"]:
             notes.append(f"- N={r['world']} stage {r['label']} ran as stage {r['effective_stage']} (fallback).")

@@ -5,7 +5,8 @@ For each (model, stage) it builds the model afresh, wraps it with ``prepare_trai
 measures this rank's model-state bytes (``measure_model_states``) and runs ``warmup_steps``
 optimizer steps (compilation); then it times ``timed_steps`` steps of every (model, stage) in
 turns, and writes ``<out>/stage{s}_rank{r}.json`` (``stage3_keep_rank{r}.json`` for stage 3 with
-``reshard_after_forward=False``, ``dense_`` in front for the Dense stack): the bytes by kind, the timed step durations, the shard layout of every parameter (for
+``reshard_after_forward=False``, ``stage3_units_rank{r}.json`` with gather units, ``dense_`` in front
+for the Dense stack): the bytes by kind, the timed step durations, the shard layout of every parameter (for
 the communication model in ``tools/benchmark.py``) and the library's own ``CommPlan`` when the
 train network has one.
 
@@ -32,6 +33,7 @@ from mindone_zero.memory_measure import measure_model_states  # noqa: E402
 from mindone_zero.partition import zero_spec_of  # noqa: E402
 from mindone_zero.train_step import _coalesced, _regathered  # noqa: E402
 from tools.benchmark import load_benchmark_config, settings_of, setting_name  # noqa: E402
+from tools import dense_model, lm_model  # noqa: E402
 from tools.dense_model import DenseLoss, build_dense, dense_batch  # noqa: E402
 from tools.lm_model import LMLoss, build_lm, init_lm_weights, reversal_batch  # noqa: E402
 
@@ -56,6 +58,18 @@ def _plan_entries(train_net) -> list:
     return [list(e) for e in entries]
 
 
+def _classes(names, *modules) -> tuple:
+    """The Cell classes called ``names``, each looked up in ``modules`` in order."""
+    found = []
+    for name in names:
+        cls = next((getattr(m, name) for m in modules if isinstance(getattr(m, name, None), type)), None)
+        if cls is None:
+            raise ValueError(f"For 'benchmark_worker', the gather unit class {name!r} is in none of "
+                             f"{[m.__name__ for m in modules]}.")
+        found.append(cls)
+    return tuple(found)
+
+
 class LMWorkload:
     """The demo LM of the config's ``model``/``data`` sections, with the ``benchmark`` settings."""
 
@@ -64,6 +78,8 @@ class LMWorkload:
     def __init__(self, cfg: dict, world: int):
         self.cfg = cfg
         bench = cfg["benchmark"]
+        self.unit_names = list(bench.get("stage3_units") or [])
+        self.units = _classes(self.unit_names, lm_model)
         self.accum, self.clip_grad = bench["gradient_accumulation_steps"], bench["clip_grad"]
         self.micro = bench["global_batch_size"] // (world * self.accum)
 
@@ -90,6 +106,8 @@ class DenseWorkload:
     def __init__(self, cfg: dict, world: int):
         self.cfg = cfg
         self.dense = cfg["dense"]
+        self.unit_names = list(self.dense.get("stage3_units") or [])
+        self.units = _classes(self.unit_names, dense_model, nn)
         self.accum, self.clip_grad = self.dense["gradient_accumulation_steps"], False
         self.world = world
 
@@ -109,13 +127,16 @@ class DenseWorkload:
 class StageRun:
     """One stage's train network of one workload on this rank: built, measured, stepped on demand."""
 
-    def __init__(self, workload, stage: int, reshard: bool, rank: int, world: int, out: Path):
+    def __init__(self, workload, setting: tuple, rank: int, world: int, out: Path):
+        stage, reshard, units = setting
         self.workload, self.stage, self.reshard, self.rank, self.world = workload, stage, reshard, rank, world
-        self.name = workload.prefix + setting_name(stage, reshard)
+        self.name = workload.prefix + setting_name(stage, reshard, units)
+        self.unit_names = workload.unit_names if units else None
         loss_net, optimizer = workload.build()
         self.train_net = prepare_train_network(
             loss_net, optimizer, zero_stage=stage, gradient_accumulation_steps=workload.accum,
             clip_grad=workload.clip_grad, reshard_after_forward=reshard,
+            gather_units=(workload.units or None) if units else None,
             params_split_info=str(out / "params_info" / self.name),
         )
         self.train_net.set_train(True)
@@ -136,7 +157,8 @@ class StageRun:
     def write(self, out: Path) -> None:
         """Write this rank's results to ``out/{prefix}stage{s}[_keep]_rank{r}.json`` (atomically)."""
         helper = self.train_net.zero_helper
-        result = {"stage": self.stage, "reshard_after_forward": self.reshard, "world": self.world,
+        result = {"stage": self.stage, "reshard_after_forward": self.reshard, "units": self.unit_names,
+                  "world": self.world,
                   "rank": self.rank, "memory": self.memory,
                   "step_times": self.times, "losses": self.losses, "layout": _layout(self.train_net),
                   "comm_plan": _plan_entries(self.train_net), "accum": self.workload.accum,
@@ -165,9 +187,9 @@ def run_all(cfg: dict, rank: int, world: int, out: Path) -> None:
     bench = cfg["benchmark"]
     runs = []
     for workload in workloads_for(cfg, world):
-        for stage, reshard in settings_of(bench):
+        for setting in settings_of(bench):
             t0 = time.perf_counter()
-            run = StageRun(workload, stage, reshard, rank, world, out)
+            run = StageRun(workload, setting, rank, world, out)
             for _ in range(bench["warmup_steps"]):
                 run.run_step(timed=False)
             runs.append(run)

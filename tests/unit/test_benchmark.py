@@ -44,11 +44,17 @@ def test_stage3_regathered_parameters_are_gathered_again_each_micro_step():
     assert native_collectives(layout, 2, 1, False) == native_collectives(LAYOUT, 2, 1, False)
 
 
-def test_settings_add_stage3_keeping_gathered_weights():
-    assert settings_of({"stages": [0, 1, 3], "stage3_keep": True}) == [(0, True), (1, True), (3, True), (3, False)]
-    assert settings_of({"stages": [0, 3], "stage3_keep": False}) == [(0, True), (3, True)]
-    assert settings_of({"stages": [0, 2], "stage3_keep": True}) == [(0, True), (2, True)]
-    assert [setting_name(3, True), setting_name(3, False), setting_name(0, True)] == ["stage3", "stage3_keep", "stage0"]
+def test_settings_add_stage3_keeping_gathered_weights_and_with_units():
+    assert settings_of({"stages": [0, 1, 3], "stage3_keep": True}) == [(0, True, False), (1, True, False),
+                                                                        (3, True, False), (3, False, False)]
+    assert settings_of({"stages": [0, 3], "stage3_keep": False}) == [(0, True, False), (3, True, False)]
+    assert settings_of({"stages": [0, 2], "stage3_keep": True}) == [(0, True, False), (2, True, False)]
+    assert settings_of({"stages": [0, 3], "stage3_keep": False, "stage3_units": ["Block"]}) == [
+        (0, True, False), (3, True, False), (3, True, True)]
+    assert settings_of({"stages": [0, 2], "stage3_keep": False, "stage3_units": ["Block"]}) == [
+        (0, True, False), (2, True, False)]
+    assert [setting_name(3, True), setting_name(3, False), setting_name(0, True), setting_name(3, True, True)] == [
+        "stage3", "stage3_keep", "stage0", "stage3_units"]
 
 
 def test_norm_all_reduce_only_when_clipping_at_stages_1_to_3():
@@ -80,12 +86,15 @@ def test_shipped_config():
     assert (bench["param_bytes"], bench["grad_bytes"], bench["optimizer_bytes"]) == (4, 4, 8)
     assert bench["gradient_accumulation_steps"] > 1  # so that gradients are held, as the formula counts them
     assert cfg["dense"] == {"world_sizes": [2], "layers": 4, "width": 1024, "batch_per_rank": 32,
-                            "gradient_accumulation_steps": 1}
+                            "gradient_accumulation_steps": 1, "stage3_units": ["Dense"]}
+    assert bench["stage3_units"] == ["Block", "TransformerLM"]
 
 
 @pytest.mark.parametrize("text,fragment", [
     ({"benchmark": {"stages": [1, 2]}}, "'benchmark.stages' must be a list of stages from [0, 1, 2, 3] including 0"),
     ({"benchmark": {"stage3_keep": "yes"}}, "'benchmark.stage3_keep' must be a bool, but got 'yes'"),
+    ({"benchmark": {"stage3_units": "Block"}}, "'benchmark.stage3_units' must be a list of Cell class names, but got"),
+    ({"dense": {"stage3_units": [3]}}, "'dense.stage3_units' must be a list of Cell class names, but got [3]"),
     ({"benchmark": {"world_sizes": [0]}}, "'benchmark.world_sizes' must be a non-empty list of integers >= 1"),
     ({"benchmark": {"global_batch_size": 12}}, "multiple of N x accumulation for N=4, but got 12"),
     ({"benchmark": {"speed": 1}}, "'benchmark.speed' must be one of"),
@@ -103,15 +112,15 @@ def test_bad_config(tmp_path, text, fragment):
     assert fragment in str(err.value)
 
 
-def _fake_results(folder, world, stage, step_time, memory, prefix="", plan=(), reshard=True):
+def _fake_results(folder, world, stage, step_time, memory, prefix="", plan=(), reshard=True, units=False):
     folder.mkdir(parents=True, exist_ok=True)
     layout = STAGE0_LAYOUT if stage == 0 else [dict(p, regathered=p["split"] and reshard and stage == 3)
                                                for p in LAYOUT]
     for rank in range(world):
         record = {"stage": stage, "world": world, "rank": rank, "memory": memory, "step_times": [step_time] * 3,
                   "losses": [3.0, 2.0], "layout": layout, "comm_plan": list(plan), "accum": 2, "clip_grad": True,
-                  "effective_stage": stage, "reshard_after_forward": reshard}
-        (folder / f"{prefix}{setting_name(stage, reshard)}_rank{rank}.json").write_text(json.dumps(record))
+                  "effective_stage": stage, "reshard_after_forward": reshard, "units": ["Block"] if units else None}
+        (folder / f"{prefix}{setting_name(stage, reshard, units)}_rank{rank}.json").write_text(json.dumps(record))
 
 
 def test_summary_report_and_chart(tmp_path):
@@ -123,16 +132,20 @@ def test_summary_report_and_chart(tmp_path):
         memory = dict(zip(kinds, parts + (0, 0)), total=sum(parts))
         _fake_results(tmp_path, 2, stage, 0.1 * (stage + 1), memory)
     _fake_results(tmp_path, 2, 3, 0.35, memory, reshard=False)
+    _fake_results(tmp_path, 2, 3, 0.3, memory, units=True)
+    assert cfg["benchmark"]["stage3_units"] == ["Block", "TransformerLM"]
     rows = summarize(cfg, tmp_path, 2)
     # (4+4+8)P, (4+4)P + 8P/2, 4P + (4+8)P/2, (4+4+8)P/2 with P = 16
-    assert [r["estimate"] for r in rows] == [256, 192, 160, 128, 128]
-    assert [round(r["memory_ratio"], 4) for r in rows] == [1.0, 1.1667, 1.2, 1.0, 1.0]
-    assert [round(r["time_ratio"], 6) for r in rows] == [1.0, 2.0, 3.0, 4.0, 3.5]
-    assert [r["label"] for r in rows] == ["0", "1", "2", "3", "3 (keep)"]
+    assert [r["estimate"] for r in rows] == [256, 192, 160, 128, 128, 128]
+    assert [round(r["memory_ratio"], 4) for r in rows] == [1.0, 1.1667, 1.2, 1.0, 1.0, 1.0]
+    assert [round(r["time_ratio"], 6) for r in rows] == [1.0, 2.0, 3.0, 4.0, 3.5, 3.0]
+    assert [r["label"] for r in rows] == ["0", "1", "2", "3", "3 (keep)", "3 (units)"]
     report = render_tables(cfg, rows)
     # 2 micro-steps: flags 2, gathers 2 x 2 (again in backward) or 2 x 1, reduce-scatters 2, the 0-d one 2, norm 1
     assert "| 2 | 3 | 0.1 KiB | 0.1 KiB | 1.000 | 400.0 ms | 4.00x | 11 |" in report
     assert "| 2 | 3 (keep) | 0.1 KiB | 0.1 KiB | 1.000 | 350.0 ms | 3.50x | 9 |" in report
+    assert "| 2 | 3 (units) | 0.1 KiB | 0.1 KiB | 1.000 | 300.0 ms | 3.00x | 11 |" in report
+    assert '"3 (units)": stage 3 with gather_units=(Block)' in report
     assert "| 2 | 1 | 64 | 32 | 64 | 64 | 0 | 0 | 224 |" in report
     png = tmp_path / "chart.png"
     has_matplotlib = importlib.util.find_spec("matplotlib") is not None
@@ -149,9 +162,11 @@ def test_dense_rows_are_read_from_their_own_files_and_tabled_against_stage_0(tmp
         _fake_results(tmp_path, 2, stage, 0.2 * (1 + stage / 10), memory, prefix="dense_", plan=plan)
     _fake_results(tmp_path, 2, 3, 9.9, memory, reshard=False)
     _fake_results(tmp_path, 2, 3, 0.2 * 1.25, memory, prefix="dense_", plan=plan, reshard=False)
+    _fake_results(tmp_path, 2, 3, 9.9, memory, units=True)
+    _fake_results(tmp_path, 2, 3, 0.2 * 1.15, memory, prefix="dense_", plan=plan, units=True)
     rows = summarize(cfg, tmp_path, 2, prefix="dense_")
-    assert [r["model"] for r in rows] == ["dense"] * 5
-    assert [round(r["time_ratio"], 6) for r in rows] == [1.0, 1.1, 1.2, 1.3, 1.25]
+    assert [r["model"] for r in rows] == ["dense"] * 6
+    assert [round(r["time_ratio"], 6) for r in rows] == [1.0, 1.1, 1.2, 1.3, 1.25, 1.15]
     table = render_dense_table(cfg, rows)
     assert table.startswith("4 x Dense(1024, 1024)")
     assert "| 2 | 2 | 240.0 ms | 1.20x | 2 |" in table

@@ -1,0 +1,149 @@
+"""Threading a unit's gathered tensors through its code: the last step of planning in unit mode.
+
+See [Note: gather units] in ``units.py``. ``_Planner`` (``rewrite.py``) has analysed every method
+reached from the unit roots' ``construct`` and rewritten each read of a unit parameter to
+``zero3_unit[k]``, recording every call of a method or Cell; here the methods that need the tuple
+get it as a keyword-only parameter, their calls pass it, and each root's ``construct`` gathers it.
+Nothing is modified outside the planned syntax trees.
+"""
+import ast
+from typing import List, Optional
+
+from .units import UNIT_ARG, UNIT_GATHER_ATTR, param_path
+
+__all__ = ["thread_units", "unreached_note"]
+
+
+def _error(msg: str) -> ValueError:
+    return ValueError(f"For 'shard_network', the argument 'gather_units' {msg}")
+
+
+def _method(planner, cell_id: int, key: str):
+    plan = planner.plans.get(cell_id)
+    return plan.methods.get(key) if plan is not None else None
+
+
+def _where(plan, m) -> str:
+    return f"{plan.path or '<top>'} ({plan.original_class.__name__}.{m.func.__name__})"
+
+
+def _needs_fixpoint(planner) -> None:
+    """``needs_unit``: the method reads a unit tensor or calls a method of its unit that needs one."""
+    changed = True
+    while changed:
+        changed = False
+        for plan in planner.plans.values():
+            unit = planner.units.get(id(plan.cell))
+            if unit is None:
+                continue
+            for key, m in plan.methods.items():
+                if m.tree is None or m.needs_unit:
+                    continue
+                uses = m.reads_unit or any(
+                    getattr(_method(planner, c, k), "needs_unit", False) and planner.units.get(c) is unit
+                    for _, c, k in m.calls)
+                if not uses:
+                    continue
+                if unit.root is plan.cell and key == "construct":
+                    m.provides_unit = True
+                else:
+                    m.needs_unit = changed = True
+
+
+def _check_free_name(plan, m) -> None:
+    code = m.func.__code__
+    if UNIT_ARG in code.co_varnames or UNIT_ARG in code.co_names:
+        raise _error(f"cannot rewrite {_where(plan, m)}: it already uses the name {UNIT_ARG!r}.")
+
+
+def _pass_tuple(planner, plan, m) -> None:
+    unit = planner.units.get(id(plan.cell))
+    for node, cell_id, key in m.calls:
+        callee = _method(planner, cell_id, key)
+        if callee is None or not callee.needs_unit:
+            continue
+        callee_unit = planner.units[cell_id]
+        if unit is not callee_unit or not (m.needs_unit or m.provides_unit):
+            callee_plan = planner.plans[cell_id]
+            raise _error(
+                f"makes {_where(callee_plan, callee)} part of the unit {callee_unit.describe()}, but "
+                f"{_where(plan, m)} calls it from outside that unit, where the unit's gathered parameters do "
+                f"not exist. Call the unit's Cells only from the unit's own code, or leave them out of units."
+            )
+        node.keywords.append(ast.keyword(arg=UNIT_ARG, value=ast.Name(id=UNIT_ARG, ctx=ast.Load())))
+
+
+def _chain(self_name: str, steps: List) -> ast.expr:
+    node: ast.expr = ast.Name(id=self_name, ctx=ast.Load())
+    for step in steps:
+        if isinstance(step, int):
+            node = ast.Subscript(value=node, slice=ast.Constant(step), ctx=ast.Load())
+        elif step.isidentifier():
+            node = ast.Attribute(value=node, attr=step, ctx=ast.Load())
+        else:
+            raise _error(f"cannot reach a parameter of the unit through the child name {step!r} (not an identifier).")
+    return node
+
+
+def _prologue(unit, tree: ast.FunctionDef) -> None:
+    """``zero3_unit = self.zero3_unit_gather((self.<path to p0>, ...))`` at the start of the root's construct."""
+    root = unit.root
+    if UNIT_GATHER_ATTR in root.__dict__ or UNIT_GATHER_ATTR in root._cells or hasattr(type(root), UNIT_GATHER_ATTR):
+        raise _error(f"cannot add {UNIT_GATHER_ATTR!r} to the unit {unit.describe()}: the Cell already has one.")
+    self_name = tree.args.args[0].arg
+    shards = []
+    for param, _ in unit.elements:
+        steps = param_path(root, param)
+        if steps is None:
+            raise _error(f"reads the parameter {param.name!r} in the unit {unit.describe()}, which the unit root "
+                         f"does not hold in its subtree.")
+        shards.append(_chain(self_name, steps))
+    call = ast.Call(func=ast.Attribute(value=ast.Name(id=self_name, ctx=ast.Load()), attr=UNIT_GATHER_ATTR,
+                                       ctx=ast.Load()),
+                    args=[ast.Tuple(elts=shards, ctx=ast.Load())], keywords=[])
+    stmt = ast.Assign(targets=[ast.Name(id=UNIT_ARG, ctx=ast.Store())], value=call, lineno=0)
+    body = tree.body
+    at = 1 if body and isinstance(body[0], ast.Expr) and isinstance(getattr(body[0], "value", None), ast.Constant) \
+        and isinstance(body[0].value.value, str) else 0
+    body.insert(at, stmt)
+
+
+def thread_units(planner) -> None:
+    """Give ``zero3_unit`` to the methods that need it, pass it at their calls, and gather it in each
+    unit root's ``construct`` ([Note: gather units]). Modifies only the planned syntax trees.
+
+    Raises:
+        ValueError: naming the Cell and method, for a call into a unit's code from outside the unit,
+            or a name the rewrite needs that the code already uses.
+    """
+    _needs_fixpoint(planner)
+    for plan in list(planner.plans.values()):
+        for m in plan.methods.values():
+            if m.tree is None:
+                continue
+            _pass_tuple(planner, plan, m)
+            if m.needs_unit or m.provides_unit:
+                _check_free_name(plan, m)
+            if m.needs_unit:
+                m.tree.args.kwonlyargs.append(ast.arg(arg=UNIT_ARG))
+                m.tree.args.kw_defaults.append(None)
+            if m.provides_unit:
+                _prologue(planner.units[id(plan.cell)], m.tree)
+
+
+def unreached_note(network, units: dict, missing: list) -> str:
+    """A hint for split parameters no analysed code reads, when they sit in gather units."""
+    if not units:
+        return ""
+    owners: Optional[dict] = {}
+    for path, cell in network.cells_and_names():
+        for p in cell._params.values():
+            if p is not None and any(p is q for q in missing) and id(cell) in units:
+                owners.setdefault(units[id(cell)].describe(), []).append(path or "<top>")
+    if not owners:
+        return ""
+    where = "; ".join(f"unit {u}: Cells {sorted(set(c))}" for u, c in owners.items())
+    return (f". Inside gather units ({where}) a Cell's code runs only when the unit's code calls it as "
+            f"self.<attribute>(...) (a loop over a CellList or SequentialCell, or getattr with a computed name, "
+            f"cannot be given the unit's gathered parameters; [Note: gather units] in parallel_modules/units.py): "
+            f"make such Cells units themselves or keep them out of units")

@@ -1,0 +1,299 @@
+"""Gather units: the split parameters a Cell's subtree reads, in one all-gather and one reduce-scatter.
+
+[Note: gather units]
+``shard_network(..., gather_units=(Block,))`` makes every instance of ``Block`` a unit, as FSDP's
+``transformer_layer_cls`` auto-wrap policy does: the split parameters read anywhere in the unit's
+subtree (nested units excepted) are all-gathered in ONE collective when the unit's forward starts,
+and their gradients are reduce-scattered in ONE collective (one of each per distinct gather
+setting: group, parameter dtype, compute dtype). As in [Note: coalesced gathers], a parameter whose
+padded tensor exceeds ``COALESCE_MAX_BYTES`` (1 MiB) is gathered alone, by its own ``_GatherShard``:
+it gains nothing from sharing a launch and would pay a copy into and out of the buffer (the
+benchmark's Dense(1024, 1024) stack measured 1.35x stage 0 with such copies, against 1.28x without
+units); so is an element alone in its setting. Without units, each reading Cell gathers its own
+(a Dense its weight and bias, coalesced; a LayerNorm gamma and beta, one each).
+
+Why the gathered tensors are threaded as an argument: MindSpore's graph CSE merges identical
+all-gathers after inlining, but autodiff expands each call site's custom ``bprop`` before that, so
+a unit's gather called once per reading Cell would still reduce-scatter once per Cell (each moving
+the whole unit). A coalesced backward needs exactly one call of the unit's gather in the code that
+autodiff sees, its outputs handed to the readers. (A shared mailbox object does not carry values in
+GRAPH_MODE.) So the generic rewrite ([Note: generic rewrite] in ``rewrite.py``) runs in *unit mode*
+for the Cells of a unit:
+
+* the unit root's ``construct`` starts with ``zero3_unit = self.zero3_unit_gather((self.<path to
+  p0>, self.<path to p1>, ...))``, a ``ZeroUnitGather`` over the unit's shards;
+* every read of a unit parameter in the unit's code becomes ``zero3_unit[k]``;
+* every method that reads one (directly or through the methods and child Cells it calls) gets a
+  keyword-only parameter ``zero3_unit``, and every call of it from the unit's code
+  (``self.child(...)``, ``self.child.m(...)``, ``self.m(...)``, ``super().m(...)``) passes
+  ``zero3_unit=zero3_unit``. The code is plain Python: GRAPH_MODE and PYNATIVE_MODE both run it.
+
+Cells inside a unit are not replaced by ``parallel_modules`` classes (their own ``construct`` runs,
+rewritten as above): the unit gathers their parameters. With ``reshard_after_forward=True`` the unit
+root is the Cell marked with ``recompute()`` ([Note: reshard after forward]), so backward gathers
+each unit once more, in one collective.
+
+Bit-identical to per-parameter gathers: the unit's buffer has the layout of [Note: coalesced
+gathers] (block r of the buffer is block r of every parameter), so every element is summed with the
+same partners. One exception: a parameter read at several places of one unit with
+``reshard_after_forward=True`` gets one gradient (summed by autodiff) reduce-scattered once, where
+per-reader wrappers reduce-scatter each reader's part and sum the shards: equal up to rounding.
+
+What raises (before anything is modified), naming the Cell and method: a Cell of a unit that reads
+split parameters but is not called as ``self.<attribute>(...)`` from the unit's code (a loop over a
+CellList or SequentialCell, ``getattr`` with a computed name): its reads cannot be given the unit's
+tensors; a method of a unit that reads them called from outside the unit; a Cell shared by two units
+or by a unit and the rest; a Cell that gathers its own parameters (a ``parallel_modules`` layer built
+by the user, ``zero3_gathers_itself``) inside a unit. Put such Cells outside the unit, or make the
+loop's Cells units themselves (``gather_units=(Block, Model)``: the Model's loop calls unit roots,
+which gather for themselves).
+
+Memory: a unit's parameters are all full at once (in forward, and again in backward's recompute), so
+``estimate_peak_memory``'s largest-layer term ``L`` is the largest unit's parameter count.
+"""
+from typing import Dict, List, Optional, Tuple
+
+import numpy as np
+from mindspore import Parameter, nn
+
+from .coalesce import COALESCE_MAX_BYTES, ZeroGatherGroup, _settings
+from .param_wrapper import _ITEMSIZE
+
+__all__ = ["GatherUnit", "ZeroUnitGather", "UNIT_ARG", "UNIT_GATHER_ATTR", "check_gather_units", "find_units",
+           "attach_unit_gathers", "unit_gathers"]
+
+UNIT_ARG = "zero3_unit"
+UNIT_GATHER_ATTR = "zero3_unit_gather"
+
+
+def check_gather_units(where: str, value, zero_stage: int = 3, zeropp=None) -> Optional[tuple]:
+    """Validate ``gather_units``; return it as a tuple of Cell classes, or None.
+
+    Raises:
+        TypeError: not None and not a non-empty tuple (or list) of ``nn.Cell`` subclasses.
+        ValueError: given with ``zero_stage`` below 3, or together with ZeRO++ options (``zeropp``).
+    """
+    if value is None:
+        return None
+    ok = isinstance(value, (tuple, list)) and len(value) > 0 and all(
+        isinstance(c, type) and issubclass(c, nn.Cell) for c in value)
+    if not ok:
+        raise TypeError(f"For '{where}', the argument 'gather_units' must be None or a non-empty tuple of Cell "
+                        f"classes, but got {value!r}.")
+    if zero_stage != 3:
+        raise ValueError(f"For '{where}', the argument 'gather_units' applies to zero_stage 3 only, but got "
+                         f"gather_units={value!r} with zero_stage={zero_stage}.")
+    if zeropp is not None:
+        raise ValueError(f"For '{where}', the argument 'gather_units' cannot be combined with ZeRO++ options "
+                         f"(zeropp={zeropp!r}): ZeRO++ gathers are per parameter; got gather_units={value!r}.")
+    return tuple(value)
+
+
+class GatherUnit:
+    """One unit found by ``find_units``: its root Cell and, once planned, its elements.
+
+    An element is a (split parameter, compute dtype) pair that the unit's code reads; ``index``
+    gives its position in the gathered tuple ``zero3_unit``.
+    """
+
+    def __init__(self, root: nn.Cell, path: str):
+        self.root, self.path = root, path
+        self.elements: List[Tuple[Parameter, object]] = []
+        self._index: Dict[tuple, int] = {}
+
+    def index(self, param: Parameter, compute_dtype) -> int:
+        """The position of ``param`` read in ``compute_dtype`` in the gathered tuple (added if new)."""
+        key = (id(param), compute_dtype)
+        if key not in self._index:
+            self._index[key] = len(self.elements)
+            self.elements.append((param, compute_dtype))
+        return self._index[key]
+
+    def describe(self) -> str:
+        return f"{self.path or '<top>'} ({type(self.root).__name__})"
+
+
+def _unit_error(where: str, msg: str) -> ValueError:
+    return ValueError(f"For '{where}', the argument 'gather_units' {msg}")
+
+
+def find_units(network: nn.Cell, classes: tuple, where: str = "shard_network") -> Dict[int, GatherUnit]:
+    """``{id(cell): its GatherUnit}`` for every Cell inside a unit (the roots included); nothing is modified.
+
+    Raises:
+        ValueError: a class has no instance in ``network``; a Cell is shared by two units or by a
+            unit and the rest of the network; a Cell inside a unit gathers its own parameters.
+    """
+    owner: Dict[int, Optional[GatherUnit]] = {}
+    found = set()
+
+    def walk(cell, path, unit):
+        if isinstance(cell, classes):
+            unit = GatherUnit(cell, path)
+            found.update(c for c in classes if isinstance(cell, c))
+        if id(cell) in owner:
+            if owner[id(cell)] is not unit:
+                raise _unit_error(where, f"puts the Cell {path or '<top>'!r} in two places: it is shared between "
+                                         f"units (or a unit and the rest of the network); a unit's Cells must be "
+                                         f"its own.")
+            return
+        owner[id(cell)] = unit
+        if unit is not None and getattr(cell, "zero3_gathers_itself", False):
+            raise _unit_error(where, f"contains the Cell {path!r} ({type(cell).__name__}) that gathers its own "
+                                     f"parameters, inside the unit {unit.describe()}; build the network from plain "
+                                     f"Cells (shard_network replaces them outside units) or keep it out of the unit.")
+        for name, child in cell._cells.items():
+            if child is not None and name != "_recompute_cell":  # MindSpore's wrapper of a recomputed Cell
+                walk(child, f"{path}.{name}" if path else name, unit)
+
+    walk(network, "", None)
+    missing = [c.__name__ for c in classes if c not in found]
+    if missing:
+        raise _unit_error(where, f"names classes with no instance in the network: {missing} (got {classes!r}).")
+    return {k: u for k, u in owner.items() if u is not None}
+
+
+def param_path(root: nn.Cell, param: Parameter) -> Optional[List]:
+    """Steps (attribute names, or int indices of CellLists) from ``root`` to ``param``; None if not found."""
+    seen = set()
+
+    def search(cell, steps):
+        if id(cell) in seen:
+            return None
+        seen.add(id(cell))
+        for name, p in cell._params.items():
+            if p is param:
+                return steps + [name]
+        for name, child in cell._cells.items():
+            if child is None or name == "_recompute_cell":
+                continue
+            step = int(name) if isinstance(cell, (nn.CellList, nn.SequentialCell)) and name.isdigit() else name
+            found = search(child, steps + [step])
+            if found is not None:
+                return found
+        return None
+
+    return search(root, [])
+
+
+class _UnitPart(ZeroGatherGroup):
+    """The elements of one unit with one gather setting: one all-gather, one reduce-scatter."""
+
+    def __init__(self, gathers: List, select: tuple):
+        super().__init__(gathers)
+        self.select = select
+
+    def construct(self, xs):
+        ys = ()
+        for i in self.select:
+            # PYNATIVE: a same-shape reshape gives the custom bprop the shard's real shape (see ZeroParamWrapper).
+            ys = ys + (xs[i].reshape(xs[i].shape),)
+        return self.gather(ys)
+
+
+class _UnitCasts(nn.Cell):
+    """Elements that need no collective (a group of one rank): cast to the compute dtype only."""
+
+    def __init__(self, gathers: List, select: tuple):
+        super().__init__(auto_prefix=False)
+        self.select = select
+        self.compute_dtype = gathers[0].compute_dtype
+        self.param_names = tuple(g.param_name for g in gathers)
+
+    def construct(self, xs):
+        ys = ()
+        for i in self.select:
+            ys = ys + (xs[i].astype(self.compute_dtype),)
+        return ys
+
+
+class _UnitSingle(nn.Cell):
+    """One large element gathered alone by its own ``_GatherShard`` (no copies into a buffer)."""
+
+    def __init__(self, gather, index: int):
+        super().__init__(auto_prefix=False)
+        self.gather = gather
+        self.index = index
+        self.param_names = (gather.param_name,)
+
+    def construct(self, xs):
+        x = xs[self.index]
+        # PYNATIVE: a same-shape reshape gives the custom bprop the shard's real shape (see ZeroParamWrapper).
+        return (self.gather(x.reshape(x.shape)),)
+
+
+class ZeroUnitGather(nn.Cell):
+    """All-gather a unit's shards: one collective per gather setting ([Note: gather units]).
+
+    ``construct(xs)`` takes the tuple of the unit's shards, in element order, and returns their full
+    tensors (padding dropped, compute dtype) in the same order, bit for bit what per-parameter
+    gathers return. Collective over the parameters' group. ``gathers``: one ``_GatherShard`` per
+    element (``param_wrapper.py``), used for its settings only.
+    """
+
+    def __init__(self, unit_path: str, gathers: List):
+        super().__init__(auto_prefix=False)
+        self.unit_path = unit_path
+        keyed: Dict[tuple, List[int]] = {}
+        parts, flat = [], []
+        for i, g in enumerate(gathers):
+            if g.gathers and _padded_bytes(g) > COALESCE_MAX_BYTES:
+                parts.append(_UnitSingle(g, i))
+                flat.append(i)
+            else:
+                keyed.setdefault(_settings(g) + (g.gathers,), []).append(i)
+        for key, idx in keyed.items():
+            members = [gathers[i] for i in idx]
+            if key[-1] and len(idx) == 1:
+                parts.append(_UnitSingle(members[0], idx[0]))
+            else:
+                parts.append(_UnitPart(members, tuple(idx)) if key[-1] else _UnitCasts(members, tuple(idx)))
+            flat += idx
+        self.parts = nn.CellList(parts)
+        self.order = tuple(flat.index(i) for i in range(len(gathers)))
+        self.param_names = tuple(g.param_name for g in gathers)
+
+    def construct(self, xs):
+        outs = ()
+        for part in self.parts:
+            outs = outs + part(xs)
+        res = ()
+        for i in self.order:
+            res = res + (outs[i],)
+        return res
+
+    def groups(self) -> List[ZeroGatherGroup]:
+        """The coalesced parts (for ``CommPlan``: one all-gather and one reduce-scatter each, with the
+        summed bytes); the elements gathered alone are counted per parameter."""
+        return [p for p in self.parts if isinstance(p, _UnitPart)]
+
+    def gathered_names(self) -> List[str]:
+        """Names of every element that is all-gathered (coalesced or alone)."""
+        return [n for p in self.parts if isinstance(p, (_UnitPart, _UnitSingle)) for n in p.param_names]
+
+
+def _padded_bytes(gather) -> int:
+    dtype = gather.compute_dtype if gather.cast_before_gather else gather.param_dtype
+    return int(np.prod(gather.spec.padded_shape)) * _ITEMSIZE.get(dtype, 4)
+
+
+def attach_unit_gathers(units: List[GatherUnit], make_gather) -> None:
+    """Give each unit root with elements its ``ZeroUnitGather`` (attribute ``zero3_unit_gather``).
+
+    ``make_gather(param, compute_dtype)`` returns the ``_GatherShard`` of a sharded parameter. Call
+    after the parameters are sharded. Not collective.
+    """
+    for unit in units:
+        if unit.elements:
+            gathers = [make_gather(p, dtype) for p, dtype in unit.elements]
+            setattr(unit.root, UNIT_GATHER_ATTR, ZeroUnitGather(unit.path, gathers))
+
+
+def unit_gathers(network: nn.Cell) -> List[ZeroUnitGather]:
+    """The ``ZeroUnitGather`` Cells of ``network``, each once. Not collective."""
+    found, seen = [], set()
+    for _, cell in network.cells_and_names():
+        if isinstance(cell, ZeroUnitGather) and id(cell) not in seen:
+            seen.add(id(cell))
+            found.append(cell)
+    return found

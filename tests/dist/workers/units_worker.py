@@ -1,0 +1,168 @@
+"""msrun worker: ZeRO-3 gather units ([Note: gather units] in parallel_modules/units.py) against the
+same training without units, per rank.
+
+Each case trains one network twice with ``prepare_train_network`` at stage 3 (2 micro-steps per
+optimizer step, gradient clipping, Adam): without ``gather_units`` and with them, from the same
+weights on the same batches, and writes ``<case>_rank<r>.json``: the losses at every micro-step of
+both runs, whether this rank's parameter shards are bit-identical after every step, and both
+``CommPlan``s (entries, and the unit gathers' buffer bytes) for the collective counts.
+
+Usage (from tests/dist/test_gather_units.py): ``msrun ... units_worker.py --out DIR --cases JSON``
+"""
+import argparse
+import json
+import os
+import sys
+
+import numpy as np
+import mindspore as ms
+from mindspore import Tensor, nn
+
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
+sys.path.insert(0, REPO)
+
+from mindone_zero import prepare_train_network  # noqa: E402
+from mindone_zero.comm import CommPlan, init_data_parallel  # noqa: E402
+from parallel_modules.units import unit_gathers  # noqa: E402
+from tools.lm_model import Block, LMLoss, TransformerLM, build_lm, init_lm_weights, reversal_batch  # noqa: E402
+
+LM = {"vocab_size": 32, "d_model": 64, "n_layers": 1, "d_ff": 128, "max_len": 16, "n_heads": 4}
+ACCUM, MICRO = 2, 2
+
+
+class MLP(nn.Cell):
+    """A Dense-holding Cell (the unit of the Dense stack): uneven shapes, a LayerNorm between."""
+
+    def __init__(self, d_in, d_hidden, d_out, fp16):
+        super().__init__()
+        self.fc1 = nn.Dense(d_in, d_hidden)
+        self.norm = nn.LayerNorm((d_hidden,))
+        self.fc2 = nn.Dense(d_hidden, d_out)
+        if fp16:  # the Dense layers compute in float16, the LayerNorm in float32: two gather settings
+            self.fc1.to_float(ms.float16)
+            self.fc2.to_float(ms.float16)
+
+    def construct(self, x):
+        return self.fc2(self.norm(self.fc1(x).astype(ms.float32))).astype(ms.float32)
+
+
+class DenseStack(nn.Cell):
+    def __init__(self, fp16):
+        super().__init__()
+        self.a = MLP(12, 7, 9, fp16)
+        self.b = MLP(9, 15, 5, fp16)
+        self.head = nn.Dense(5, 3)
+
+    def construct(self, x, y):
+        return ((self.head(self.b(self.a(x))) - y) ** 2).mean()
+
+
+class Wide(nn.Cell):
+    """A unit with one weight over 1 MiB (gathered alone) and small parameters (coalesced)."""
+
+    def __init__(self):
+        super().__init__()
+        self.fc = nn.Dense(520, 520)
+        self.norm = nn.LayerNorm((520,))
+
+    def construct(self, x, y):
+        return ((self.norm(self.fc(x)) - y) ** 2).mean()
+
+
+class WideLoss(nn.Cell):
+    def __init__(self):
+        super().__init__()
+        self.wide = Wide()
+
+    def construct(self, x, y):
+        return self.wide(x, y)
+
+
+def _init(net, seed):
+    rng = np.random.default_rng(seed)
+    for p in net.get_parameters():
+        p.set_data(Tensor((rng.standard_normal(p.shape) * 0.4).astype(np.float32), p.dtype))
+    return net
+
+
+def _build(case):
+    if case["model"] == "lm":
+        return LMLoss(init_lm_weights(build_lm(LM), 0))
+    if case["model"] == "wide":
+        return _init(WideLoss(), 0)
+    return _init(DenseStack(case.get("fp16", False)), 0)
+
+
+def _units(case):
+    names = {"Block": Block, "TransformerLM": TransformerLM, "MLP": MLP, "Wide": Wide}
+    return tuple(names[n] for n in case["units"])
+
+
+def _batches(case, step, rank, world):
+    """This rank's micro-batches of optimizer step ``step``."""
+    chunks = world * ACCUM
+    if case["model"] == "lm":
+        arrays = reversal_batch(1, step, MICRO * chunks, 8, LM["vocab_size"])
+    elif case["model"] == "wide":
+        rng = np.random.default_rng([4, step])
+        arrays = (rng.standard_normal((MICRO * chunks, 520)).astype(np.float32),
+                  rng.standard_normal((MICRO * chunks, 520)).astype(np.float32))
+    else:
+        rng = np.random.default_rng([3, step])
+        arrays = (rng.standard_normal((MICRO * chunks, 12)).astype(np.float32),
+                  rng.standard_normal((MICRO * chunks, 3)).astype(np.float32))
+    ks = [rank * ACCUM + m for m in range(ACCUM)]
+    return [tuple(Tensor(a[k * MICRO:(k + 1) * MICRO]) for a in arrays) for k in ks]
+
+
+def _train(case, units, rank, world, out):
+    net = _build(case)
+    opt = nn.Adam(net.trainable_params(), learning_rate=1e-2)
+    train = prepare_train_network(net, opt, zero_stage=3, gradient_accumulation_steps=ACCUM, clip_grad=True,
+                                  clip_norm=0.5, reshard_after_forward=case["reshard"], gather_units=units,
+                                  params_split_info=os.path.join(out, "split_info", case["name"] + str(bool(units))))
+    train.set_train(True)
+    losses, shards = [], []
+    for step in range(case["steps"]):
+        for inputs in _batches(case, step, rank, world):
+            loss, _, _ = train(*inputs)
+            losses.append(float(loss.asnumpy()))
+        shards.append([p.asnumpy().copy() for p in net.trainable_params()])
+    unit_entries = []  # each unit part's own collectives for one micro-step
+    for u in unit_gathers(train.network):
+        for g in u.groups():
+            part = CommPlan()
+            g.record(part, 1, False)
+            unit_entries.append([list(e) for e in part.entries])
+    return losses, shards, [list(e) for e in train.comm_plan.entries], unit_entries, train
+
+
+def run_case(case, rank, world, out):
+    ms.set_context(mode=ms.PYNATIVE_MODE if case.get("mode") == "pynative" else ms.GRAPH_MODE)
+    base_losses, base_shards, base_plan, _, _ = _train(case, None, rank, world, out)
+    losses, shards, plan, unit_entries, train = _train(case, _units(case), rank, world, out)
+    same = [len(a) == len(b) and all(x.shape == y.shape and np.array_equal(x, y) for x, y in zip(a, b))
+            for a, b in zip(base_shards, shards)]
+    parts = [len(u.groups()) for u in unit_gathers(train.network)]
+    return {"case": case["name"], "rank": rank, "world": world, "losses": losses, "base_losses": base_losses,
+            "shards_equal_each_step": same, "plan": plan, "base_plan": base_plan, "unit_entries": unit_entries,
+            "unit_parts": parts, "accum": ACCUM}
+
+
+def main():
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--out", required=True)
+    parser.add_argument("--cases", required=True)
+    args = parser.parse_args()
+    rank, world = init_data_parallel()
+    for case in json.loads(args.cases):
+        report = run_case(case, rank, world, args.out)
+        path = os.path.join(args.out, f"{case['name']}_rank{rank}.json")
+        with open(path + ".tmp", "w") as f:
+            json.dump(report, f)
+        os.replace(path + ".tmp", path)
+        print(f"rank {rank}: {case['name']} done", flush=True)
+
+
+if __name__ == "__main__":
+    main()
