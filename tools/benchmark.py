@@ -157,12 +157,17 @@ def _check_bench(bench: dict) -> None:
 def settings_of(bench: dict) -> List[Tuple[int, bool, bool]]:
     """``(zero_stage, reshard_after_forward, gather units)`` of every run: each stage of
     ``bench["stages"]`` with the default (True, no units), then stage 3 keeping its gathered weights
-    when ``stage3_keep`` is set, then stage 3 with gather units when ``stage3_units`` names some."""
+    when ``stage3_keep`` is set, then stage 3 with gather units when ``stage3_units`` names some (both
+    ways when ``stage3_keep`` is set too)."""
     settings = [(stage, True, False) for stage in bench["stages"]]
-    if bench["stage3_keep"] and 3 in bench["stages"]:
+    if 3 not in bench["stages"]:
+        return settings
+    if bench["stage3_keep"]:
         settings.append((3, False, False))
-    if bench.get("stage3_units") and 3 in bench["stages"]:
+    if bench.get("stage3_units"):
         settings.append((3, True, True))
+        if bench["stage3_keep"]:
+            settings.append((3, False, True))
     return settings
 
 
@@ -173,8 +178,9 @@ def setting_name(stage: int, reshard: bool, units: bool = False) -> str:
 
 
 def setting_label(stage: int, reshard: bool, units: bool = False) -> str:
-    """Row label of a setting: ``3``, ``3 (keep)``, ``3 (units)``."""
-    return str(stage) + (" (keep)" if stage == 3 and not reshard else "") + (" (units)" if units else "")
+    """Row label of a setting: ``3``, ``3 (keep)``, ``3 (units)``, ``3 (units, keep)``."""
+    marks = (["units"] if units else []) + (["keep"] if stage == 3 and not reshard else [])
+    return str(stage) + (f" ({', '.join(marks)})" if marks else "")
 
 
 # ----------------------------------------------------------------------------- communication model
@@ -390,7 +396,8 @@ def _notes(rows: List[dict]) -> List[str]:
     if units:
         notes.append(f"- \"3 (units)\": stage 3 with gather_units=({'; '.join(units)}): each unit's parameters in one "
                      f"all-gather (again in backward's recompute) and one reduce-scatter ([Note: gather units] in "
-                     f"parallel_modules/units.py).")
+                     f"parallel_modules/units.py); \"3 (units, keep)\" the same units with "
+                     f"reshard_after_forward=False.")
     for r in rows:
         if r["effective_stage"] != r["stage"]:
             notes.append(f"- N={r['world']} stage {r['label']} ran as stage {r['effective_stage']} (fallback).")

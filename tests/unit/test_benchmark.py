@@ -7,7 +7,7 @@ import pytest
 import yaml
 
 from tools.benchmark import (load_benchmark_config, native_collectives, plot, render_dense_table, render_tables,
-                             ring_volume, setting_name, settings_of, summarize)
+                             ring_volume, setting_label, setting_name, settings_of, summarize)
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -51,10 +51,14 @@ def test_settings_add_stage3_keeping_gathered_weights_and_with_units():
     assert settings_of({"stages": [0, 2], "stage3_keep": True}) == [(0, True, False), (2, True, False)]
     assert settings_of({"stages": [0, 3], "stage3_keep": False, "stage3_units": ["Block"]}) == [
         (0, True, False), (3, True, False), (3, True, True)]
+    assert settings_of({"stages": [0, 3], "stage3_keep": True, "stage3_units": ["Block"]}) == [
+        (0, True, False), (3, True, False), (3, False, False), (3, True, True), (3, False, True)]
     assert settings_of({"stages": [0, 2], "stage3_keep": False, "stage3_units": ["Block"]}) == [
         (0, True, False), (2, True, False)]
-    assert [setting_name(3, True), setting_name(3, False), setting_name(0, True), setting_name(3, True, True)] == [
-        "stage3", "stage3_keep", "stage0", "stage3_units"]
+    assert [setting_name(3, True), setting_name(3, False), setting_name(0, True), setting_name(3, True, True),
+            setting_name(3, False, True)] == ["stage3", "stage3_keep", "stage0", "stage3_units", "stage3_keep_units"]
+    assert [setting_label(3, False), setting_label(3, True, True), setting_label(3, False, True),
+            setting_label(2, True)] == ["3 (keep)", "3 (units)", "3 (units, keep)", "2"]
 
 
 def test_norm_all_reduce_only_when_clipping_at_stages_1_to_3():
@@ -133,18 +137,20 @@ def test_summary_report_and_chart(tmp_path):
         _fake_results(tmp_path, 2, stage, 0.1 * (stage + 1), memory)
     _fake_results(tmp_path, 2, 3, 0.35, memory, reshard=False)
     _fake_results(tmp_path, 2, 3, 0.3, memory, units=True)
+    _fake_results(tmp_path, 2, 3, 0.25, memory, reshard=False, units=True)
     assert cfg["benchmark"]["stage3_units"] == ["Block", "TransformerLM"]
     rows = summarize(cfg, tmp_path, 2)
     # (4+4+8)P, (4+4)P + 8P/2, 4P + (4+8)P/2, (4+4+8)P/2 with P = 16
-    assert [r["estimate"] for r in rows] == [256, 192, 160, 128, 128, 128]
-    assert [round(r["memory_ratio"], 4) for r in rows] == [1.0, 1.1667, 1.2, 1.0, 1.0, 1.0]
-    assert [round(r["time_ratio"], 6) for r in rows] == [1.0, 2.0, 3.0, 4.0, 3.5, 3.0]
-    assert [r["label"] for r in rows] == ["0", "1", "2", "3", "3 (keep)", "3 (units)"]
+    assert [r["estimate"] for r in rows] == [256, 192, 160, 128, 128, 128, 128]
+    assert [round(r["memory_ratio"], 4) for r in rows] == [1.0, 1.1667, 1.2, 1.0, 1.0, 1.0, 1.0]
+    assert [round(r["time_ratio"], 6) for r in rows] == [1.0, 2.0, 3.0, 4.0, 3.5, 3.0, 2.5]
+    assert [r["label"] for r in rows] == ["0", "1", "2", "3", "3 (keep)", "3 (units)", "3 (units, keep)"]
     report = render_tables(cfg, rows)
     # 2 micro-steps: flags 2, gathers 2 x 2 (again in backward) or 2 x 1, reduce-scatters 2, the 0-d one 2, norm 1
     assert "| 2 | 3 | 0.1 KiB | 0.1 KiB | 1.000 | 400.0 ms | 4.00x | 11 |" in report
     assert "| 2 | 3 (keep) | 0.1 KiB | 0.1 KiB | 1.000 | 350.0 ms | 3.50x | 9 |" in report
     assert "| 2 | 3 (units) | 0.1 KiB | 0.1 KiB | 1.000 | 300.0 ms | 3.00x | 11 |" in report
+    assert "| 2 | 3 (units, keep) | 0.1 KiB | 0.1 KiB | 1.000 | 250.0 ms | 2.50x | 9 |" in report
     assert '"3 (units)": stage 3 with gather_units=(Block)' in report
     assert "| 2 | 1 | 64 | 32 | 64 | 64 | 0 | 0 | 224 |" in report
     png = tmp_path / "chart.png"
@@ -164,9 +170,11 @@ def test_dense_rows_are_read_from_their_own_files_and_tabled_against_stage_0(tmp
     _fake_results(tmp_path, 2, 3, 0.2 * 1.25, memory, prefix="dense_", plan=plan, reshard=False)
     _fake_results(tmp_path, 2, 3, 9.9, memory, units=True)
     _fake_results(tmp_path, 2, 3, 0.2 * 1.15, memory, prefix="dense_", plan=plan, units=True)
+    _fake_results(tmp_path, 2, 3, 9.9, memory, reshard=False, units=True)
+    _fake_results(tmp_path, 2, 3, 0.2 * 1.05, memory, prefix="dense_", plan=plan, reshard=False, units=True)
     rows = summarize(cfg, tmp_path, 2, prefix="dense_")
-    assert [r["model"] for r in rows] == ["dense"] * 6
-    assert [round(r["time_ratio"], 6) for r in rows] == [1.0, 1.1, 1.2, 1.3, 1.25, 1.15]
+    assert [r["model"] for r in rows] == ["dense"] * 7
+    assert [round(r["time_ratio"], 6) for r in rows] == [1.0, 1.1, 1.2, 1.3, 1.25, 1.15, 1.05]
     table = render_dense_table(cfg, rows)
     assert table.startswith("4 x Dense(1024, 1024)")
     assert "| 2 | 2 | 240.0 ms | 1.20x | 2 |" in table
