@@ -101,3 +101,18 @@ class FactoredOptimizer(nn.Optimizer):
         for i in range(len(gradients)):
             ops.assign_sub(self._parameters[i], gradients[i] * lr)
         return True
+
+
+def snapshot_params(net):
+    """``{name: (shape, values)}`` of every Parameter of ``net``, copied."""
+    return {p.name: (tuple(p.shape), p.asnumpy().copy()) for p in net.get_parameters()}
+
+
+def assert_params_untouched(net, before):
+    """Every Parameter of ``net`` has the names, shapes and values of ``before`` (``snapshot_params``)
+    and no ZeRO shard spec: a rejected call modified nothing."""
+    after = snapshot_params(net)
+    assert after.keys() == before.keys()
+    for name, (shape, value) in before.items():
+        assert after[name][0] == shape and np.array_equal(after[name][1], value), name
+        assert getattr(net.parameters_dict()[name], "zero_spec", None) is None

@@ -6,7 +6,7 @@ import pytest
 import mindspore as ms
 from mindspore import Tensor, nn
 
-from models import LossNet, TinyNet, init_weights, make_optimizer
+from models import LossNet, TinyNet, assert_params_untouched, init_weights, make_optimizer, snapshot_params
 from mindone_zero import prepare_network, prepare_train_network
 from parallel_modules import Dense, shard_network
 from tools.lm_model import Block, TransformerLM, build_lm, init_lm_weights, reversal_batch
@@ -16,16 +16,8 @@ ms.set_device("CPU")
 LM = {"vocab_size": 32, "d_model": 16, "n_layers": 2, "d_ff": 24, "max_len": 16, "n_heads": 2}
 
 
-def _snapshot(net):
-    return {p.name: (tuple(p.shape), p.asnumpy().copy()) for p in net.get_parameters()}
-
-
 def _assert_untouched(net, before):
-    after = _snapshot(net)
-    assert after.keys() == before.keys()
-    for name, (shape, value) in before.items():
-        assert after[name][0] == shape and np.array_equal(after[name][1], value), name
-        assert getattr(net.parameters_dict()[name], "zero_spec", None) is None
+    assert_params_untouched(net, before)
     for _, cell in net.cells_and_names():
         assert "zero3_original_class" not in type(cell).__dict__
         assert not cell._has_config_recompute
@@ -39,7 +31,7 @@ def _lm():
 @pytest.mark.parametrize("where", ["shard_network", "prepare_network", "prepare_train_network"])
 def test_not_a_tuple_of_cell_classes(where, value, tmp_path):
     net = LossNet(init_weights(TinyNet()))
-    before = _snapshot(net)
+    before = snapshot_params(net)
     with pytest.raises(TypeError) as info:
         if where == "shard_network":
             shard_network(net, gather_units=value)
@@ -70,7 +62,7 @@ def test_stage_below_3(stage, tmp_path):
 
 def test_not_with_zeropp():
     net = LossNet(init_weights(TinyNet()))
-    before = _snapshot(net)
+    before = snapshot_params(net)
     with pytest.raises(ValueError, match="For 'shard_network', the argument 'gather_units' cannot be combined with "
                                          "ZeRO\\+\\+ options"):
         shard_network(net, zeropp={"quantize_weights": True}, gather_units=(TinyNet,))
@@ -79,7 +71,7 @@ def test_not_with_zeropp():
 
 def test_class_without_instance():
     net = _lm()
-    before = _snapshot(net)
+    before = snapshot_params(net)
     with pytest.raises(ValueError, match=r"For 'shard_network', the argument 'gather_units' names classes with no "
                                          r"instance in the network: \['TinyNet'\]"):
         shard_network(net, gather_units=(Block, TinyNet))
@@ -151,7 +143,7 @@ class _Prebuilt(nn.Cell):
 ])
 def test_code_that_cannot_be_threaded(make, units, text):
     net = make()
-    before = _snapshot(net)
+    before = snapshot_params(net)
     with pytest.raises(ValueError, match=text) as info:
         shard_network(net, gather_units=units)
     assert "gather_units" in str(info.value) or "no construct" in str(info.value)

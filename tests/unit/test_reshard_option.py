@@ -1,9 +1,8 @@
 """reshard_after_forward: a value that is not a bool raises before anything is modified."""
-import numpy as np
 import pytest
 import mindspore as ms
 
-from models import LossNet, TinyNet, init_weights, make_optimizer
+from models import LossNet, TinyNet, assert_params_untouched, init_weights, make_optimizer, snapshot_params
 from mindone_zero import prepare_network, prepare_train_network
 from parallel_modules import shard_network
 
@@ -18,23 +17,15 @@ BAD = [
 ]
 
 
-def _snapshot(net):
-    return {p.name: (tuple(p.shape), p.asnumpy().copy()) for p in net.get_parameters()}
-
-
 def _assert_untouched(net, before):
-    after = _snapshot(net)
-    assert after.keys() == before.keys()
-    for name, (shape, value) in before.items():
-        assert after[name][0] == shape and np.array_equal(after[name][1], value), name
-        assert getattr(net.parameters_dict()[name], "zero_spec", None) is None
+    assert_params_untouched(net, before)
     assert not any(c._has_config_recompute for _, c in net.cells_and_names())
 
 
 @pytest.mark.parametrize("value,error,text", BAD)
 def test_prepare_train_network_rejects(value, error, text, tmp_path):
     net = LossNet(init_weights(TinyNet()))
-    before = _snapshot(net)
+    before = snapshot_params(net)
     with pytest.raises(error) as info:
         prepare_train_network(net, make_optimizer(net.trainable_params()), zero_stage=3, reshard_after_forward=value,
                               params_split_info=str(tmp_path / "info"))
@@ -49,7 +40,7 @@ def test_prepare_train_network_rejects(value, error, text, tmp_path):
                                          (lambda n, v: shard_network(n, reshard_after_forward=v), "shard_network")])
 def test_prepare_network_and_shard_network_reject(entry, where, value, error, text):
     net = LossNet(init_weights(TinyNet()))
-    before = _snapshot(net)
+    before = snapshot_params(net)
     with pytest.raises(error) as info:
         entry(net, value)
     assert str(info.value).startswith(f"For '{where}', the argument 'reshard_after_forward' must be a bool")
