@@ -203,8 +203,9 @@ class Job:
 
         from mindone_zero import EMA, prepare_train_network
         from mindone_zero.comm import GroupComm
+        from tools import lm_model
         from tools.lm_model import LMLoss, build_lm, init_lm_weights
-        from tools.train_config import per_rank_batch
+        from tools.train_config import per_rank_batch, unit_names
 
         self.cfg, self.rank, self.world = cfg, rank, world
         train = cfg["train"]
@@ -221,6 +222,8 @@ class Job:
             self.loss_net, optimizer, scale_sense=scale, ema=ema,
             gradient_accumulation_steps=train["gradient_accumulation_steps"], clip_grad=train["clip_grad"],
             clip_norm=train["clip_norm"], zero_stage=train["zero_stage"],
+            reshard_after_forward=train["reshard_after_forward"],
+            gather_units=tuple(getattr(lm_model, name) for name in unit_names(train["gather_units"])) or None,
             params_split_info=str(self.out / "params_info"),
         )
         self.train_net.set_train(True)

@@ -13,7 +13,7 @@ from typing import Any, Dict, Optional
 import yaml
 
 __all__ = ["DEFAULTS", "add_override_flags", "load_config", "build_config", "check_config", "per_rank_batch",
-           "overrides_from_args"]
+           "overrides_from_args", "unit_names", "UNIT_CLASSES"]
 
 DEFAULTS: Dict[str, Dict[str, Any]] = {
     "model": {"vocab_size": 32, "d_model": 64, "n_layers": 2, "n_heads": 4, "d_ff": 128, "max_len": 16},
@@ -23,6 +23,8 @@ DEFAULTS: Dict[str, Dict[str, Any]] = {
         "device": "CPU",
         "mode": "graph",
         "zero_stage": 3,
+        "reshard_after_forward": True,
+        "gather_units": "",
         "steps": 100,
         "global_batch_size": 32,
         "gradient_accumulation_steps": 1,
@@ -42,6 +44,7 @@ DEFAULTS: Dict[str, Dict[str, Any]] = {
 }
 
 OPTIMIZERS = ("adamw", "adam", "momentum", "sgd")
+UNIT_CLASSES = ("Block", "Attention", "TransformerLM")  # tools/lm_model.py Cells that can be gather units
 MODES = ("graph", "pynative")
 _SECTION_OF = {key: section for section, keys in DEFAULTS.items() for key in keys}
 assert len(_SECTION_OF) == sum(len(keys) for keys in DEFAULTS.values()), "config keys must be unique"
@@ -145,6 +148,10 @@ def check_config(cfg: Dict[str, Dict[str, Any]]) -> None:
 
     _require(train["zero_stage"] in STAGES, "zero_stage", f"one of {list(STAGES)}", train["zero_stage"])
     _require(train["mode"] in MODES, "mode", f"one of {list(MODES)}", train["mode"])
+    units = unit_names(train["gather_units"])
+    _require(all(name in UNIT_CLASSES for name in units), "gather_units",
+             f"empty or comma-separated names from {list(UNIT_CLASSES)}", train["gather_units"])
+    _require(not units or train["zero_stage"] == 3, "gather_units", "empty below zero_stage 3", train["gather_units"])
     _require(train["optimizer"] in OPTIMIZERS, "optimizer", f"one of {list(OPTIMIZERS)}", train["optimizer"])
     _require(train["steps"] >= 1, "steps", ">= 1", train["steps"])
     _require(train["gradient_accumulation_steps"] >= 1, "gradient_accumulation_steps", ">= 1",
@@ -155,6 +162,11 @@ def check_config(cfg: Dict[str, Dict[str, Any]]) -> None:
     _require(0 < train["ema_decay"] < 1, "ema_decay", "in (0, 1)", train["ema_decay"])
     _require(train["ckpt_interval"] >= 0, "ckpt_interval", ">= 0 (0: no checkpoints)", train["ckpt_interval"])
     _require(train["global_batch_size"] >= 1, "global_batch_size", ">= 1", train["global_batch_size"])
+
+
+def unit_names(text: str) -> list:
+    """``gather_units`` ("Block,TransformerLM") as a list of names; [] for an empty string."""
+    return [name.strip() for name in text.split(",") if name.strip()]
 
 
 def per_rank_batch(cfg: Dict[str, Dict[str, Any]], world: int) -> int:

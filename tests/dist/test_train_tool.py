@@ -5,7 +5,10 @@ ZeRO stage 3 (the default), 6 steps with checkpoints at steps 3 and 6:
 
 * straight: 6 steps in one run;
 * resumed: a copy of the straight run's output without its step-6 checkpoint, continued with
-  ``--resume`` from step 3 in a new job that shares nothing with the first but the files.
+  ``--resume`` from step 3 in a new job that shares nothing with the first but the files, and
+  with ``--gather_units Block,TransformerLM``: gather units change no bit of the losses or the
+  parameters ([Note: gather units]), so the resumed curve is still the straight run's, and the
+  checkpoint written without units loads into the network with units.
 """
 import json
 import os
@@ -62,7 +65,7 @@ def resumed(straight, tmp_path_factory):
     out = tmp_path_factory.mktemp("train_tool") / "resumed"
     shutil.copytree(straight[0], out, ignore=shutil.ignore_patterns("msrun_logs"))
     shutil.rmtree(out / "ckpt" / "step_00000006")
-    result = _train(out, "--resume")
+    result = _train(out, "--resume", "--gather_units", "Block,TransformerLM")
     assert result.returncode == 0, _explain(result, out)
     return out, result.stdout
 

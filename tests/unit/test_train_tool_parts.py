@@ -12,7 +12,7 @@ from mindspore import Tensor
 from tools import train
 from tools.estimate_memory import count_params_from_config
 from tools.lm_model import SEP, LMLoss, build_lm, init_lm_weights, reversal_batch
-from tools.train_config import DEFAULTS, build_config, load_config, per_rank_batch
+from tools.train_config import DEFAULTS, build_config, load_config, per_rank_batch, unit_names
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -39,6 +39,13 @@ def test_yaml_then_command_line_win_over_defaults(tmp_path):
     assert cfg["train"]["optimizer"] == DEFAULTS["train"]["optimizer"]
 
 
+def test_stage3_options_from_the_command_line():
+    cfg = load_config(str(CONFIG), {"gather_units": " Block, TransformerLM", "reshard_after_forward": False})
+    assert unit_names(cfg["train"]["gather_units"]) == ["Block", "TransformerLM"]
+    assert cfg["train"]["reshard_after_forward"] is False
+    assert unit_names(DEFAULTS["train"]["gather_units"]) == [] and DEFAULTS["train"]["reshard_after_forward"] is True
+
+
 def test_shipped_config_loads_and_is_the_default_demo():
     cfg = load_config(str(CONFIG), {})
     assert cfg["train"]["zero_stage"] == 3 and cfg["train"]["world_size"] == 2
@@ -55,6 +62,12 @@ def test_shipped_config_loads_and_is_the_default_demo():
     ({"train": {"ema_decay": 1.0}}, "'ema_decay' must be in (0, 1), but got 1.0"),
     ({"train": {"mode": "eager"}}, "'mode' must be one of ['graph', 'pynative'], but got 'eager'"),
     ({"train": {"ckpt_interval": -1}}, "'ckpt_interval' must be >= 0"),
+    ({"train": {"gather_units": "Block,Dense"}},
+     "'gather_units' must be empty or comma-separated names from ['Block', 'Attention', 'TransformerLM'], but got "
+     "'Block,Dense'"),
+    ({"train": {"zero_stage": 2, "gather_units": "Block"}}, "'gather_units' must be empty below zero_stage 3, but got "
+     "'Block'"),
+    ({"train": {"reshard_after_forward": "no"}}, "'train.reshard_after_forward' from the config must be a bool"),
 ])
 def test_bad_config_names_key_and_value(loaded, fragment):
     with pytest.raises(ValueError) as err:
