@@ -168,12 +168,18 @@ def _settings(gather) -> tuple:
     return (gather.group_name, gather.group_size, gather.param_dtype, gather.compute_dtype, gather.zeropp)
 
 
+def gathered_nbytes(gather) -> int:
+    """Bytes of one parameter's gathered (padded) tensor, in the dtype it is all-gathered in."""
+    from .param_wrapper import _ITEMSIZE
+
+    dtype = gather.compute_dtype if gather.cast_before_gather else gather.param_dtype
+    return int(np.prod(gather.spec.padded_shape)) * _ITEMSIZE.get(dtype, 4)
+
+
 def build_gather_group(wrappers: Sequence, max_bytes: int = COALESCE_MAX_BYTES) -> Optional[ZeroGatherGroup]:
     """A ``ZeroGatherGroup`` for ``wrappers`` (``ZeroParamWrapper``), or None when they cannot be
     coalesced as one: fewer than two, one that does not all-gather, settings that differ, a padded
     tensor over ``max_bytes``, or ZeRO++ options ([Note: coalesced gathers]). Not collective."""
-    from .param_wrapper import _ITEMSIZE
-
     if len(wrappers) < 2:
         return None
     gathers = []
@@ -181,8 +187,7 @@ def build_gather_group(wrappers: Sequence, max_bytes: int = COALESCE_MAX_BYTES) 
         gather = getattr(w, "gather", None)
         if gather is None or not gather.gathers or gather.zeropp is not None or w.hpz:
             return None
-        dtype = gather.compute_dtype if gather.cast_before_gather else gather.param_dtype
-        if int(np.prod(gather.spec.padded_shape)) * _ITEMSIZE.get(dtype, 4) > max_bytes:
+        if gathered_nbytes(gather) > max_bytes:
             return None
         gathers.append(gather)
     if len({_settings(g) for g in gathers}) != 1:

@@ -53,11 +53,9 @@ Memory: a unit's parameters are all full at once (in forward, and again in backw
 """
 from typing import Dict, List, Optional, Tuple
 
-import numpy as np
 from mindspore import Parameter, nn
 
-from .coalesce import COALESCE_MAX_BYTES, ZeroGatherGroup, _settings
-from .param_wrapper import _ITEMSIZE
+from .coalesce import COALESCE_MAX_BYTES, ZeroGatherGroup, _settings, gathered_nbytes
 
 __all__ = ["GatherUnit", "ZeroUnitGather", "UNIT_ARG", "UNIT_GATHER_ATTR", "check_gather_units", "find_units",
            "attach_unit_gathers", "unit_gathers"]
@@ -237,7 +235,7 @@ class ZeroUnitGather(nn.Cell):
         keyed: Dict[tuple, List[int]] = {}
         parts, flat = [], []
         for i, g in enumerate(gathers):
-            if g.gathers and _padded_bytes(g) > COALESCE_MAX_BYTES:
+            if g.gathers and gathered_nbytes(g) > COALESCE_MAX_BYTES:
                 parts.append(_UnitSingle(g, i))
                 flat.append(i)
             else:
@@ -270,11 +268,6 @@ class ZeroUnitGather(nn.Cell):
     def gathered_names(self) -> List[str]:
         """Names of every element that is all-gathered (coalesced or alone)."""
         return [n for p in self.parts if isinstance(p, (_UnitPart, _UnitSingle)) for n in p.param_names]
-
-
-def _padded_bytes(gather) -> int:
-    dtype = gather.compute_dtype if gather.cast_before_gather else gather.param_dtype
-    return int(np.prod(gather.spec.padded_shape)) * _ITEMSIZE.get(dtype, 4)
 
 
 def attach_unit_gathers(units: List[GatherUnit], make_gather) -> None:
