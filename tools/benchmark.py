@@ -28,6 +28,9 @@ The Dense stack (config section ``dense``, default 4 x Dense(1024, 1024), 4.2M p
 tensors, AdamWeightDecay, batch 32 per rank, at N=2) gets a table of its own: the median step
 per stage and its ratio to stage 0, with the library's collectives per step. Its few large
 tensors show what a stage costs per byte, where the LM's many small ones show the cost per launch.
+``idle_collectives: [k]`` adds rows "0 (+k idle collectives)" to the LM's table: stage 0 with k
+4-byte all-reduces per step that touch nothing, the cost of synchronisation alone (for where the
+rest of a step's time goes, see ``tools/profile_step.py``).
 
 Writes ``benchmark.md`` (the tables), ``results.json`` and, if matplotlib is installed
 (``pip install -e .[plot]``), ``benchmark.png`` into ``--out``; prints the tables. ``--zeropp``
@@ -74,6 +77,12 @@ BENCH_DEFAULTS = {
     "stage3_keep": True,  # also time stage 3 with reshard_after_forward=False (2Φ) next to the default (3Φ)
     # also time stage 3 with these gather units (class names in tools/lm_model.py), "3 (units)"; []: not
     "stage3_units": [],
+    # also time stage 0 of the demo LM with k extra 4-byte all-reduces per optimizer step for each k here,
+    # "0 (+k idle collectives)": what synchronisation alone costs next to stage 0; [] to skip
+    "idle_collectives": [],
+    # bind each rank's threads to one core (rank mod cores), as each rank has a device of its own on a
+    # cluster; False lets the ranks' threads share all cores, competing with each other
+    "pin_ranks": False,
 }
 RING = {"all_reduce": 2.0, "reduce_scatter": 1.0, "all_gather": 1.0, "broadcast": 1.0}
 PAPER_FACTOR = {0: 2, 1: 2, 2: 2, 3: 3}
@@ -142,44 +151,54 @@ def _check_bench(bench: dict) -> None:
         _fail("benchmark.stages", f"a list of stages from {list(STAGES)} including 0 (the baseline)", stages)
     if bench["mode"] not in ("graph", "pynative"):
         _fail("benchmark.mode", "'graph' or 'pynative'", bench["mode"])
-    if not isinstance(bench["stage3_keep"], bool):
-        _fail("benchmark.stage3_keep", "a bool", bench["stage3_keep"])
+    for key in ("stage3_keep", "pin_ranks"):
+        if not isinstance(bench[key], bool):
+            _fail(f"benchmark.{key}", "a bool", bench[key])
     _check_names("benchmark.stage3_units", bench["stage3_units"])
     for key in ("timed_steps", "global_batch_size", "gradient_accumulation_steps", "timeout_s"):
         if not isinstance(bench[key], int) or bench[key] < 1:
             _fail(f"benchmark.{key}", "an integer >= 1", bench[key])
+    idle, per_step = bench["idle_collectives"], 2 * bench["gradient_accumulation_steps"]
+    if not isinstance(idle, list) or any(not isinstance(k, int) or isinstance(k, bool) or k < 1 or k % per_step
+                                         for k in idle):
+        _fail("benchmark.idle_collectives", f"a list of positive multiples of 2 x gradient_accumulation_steps "
+              f"({per_step}: as many in forward as in backward at every micro-step)", idle)
     for n in sizes:
         if bench["global_batch_size"] % (n * bench["gradient_accumulation_steps"]):
             _fail("benchmark.global_batch_size", f"a multiple of N x accumulation for N={n}",
                   bench["global_batch_size"])
 
 
-def settings_of(bench: dict) -> List[Tuple[int, bool, bool]]:
-    """``(zero_stage, reshard_after_forward, gather units)`` of every run: each stage of
-    ``bench["stages"]`` with the default (True, no units), then stage 3 keeping its gathered weights
-    when ``stage3_keep`` is set, then stage 3 with gather units when ``stage3_units`` names some (both
-    ways when ``stage3_keep`` is set too)."""
-    settings = [(stage, True, False) for stage in bench["stages"]]
-    if 3 not in bench["stages"]:
-        return settings
-    if bench["stage3_keep"]:
-        settings.append((3, False, False))
-    if bench.get("stage3_units"):
-        settings.append((3, True, True))
+def settings_of(bench: dict, idle: bool = True) -> List[Tuple[int, bool, bool, int]]:
+    """``(zero_stage, reshard_after_forward, gather units, idle collectives)`` of every run: each
+    stage of ``bench["stages"]`` with the default (True, no units, 0), then stage 3 keeping its
+    gathered weights when ``stage3_keep`` is set, then stage 3 with gather units when
+    ``stage3_units`` names some (both ways when ``stage3_keep`` is set too), then, when ``idle``
+    (the demo LM), stage 0 with each count of ``idle_collectives``."""
+    settings = [(stage, True, False, 0) for stage in bench["stages"]]
+    if 3 in bench["stages"]:
         if bench["stage3_keep"]:
-            settings.append((3, False, True))
+            settings.append((3, False, False, 0))
+        if bench.get("stage3_units"):
+            settings.append((3, True, True, 0))
+            if bench["stage3_keep"]:
+                settings.append((3, False, True, 0))
+    if idle:
+        settings += [(0, True, False, k) for k in bench.get("idle_collectives") or []]
     return settings
 
 
-def setting_name(stage: int, reshard: bool, units: bool = False) -> str:
+def setting_name(stage: int, reshard: bool, units: bool = False, idle: int = 0) -> str:
     """File stem of a setting: ``stage3``; at stage 3 keeping gathered weights ``stage3_keep``, with
-    gather units ``stage3_units``."""
-    return f"stage{stage}" + ("_keep" if stage == 3 and not reshard else "") + ("_units" if units else "")
+    gather units ``stage3_units``; with idle collectives ``stage0_idle8``."""
+    return (f"stage{stage}" + ("_keep" if stage == 3 and not reshard else "") + ("_units" if units else "")
+            + (f"_idle{idle}" if idle else ""))
 
 
-def setting_label(stage: int, reshard: bool, units: bool = False) -> str:
-    """Row label of a setting: ``3``, ``3 (keep)``, ``3 (units)``, ``3 (units, keep)``."""
+def setting_label(stage: int, reshard: bool, units: bool = False, idle: int = 0) -> str:
+    """Row label of a setting: ``3``, ``3 (keep)``, ``3 (units)``, ``3 (units, keep)``, ``0 (+8 idle collectives)``."""
     marks = (["units"] if units else []) + (["keep"] if stage == 3 and not reshard else [])
+    marks += [f"+{idle} idle collectives"] if idle else []
     return str(stage) + (f" ({', '.join(marks)})" if marks else "")
 
 
@@ -249,8 +268,10 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def run_world(config_path: str, world: int, out: Path, timeout_s: int) -> None:
-    """One msrun job with ``world`` CPU workers running every stage; results in ``out``.
+def run_world(config_path: str, world: int, out: Path, timeout_s: int, worker: str = "benchmark_worker.py",
+              worker_args: Sequence[str] = (), what: str = "benchmark") -> None:
+    """One msrun job with ``world`` CPU workers running ``tools/<worker>`` (by default every stage
+    of the benchmark) with ``--config``, ``--out`` and ``worker_args``; results in ``out``.
 
     Raises:
         RuntimeError: the job failed or timed out (with the tail of the worker logs).
@@ -260,8 +281,8 @@ def run_world(config_path: str, world: int, out: Path, timeout_s: int) -> None:
         stale.unlink()  # never report an earlier run's numbers
     log_dir = out / "msrun_logs"
     cmd = ["msrun", f"--worker_num={world}", f"--local_worker_num={world}", f"--master_port={_free_port()}",
-           f"--log_dir={log_dir}", "--join=True", str(REPO / "tools" / "benchmark_worker.py"),
-           "--config", str(Path(config_path).resolve()), "--out", str(out.resolve())]
+           f"--log_dir={log_dir}", "--join=True", str(REPO / "tools" / worker),
+           "--config", str(Path(config_path).resolve()), "--out", str(out.resolve()), *worker_args]
     env = dict(os.environ, GLOG_v=os.environ.get("GLOG_v", "3"))
     env["PYTHONPATH"] = os.pathsep.join([str(REPO), env.get("PYTHONPATH", "")])
     with open(out / "msrun.out", "w") as log:
@@ -278,8 +299,8 @@ def run_world(config_path: str, world: int, out: Path, timeout_s: int) -> None:
             lines = [t for t in path.read_text(errors="replace").splitlines()
                      if not t.startswith(("[WARNING]", "[INFO]"))]
             tails.append(f"--- {path}\n" + "\n".join(lines[-30:]))
-        what = f"timed out after {timeout_s}s" if code is None else f"exited with {code}"
-        raise RuntimeError(f"For 'benchmark', the msrun job with N={world} {what}.\n" + "\n".join(tails))
+        outcome = f"timed out after {timeout_s}s" if code is None else f"exited with {code}"
+        raise RuntimeError(f"For '{what}', the msrun job with N={world} {outcome}.\n" + "\n".join(tails))
 
 
 def _load_ranks(out: Path, stem: str, world: int) -> List[dict]:
@@ -295,8 +316,8 @@ def summarize(cfg: dict, out: Path, world: int, prefix: str = "") -> List[dict]:
     ``out`` (``prefix`` "dense_" for the Dense stack)."""
     bench = cfg["benchmark"]
     rows = []
-    for stage, reshard, units in settings_of(bench):
-        ranks = _load_ranks(out, prefix + setting_name(stage, reshard, units), world)
+    for stage, reshard, units, idle in settings_of(bench, idle=not prefix):
+        ranks = _load_ranks(out, prefix + setting_name(stage, reshard, units, idle), world)
         r0 = ranks[0]
         num_params = sum(_prod(p["shape"]) for p in r0["layout"])
         phi = sum(_prod(p["shape"]) * p["itemsize"] for p in r0["layout"])
@@ -306,7 +327,8 @@ def summarize(cfg: dict, out: Path, world: int, prefix: str = "") -> List[dict]:
         plan = [(e[0], e[2]) for e in r0["comm_plan"]]
         rows.append({
             "model": prefix.rstrip("_") or "lm", "world": world, "stage": stage,
-            "label": setting_label(stage, reshard, units), "reshard_after_forward": reshard, "units": r0.get("units"),
+            "label": setting_label(stage, reshard, units, idle), "reshard_after_forward": reshard, "units": r0.get("units"),
+            "idle": idle, "losses": r0["losses"],
             "effective_stage": r0["effective_stage"], "num_params": num_params,
             "phi_bytes": phi, "memory": {k: max(r["memory"][k] for r in ranks) for k in r0["memory"]},
             "memory_equal_on_ranks": all(r["memory"] == r0["memory"] for r in ranks), "estimate": estimate,
@@ -316,14 +338,30 @@ def summarize(cfg: dict, out: Path, world: int, prefix: str = "") -> List[dict]:
             "library_plan_collectives": len(plan) if plan else None,
             "paper_volume": PAPER_FACTOR[stage] * phi, "first_loss": r0["losses"][0], "last_loss": r0["losses"][-1],
         })
-    base = next(r["step_time"] for r in rows if r["stage"] == 0)
+    stage0 = next(r for r in rows if r["stage"] == 0 and not r["idle"])
+    base = stage0["step_time"]
     for row in rows:
+        if row["idle"] and row["losses"] != stage0["losses"]:
+            raise RuntimeError(f"For 'benchmark', N={world} stage 0 with {row['idle']} idle collectives gave other "
+                               f"losses than stage 0: {row['losses'][:4]} against {stage0['losses'][:4]}: the idle "
+                               f"all-reduces must not touch the computation.")
         row["time_ratio"] = row["step_time"] / base
         row["memory_ratio"] = row["memory"]["total"] / row["estimate"]
     return rows
 
 
 # ----------------------------------------------------------------------------- report
+def _placement(bench: dict) -> str:
+    return "each rank pinned to a core" if bench["pin_ranks"] else "ranks sharing all cores"
+
+
+def _calls(row: dict) -> int:
+    """Collectives per optimizer step: the library's ``CommPlan`` (buckets counted as one) when the
+    train network has one, else the per-tensor count of ``native_collectives``; idle all-reduces added."""
+    calls = row["library_plan_collectives"] if row["library_plan_collectives"] is not None else row["collectives"]
+    return calls + row["idle"]
+
+
 def _kib(n: float) -> str:
     return f"{n / 1024:.1f} KiB"
 
@@ -336,17 +374,18 @@ def render_tables(cfg: dict, rows: List[dict]) -> str:
         f"Demo LM ({rows[0]['num_params']} parameters, Φ = {rows[0]['phi_bytes']} B of fp32 parameters), Adam, "
         f"global batch {bench['global_batch_size']}, {bench['gradient_accumulation_steps']} micro-steps per "
         f"optimizer step, {bench['mode']} mode, {bench['timed_steps']} timed steps after {bench['warmup_steps']} "
-        f"warm-up, CPU backend.",
+        f"warm-up, CPU backend, {_placement(bench)}.",
         "",
         f"| N | stage | model states / rank | estimate ({p}+{g}+{k} B) | measured / estimate | median step | "
-        f"vs stage 0 | collectives / step | native bytes / step / rank | in Φ' | in Φ' at 1 micro-step | paper |",
+        f"vs stage 0 | collectives / step (library) | native bytes / step / rank | in Φ' | in Φ' at 1 micro-step | "
+        f"paper |",
         "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for r in rows:
         unit = r["phi_bytes"] * (r["world"] - 1) / r["world"]  # Φ' = Φ (N-1)/N: the paper's Φ on N ranks
         lines.append(
             f"| {r['world']} | {r['label']} | {_kib(r['memory']['total'])} | {_kib(r['estimate'])} | "
-            f"{r['memory_ratio']:.3f} | {r['step_time'] * 1e3:.1f} ms | {r['time_ratio']:.2f}x | {r['collectives']} | "
+            f"{r['memory_ratio']:.3f} | {r['step_time'] * 1e3:.1f} ms | {r['time_ratio']:.2f}x | {_calls(r)} | "
             f"{_kib(r['volume'])} | {r['volume'] / unit:.2f}Φ' | {r['volume_a1'] / unit:.2f}Φ' | "
             f"{PAPER_FACTOR[r['stage']]}Φ |"
         )
@@ -366,15 +405,15 @@ def render_dense_table(cfg: dict, rows: List[dict]) -> str:
     lines = [
         f"{dense['layers']} x Dense({dense['width']}, {dense['width']}) ({rows[0]['num_params']} parameters), "
         f"AdamWeightDecay, batch {dense['batch_per_rank']} per rank, {dense['gradient_accumulation_steps']} "
-        f"micro-step(s) per optimizer step, {cfg['benchmark']['mode']} mode, timed in turns with the demo LM.",
+        f"micro-step(s) per optimizer step, {cfg['benchmark']['mode']} mode, {_placement(cfg['benchmark'])}, timed in "
+        f"turns with the demo LM.",
         "",
         "| N | stage | median step | vs stage 0 | collectives / step (library) | native bytes / step / rank |",
         "|---:|---:|---:|---:|---:|---:|",
     ]
     for r in rows:
-        calls = r["library_plan_collectives"] if r["library_plan_collectives"] is not None else r["collectives"]
         lines.append(f"| {r['world']} | {r['label']} | {r['step_time'] * 1e3:.1f} ms | {r['time_ratio']:.2f}x | "
-                     f"{calls} | {_kib(r['volume'])} |")
+                     f"{_calls(r)} | {_kib(r['volume'])} |")
     return "\n".join(lines)
 
 
@@ -398,6 +437,12 @@ def _notes(rows: List[dict]) -> List[str]:
                      f"all-gather (again in backward's recompute) and one reduce-scatter ([Note: gather units] in "
                      f"parallel_modules/units.py); \"3 (units, keep)\" the same units with "
                      f"reshard_after_forward=False.")
+    idle = sorted({r["idle"] for r in rows if r.get("idle")})
+    if idle:
+        notes.append(f"- \"0 (+k idle collectives)\": stage 0 with k extra 4-byte all-reduces per optimizer step (k = "
+                     f"{', '.join(map(str, idle))}), as many in forward as in backward at every micro-step, that touch "
+                     f"no value (the losses are checked equal to stage 0's): what synchronising the ranks k more "
+                     f"times costs on this backend, with no bytes to move and no kernel added to the model's work.")
     for r in rows:
         if r["effective_stage"] != r["stage"]:
             notes.append(f"- N={r['world']} stage {r['label']} ran as stage {r['effective_stage']} (fallback).")

@@ -25,7 +25,7 @@ if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
 import mindspore as ms  # noqa: E402
-from mindspore import Tensor, nn  # noqa: E402
+from mindspore import Tensor, nn, ops  # noqa: E402
 
 from mindone_zero import prepare_train_network  # noqa: E402
 from mindone_zero.comm import init_data_parallel  # noqa: E402
@@ -68,6 +68,55 @@ def _classes(names, *modules) -> tuple:
                              f"{[m.__name__ for m in modules]}.")
         found.append(cls)
     return tuple(found)
+
+
+class _IdleAllReduces(nn.Cell):
+    """``count`` 4-byte all-reduces, one after the other, after ``x`` is computed; returns ``x``
+    untouched. Collective over the world group."""
+
+    def __init__(self, count: int):
+        super().__init__()
+        self.count = count
+        self.all_reduce = ops.AllReduce()
+        self.one = Tensor([1.0], ms.float32)
+
+    def construct(self, x):
+        token = self.one
+        for _ in range(self.count):
+            token = self.all_reduce(ops.depend(token, x))  # runs once x is computed, and in sequence
+        return ops.depend(x, token)
+
+
+class _IdleAtBackward(nn.Cell):
+    """Identity whose backward starts with ``count`` idle all-reduces on the incoming gradient."""
+
+    def __init__(self, count: int):
+        super().__init__()
+        self.syncs = _IdleAllReduces(count)
+
+    def construct(self, x):
+        return x
+
+    def bprop(self, x, out, dout):
+        return (self.syncs(dout),)
+
+
+class IdleCollectives(nn.Cell):
+    """A loss network with ``forward`` idle all-reduces before its forward starts (on its first
+    input) and ``backward`` at the start of its backward, per call (micro-step), so that forward's
+    compute lies between them, as between a unit's all-gather and reduce-scatter: stage 0 plus
+    synchronisation and nothing else ("0 (+k idle collectives)" in ``tools/benchmark.py``).
+    Values are untouched."""
+
+    def __init__(self, network: nn.Cell, forward: int, backward: int):
+        super().__init__()
+        self.network = network
+        self.before_forward = _IdleAllReduces(forward)
+        self.at_backward = _IdleAtBackward(backward)
+
+    def construct(self, *inputs):
+        first = self.before_forward(inputs[0])
+        return self.at_backward(self.network(first, *inputs[1:]))
 
 
 class LMWorkload:
@@ -128,11 +177,14 @@ class StageRun:
     """One stage's train network of one workload on this rank: built, measured, stepped on demand."""
 
     def __init__(self, workload, setting: tuple, rank: int, world: int, out: Path):
-        stage, reshard, units = setting
+        stage, reshard, units, idle = setting
         self.workload, self.stage, self.reshard, self.rank, self.world = workload, stage, reshard, rank, world
-        self.name = workload.prefix + setting_name(stage, reshard, units)
+        self.name = workload.prefix + setting_name(stage, reshard, units, idle)
         self.unit_names = workload.unit_names if units else None
         loss_net, optimizer = workload.build()
+        if idle:  # idle // accum per micro-step, half of them in forward, half in backward
+            per_pass = idle // (2 * workload.accum)
+            loss_net = IdleCollectives(loss_net, per_pass, per_pass)
         self.train_net = prepare_train_network(
             loss_net, optimizer, zero_stage=stage, gradient_accumulation_steps=workload.accum,
             clip_grad=workload.clip_grad, reshard_after_forward=reshard,
@@ -187,7 +239,7 @@ def run_all(cfg: dict, rank: int, world: int, out: Path) -> None:
     bench = cfg["benchmark"]
     runs = []
     for workload in workloads_for(cfg, world):
-        for setting in settings_of(bench):
+        for setting in settings_of(bench, idle=not workload.prefix):
             t0 = time.perf_counter()
             run = StageRun(workload, setting, rank, world, out)
             for _ in range(bench["warmup_steps"]):
@@ -201,6 +253,19 @@ def run_all(cfg: dict, rank: int, world: int, out: Path) -> None:
         run.write(out)
 
 
+def pin_to_core(rank: int) -> int:
+    """Bind every thread of this process, and so the threads it starts later, to one CPU core:
+    ``rank`` modulo the cores this process may use. Returns the core."""
+    cores = sorted(os.sched_getaffinity(0))
+    core = cores[rank % len(cores)]
+    for tid in os.listdir("/proc/self/task"):
+        try:
+            os.sched_setaffinity(int(tid), {core})
+        except OSError:  # the thread ended in between
+            pass
+    return core
+
+
 def main(argv=None) -> int:
     """Worker entry point (under msrun): every stage of ``--config``, results in ``--out``."""
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
@@ -209,6 +274,8 @@ def main(argv=None) -> int:
     args = parser.parse_args(argv)
     cfg = load_benchmark_config(args.config)
     rank, world = init_data_parallel()
+    if cfg["benchmark"]["pin_ranks"]:
+        pin_to_core(rank)
     ms.set_context(mode=ms.GRAPH_MODE if cfg["benchmark"]["mode"] == "graph" else ms.PYNATIVE_MODE)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)

@@ -44,21 +44,26 @@ def test_stage3_regathered_parameters_are_gathered_again_each_micro_step():
     assert native_collectives(layout, 2, 1, False) == native_collectives(LAYOUT, 2, 1, False)
 
 
-def test_settings_add_stage3_keeping_gathered_weights_and_with_units():
-    assert settings_of({"stages": [0, 1, 3], "stage3_keep": True}) == [(0, True, False), (1, True, False),
-                                                                        (3, True, False), (3, False, False)]
-    assert settings_of({"stages": [0, 3], "stage3_keep": False}) == [(0, True, False), (3, True, False)]
-    assert settings_of({"stages": [0, 2], "stage3_keep": True}) == [(0, True, False), (2, True, False)]
+def test_settings_add_stage3_keeping_gathered_weights_with_units_and_idle_collectives():
+    assert settings_of({"stages": [0, 1, 3], "stage3_keep": True}) == [(0, True, False, 0), (1, True, False, 0),
+                                                                        (3, True, False, 0), (3, False, False, 0)]
+    assert settings_of({"stages": [0, 3], "stage3_keep": False}) == [(0, True, False, 0), (3, True, False, 0)]
+    assert settings_of({"stages": [0, 2], "stage3_keep": True}) == [(0, True, False, 0), (2, True, False, 0)]
     assert settings_of({"stages": [0, 3], "stage3_keep": False, "stage3_units": ["Block"]}) == [
-        (0, True, False), (3, True, False), (3, True, True)]
+        (0, True, False, 0), (3, True, False, 0), (3, True, True, 0)]
     assert settings_of({"stages": [0, 3], "stage3_keep": True, "stage3_units": ["Block"]}) == [
-        (0, True, False), (3, True, False), (3, False, False), (3, True, True), (3, False, True)]
+        (0, True, False, 0), (3, True, False, 0), (3, False, False, 0), (3, True, True, 0), (3, False, True, 0)]
     assert settings_of({"stages": [0, 2], "stage3_keep": False, "stage3_units": ["Block"]}) == [
-        (0, True, False), (2, True, False)]
+        (0, True, False, 0), (2, True, False, 0)]
+    idle = {"stages": [0, 1], "stage3_keep": True, "idle_collectives": [4, 8]}
+    assert settings_of(idle) == [(0, True, False, 0), (1, True, False, 0), (0, True, False, 4), (0, True, False, 8)]
+    assert settings_of(idle, idle=False) == [(0, True, False, 0), (1, True, False, 0)]  # the Dense stack's
     assert [setting_name(3, True), setting_name(3, False), setting_name(0, True), setting_name(3, True, True),
-            setting_name(3, False, True)] == ["stage3", "stage3_keep", "stage0", "stage3_units", "stage3_keep_units"]
+            setting_name(3, False, True), setting_name(0, True, False, 8)] == [
+        "stage3", "stage3_keep", "stage0", "stage3_units", "stage3_keep_units", "stage0_idle8"]
     assert [setting_label(3, False), setting_label(3, True, True), setting_label(3, False, True),
-            setting_label(2, True)] == ["3 (keep)", "3 (units)", "3 (units, keep)", "2"]
+            setting_label(2, True), setting_label(0, True, False, 8)] == [
+        "3 (keep)", "3 (units)", "3 (units, keep)", "2", "0 (+8 idle collectives)"]
 
 
 def test_norm_all_reduce_only_when_clipping_at_stages_1_to_3():
@@ -92,12 +97,20 @@ def test_shipped_config():
     assert cfg["dense"] == {"world_sizes": [2], "layers": 4, "width": 1024, "batch_per_rank": 32,
                             "gradient_accumulation_steps": 1, "stage3_units": ["Dense"]}
     assert bench["stage3_units"] == ["Block", "TransformerLM"]
+    assert bench["idle_collectives"] == [8]  # as many as "3 (units, keep)" adds to stage 0's 3
+    assert bench["pin_ranks"] is True
 
 
 @pytest.mark.parametrize("text,fragment", [
     ({"benchmark": {"stages": [1, 2]}}, "'benchmark.stages' must be a list of stages from [0, 1, 2, 3] including 0"),
     ({"benchmark": {"stage3_keep": "yes"}}, "'benchmark.stage3_keep' must be a bool, but got 'yes'"),
+    ({"benchmark": {"pin_ranks": 1}}, "'benchmark.pin_ranks' must be a bool, but got 1"),
     ({"benchmark": {"stage3_units": "Block"}}, "'benchmark.stage3_units' must be a list of Cell class names, but got"),
+    ({"benchmark": {"idle_collectives": [6]}}, "'benchmark.idle_collectives' must be a list of positive multiples of "
+                                               "2 x gradient_accumulation_steps (4: as many in forward as in backward "
+                                               "at every micro-step), but got [6]"),
+    ({"benchmark": {"idle_collectives": 8}}, "'benchmark.idle_collectives' must be a list of positive multiples"),
+    ({"benchmark": {"idle_collectives": [True]}}, "'benchmark.idle_collectives' must be a list of positive multiples"),
     ({"dense": {"stage3_units": [3]}}, "'dense.stage3_units' must be a list of Cell class names, but got [3]"),
     ({"benchmark": {"world_sizes": [0]}}, "'benchmark.world_sizes' must be a non-empty list of integers >= 1"),
     ({"benchmark": {"global_batch_size": 12}}, "multiple of N x accumulation for N=4, but got 12"),
@@ -116,15 +129,16 @@ def test_bad_config(tmp_path, text, fragment):
     assert fragment in str(err.value)
 
 
-def _fake_results(folder, world, stage, step_time, memory, prefix="", plan=(), reshard=True, units=False):
+def _fake_results(folder, world, stage, step_time, memory, prefix="", plan=(), reshard=True, units=False, idle=0,
+                  losses=(3.0, 2.0)):
     folder.mkdir(parents=True, exist_ok=True)
     layout = STAGE0_LAYOUT if stage == 0 else [dict(p, regathered=p["split"] and reshard and stage == 3)
                                                for p in LAYOUT]
     for rank in range(world):
         record = {"stage": stage, "world": world, "rank": rank, "memory": memory, "step_times": [step_time] * 3,
-                  "losses": [3.0, 2.0], "layout": layout, "comm_plan": list(plan), "accum": 2, "clip_grad": True,
+                  "losses": list(losses), "layout": layout, "comm_plan": list(plan), "accum": 2, "clip_grad": True,
                   "effective_stage": stage, "reshard_after_forward": reshard, "units": ["Block"] if units else None}
-        (folder / f"{prefix}{setting_name(stage, reshard, units)}_rank{rank}.json").write_text(json.dumps(record))
+        (folder / f"{prefix}{setting_name(stage, reshard, units, idle)}_rank{rank}.json").write_text(json.dumps(record))
 
 
 def test_summary_report_and_chart(tmp_path):
@@ -138,13 +152,16 @@ def test_summary_report_and_chart(tmp_path):
     _fake_results(tmp_path, 2, 3, 0.35, memory, reshard=False)
     _fake_results(tmp_path, 2, 3, 0.3, memory, units=True)
     _fake_results(tmp_path, 2, 3, 0.25, memory, reshard=False, units=True)
+    stage0_memory = dict(zip(kinds, totals[0] + (0, 0)), total=sum(totals[0]))
+    _fake_results(tmp_path, 2, 0, 0.15, stage0_memory, idle=8)
     assert cfg["benchmark"]["stage3_units"] == ["Block", "TransformerLM"]
     rows = summarize(cfg, tmp_path, 2)
     # (4+4+8)P, (4+4)P + 8P/2, 4P + (4+8)P/2, (4+4+8)P/2 with P = 16
-    assert [r["estimate"] for r in rows] == [256, 192, 160, 128, 128, 128, 128]
-    assert [round(r["memory_ratio"], 4) for r in rows] == [1.0, 1.1667, 1.2, 1.0, 1.0, 1.0, 1.0]
-    assert [round(r["time_ratio"], 6) for r in rows] == [1.0, 2.0, 3.0, 4.0, 3.5, 3.0, 2.5]
-    assert [r["label"] for r in rows] == ["0", "1", "2", "3", "3 (keep)", "3 (units)", "3 (units, keep)"]
+    assert [r["estimate"] for r in rows] == [256, 192, 160, 128, 128, 128, 128, 256]
+    assert [round(r["memory_ratio"], 4) for r in rows] == [1.0, 1.1667, 1.2, 1.0, 1.0, 1.0, 1.0, 1.0]
+    assert [round(r["time_ratio"], 6) for r in rows] == [1.0, 2.0, 3.0, 4.0, 3.5, 3.0, 2.5, 1.5]
+    assert [r["label"] for r in rows] == ["0", "1", "2", "3", "3 (keep)", "3 (units)", "3 (units, keep)",
+                                          "0 (+8 idle collectives)"]
     report = render_tables(cfg, rows)
     # 2 micro-steps: flags 2, gathers 2 x 2 (again in backward) or 2 x 1, reduce-scatters 2, the 0-d one 2, norm 1
     assert "| 2 | 3 | 0.1 KiB | 0.1 KiB | 1.000 | 400.0 ms | 4.00x | 11 |" in report
@@ -152,6 +169,10 @@ def test_summary_report_and_chart(tmp_path):
     assert "| 2 | 3 (units) | 0.1 KiB | 0.1 KiB | 1.000 | 300.0 ms | 3.00x | 11 |" in report
     assert "| 2 | 3 (units, keep) | 0.1 KiB | 0.1 KiB | 1.000 | 250.0 ms | 2.50x | 9 |" in report
     assert '"3 (units)": stage 3 with gather_units=(Block)' in report
+    assert "warm-up, CPU backend, each rank pinned to a core." in report
+    # stage 0's 4 collectives (no CommPlan in these files: the per-tensor count) and the 8 idle ones
+    assert "| 2 | 0 (+8 idle collectives) | 0.2 KiB | 0.2 KiB | 1.000 | 150.0 ms | 1.50x | 12 |" in report
+    assert '"0 (+k idle collectives)": stage 0 with k extra 4-byte all-reduces per optimizer step (k = 8)' in report
     assert "| 2 | 1 | 64 | 32 | 64 | 64 | 0 | 0 | 224 |" in report
     png = tmp_path / "chart.png"
     has_matplotlib = importlib.util.find_spec("matplotlib") is not None
@@ -189,3 +210,17 @@ def test_stage3_coalesced_parameters_share_one_collective_with_their_summed_byte
     assert native_collectives(layout, 3, 1, clip_grad=False) == [FLAG, gather, gather, scatter, ("all_reduce", 4)]
     plain = [dict(p, coalesced=None) for p in layout]
     assert native_collectives(layout, 2, 1, False) == native_collectives(plain, 2, 1, False)
+
+
+def test_idle_collectives_must_leave_the_losses_of_stage_0(tmp_path):
+    """The idle all-reduces measure synchronisation only: a run whose losses differ from stage 0's
+    is a broken measurement, and the summary refuses it."""
+    cfg = load_benchmark_config(str(ROOT / "configs" / "benchmark.yaml"))
+    cfg["benchmark"]["stages"] = [0]
+    memory = dict(params=1, master_shards=0, optimizer_states=0, accumulation=0, ema=0, other=0, total=1)
+    _fake_results(tmp_path, 2, 0, 0.1, memory)
+    _fake_results(tmp_path, 2, 0, 0.2, memory, idle=8)
+    assert [r["label"] for r in summarize(cfg, tmp_path, 2)] == ["0", "0 (+8 idle collectives)"]
+    _fake_results(tmp_path, 2, 0, 0.2, memory, idle=8, losses=(3.0, 2.5))
+    with pytest.raises(RuntimeError, match="stage 0 with 8 idle collectives gave other losses than stage 0"):
+        summarize(cfg, tmp_path, 2)
