@@ -18,6 +18,7 @@ import os
 import sys
 import time
 from pathlib import Path
+from typing import Tuple
 
 os.environ.setdefault("GLOG_v", "3")
 REPO = Path(__file__).resolve().parents[1]
@@ -266,17 +267,24 @@ def pin_to_core(rank: int) -> int:
     return core
 
 
+def start_worker(config_path: str) -> Tuple[dict, int, int]:
+    """Under msrun: read the benchmark config, start data parallelism, pin this rank to a core
+    (``pin_ranks``) and set the config's mode. Returns (config, rank, world size). Collective."""
+    cfg = load_benchmark_config(config_path)
+    rank, world = init_data_parallel()
+    if cfg["benchmark"]["pin_ranks"]:
+        pin_to_core(rank)
+    ms.set_context(mode=ms.GRAPH_MODE if cfg["benchmark"]["mode"] == "graph" else ms.PYNATIVE_MODE)
+    return cfg, rank, world
+
+
 def main(argv=None) -> int:
     """Worker entry point (under msrun): every stage of ``--config``, results in ``--out``."""
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--config", required=True)
     parser.add_argument("--out", required=True)
     args = parser.parse_args(argv)
-    cfg = load_benchmark_config(args.config)
-    rank, world = init_data_parallel()
-    if cfg["benchmark"]["pin_ranks"]:
-        pin_to_core(rank)
-    ms.set_context(mode=ms.GRAPH_MODE if cfg["benchmark"]["mode"] == "graph" else ms.PYNATIVE_MODE)
+    cfg, rank, world = start_worker(args.config)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     run_all(cfg, rank, world, out)

@@ -77,17 +77,11 @@ def split_collectives(ops: Dict[str, List[float]]) -> Tuple[float, float]:
 # ----------------------------------------------------------------------------- msrun worker
 def worker(args) -> int:
     """One setting under msrun: warm up, profile ``--steps`` steps, write ``profile_rank<r>.json``."""
-    import mindspore as ms
     from mindspore import Profiler
 
-    from mindone_zero.comm import init_data_parallel
-    from tools.benchmark_worker import DenseWorkload, LMWorkload, StageRun, pin_to_core
+    from tools.benchmark_worker import DenseWorkload, LMWorkload, StageRun, start_worker
 
-    cfg = load_benchmark_config(args.config)
-    rank, world = init_data_parallel()
-    if cfg["benchmark"]["pin_ranks"]:
-        pin_to_core(rank)
-    ms.set_context(mode=ms.GRAPH_MODE if cfg["benchmark"]["mode"] == "graph" else ms.PYNATIVE_MODE)
+    cfg, rank, world = start_worker(args.config)
     out = Path(args.out)
     stage, reshard, units = parse_setting(args.one_setting)
     workload = (LMWorkload if args.model == "lm" else DenseWorkload)(cfg, world)
