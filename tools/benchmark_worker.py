@@ -5,8 +5,9 @@ For each (model, stage) it builds the model afresh, wraps it with ``prepare_trai
 measures this rank's model-state bytes (``measure_model_states``) and runs ``warmup_steps``
 optimizer steps (compilation); then it times ``timed_steps`` steps of every (model, stage) in
 turns, and writes ``<out>/stage{s}_rank{r}.json`` (``stage3_keep_rank{r}.json`` for stage 3 with
-``reshard_after_forward=False``, ``stage3_units_rank{r}.json`` with gather units, ``dense_`` in front
-for the Dense stack): the bytes by kind, the timed step durations, the shard layout of every parameter (for
+``reshard_after_forward=False``, ``stage3_units_rank{r}.json`` with gather units,
+``stage0_idle{k}_rank{r}.json`` for stage 0 with k idle all-reduces (``IdleCollectives``), ``dense_``
+in front for the Dense stack; each rank pinned to a core with ``pin_ranks``): the bytes by kind, the timed step durations, the shard layout of every parameter (for
 the communication model in ``tools/benchmark.py``) and the library's own ``CommPlan`` when the
 train network has one.
 
