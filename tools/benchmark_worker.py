@@ -7,9 +7,9 @@ optimizer steps (compilation); then it times ``timed_steps`` steps of every (mod
 turns, and writes ``<out>/stage{s}_rank{r}.json`` (``stage3_keep_rank{r}.json`` for stage 3 with
 ``reshard_after_forward=False``, ``stage3_units_rank{r}.json`` with gather units,
 ``stage0_idle{k}_rank{r}.json`` for stage 0 with k idle all-reduces (``IdleCollectives``), ``dense_``
-in front for the Dense stack; each rank pinned to a core with ``pin_ranks``): the bytes by kind, the timed step durations, the shard layout of every parameter (for
-the communication model in ``tools/benchmark.py``) and the library's own ``CommPlan`` when the
-train network has one.
+in front for the Dense stack; each rank pinned to a core with ``pin_ranks``): the bytes by kind,
+the timed step durations, the shard layout of every parameter (for the communication model in
+``tools/benchmark.py``) and the library's own ``CommPlan`` when the train network has one.
 
 Usage (launched by tools/benchmark.py): ``msrun ... tools/benchmark_worker.py --config C --out DIR``
 """
