@@ -327,7 +327,8 @@ def summarize(cfg: dict, out: Path, world: int, prefix: str = "") -> List[dict]:
         plan = [(e[0], e[2]) for e in r0["comm_plan"]]
         rows.append({
             "model": prefix.rstrip("_") or "lm", "world": world, "stage": stage,
-            "label": setting_label(stage, reshard, units, idle), "reshard_after_forward": reshard, "units": r0.get("units"),
+            "label": setting_label(stage, reshard, units, idle), "reshard_after_forward": reshard,
+            "units": r0.get("units"),
             "idle": idle, "losses": r0["losses"],
             "effective_stage": r0["effective_stage"], "num_params": num_params,
             "phi_bytes": phi, "memory": {k: max(r["memory"][k] for r in ranks) for k in r0["memory"]},

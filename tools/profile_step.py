@@ -6,13 +6,15 @@ summed per kernel type, several settings side by side.
 Each setting (``stage`` or ``stage:flags``, flags from ``keep`` (``reshard_after_forward=False``)
 and ``units`` (the config's gather units)) runs in its own msrun job on the model of
 ``configs/benchmark.yaml`` (``lm``: the demo LM, ``dense``: the Dense stack), built and stepped as
-``tools/benchmark.py`` does (each rank pinned to a core with ``pin_ranks``). After ``warmup_steps`` steps the profiler records ``--steps``
-optimizer steps; rank 0's kernels are summed per type into milliseconds and launches per step.
+``tools/benchmark.py`` does (each rank pinned to a core with ``pin_ranks``). After
+``warmup_steps`` steps the profiler records ``--steps`` optimizer steps; rank 0's kernels are
+summed per type into milliseconds and launches per step.
 
-A collective's time is the time its kernel waits: for the bytes to move and for the slower rank to
-arrive. On this machine's CPU backend the second part dominates for small tensors, which is what
-the benchmark's "0 (+k idle collectives)" rows measure. Profiling slows every kernel a little;
-compare settings with each other, not with the benchmark's step times.
+A collective's time is the time its kernel waits: for the bytes to move and for the slower rank
+to arrive. When the ranks share cores, the second part dominates for small tensors (the
+benchmark's "0 (+k idle collectives)" rows measure it). Time outside the kernels (graph launch
+and scheduling) is not attributed, and the profiler's own cost grows with the number of kernels:
+compare kernel times across settings, not the profiled step times with the benchmark's.
 
 Writes ``profile.md`` and ``profile.json`` into ``--out`` and prints the table.
 """
@@ -45,8 +47,8 @@ def parse_setting(text: str) -> Tuple[int, bool, bool]:
     stage_text, _, flag_text = text.partition(":")
     flags = [f for f in flag_text.split(",") if f] if flag_text else []
     if stage_text not in ("0", "1", "2", "3") or any(f not in FLAGS for f in flags) or len(set(flags)) < len(flags):
-        raise ValueError(f"For 'profile_step', each of '--settings' must be a stage 0-3, optionally followed by ':' and "
-                         f"flags from {list(FLAGS)} separated by ',', but got {text!r}.")
+        raise ValueError(f"For 'profile_step', each of '--settings' must be a stage 0-3, optionally followed by "
+                         f"':' and flags from {list(FLAGS)} separated by ',', but got {text!r}.")
     stage = int(stage_text)
     if flags and stage != 3:
         raise ValueError(f"For 'profile_step', the flags of '--settings' apply to stage 3 only, but got {text!r}.")
