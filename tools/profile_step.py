@@ -81,7 +81,7 @@ def worker(args) -> int:
     """One setting under msrun: warm up, profile ``--steps`` steps, write ``profile_rank<r>.json``."""
     from mindspore import Profiler
 
-    from tools.benchmark_worker import DenseWorkload, LMWorkload, StageRun, start_worker
+    from tools.benchmark_worker import DenseWorkload, LMWorkload, StageRun, _plan_entries, start_worker
 
     cfg, rank, world = start_worker(args.config)
     out = Path(args.out)
@@ -95,9 +95,9 @@ def worker(args) -> int:
         run.run_step(timed=True)
     profiler.stop()
     profiler.analyse()
-    plan = getattr(run.train_net, "comm_plan", None)
+    plan = _plan_entries(run.train_net)
     result = {"ops": read_op_types(out / "profiler", rank, args.steps), "step_times": run.times,
-              "planned_collectives": len(plan.entries) if plan is not None else None}
+              "planned_collectives": len(plan) if plan else None}
     tmp = out / f"profile_rank{rank}.json.tmp"
     tmp.write_text(json.dumps(result))
     os.replace(tmp, out / f"profile_rank{rank}.json")
