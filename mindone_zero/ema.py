@@ -17,21 +17,37 @@ and a user's own included, when it is an ``nn.Cell`` with:
 * ``swap_before_eval()`` and ``swap_after_eval()``.
 
 [Note: ZeRO EMA]
-At stages >= 1, ``bind_ema_to_zero`` makes each rank keep only the EMA of the shard its optimizer
-updates, so the EMA costs 1/N memory like the other model states: each EMA weight of a sharded
-parameter is cut to this rank's padded block (and so is an aligned ``swap_cache``, as MindOne
-keeps one), and ``net_weight`` is re-pointed at what the optimizer updates (the fp32 master
-shards at stages 1-2, the parameter shards themselves at stage 3), so the EMA's own
-``ema_update`` averages shards. The network's Parameters are remembered for evaluation:
-``swap_before_eval`` puts the EMA into them (all-gathering the shards at stages 1-2, where the
-network holds whole weights) and ``swap_after_eval`` puts the trained weights back exactly. A
-foreign EMA gets these two methods through a subclass made for it (``isinstance`` still holds,
-its other methods are unchanged); below stage 1 nothing is changed.
+``prepare_train_network`` binds the EMA to the train network at every stage (``bind_ema_to_zero``),
+in the layout MindOne's callers observe:
+
+* stages 0-2 (default): the EMA is whole on every rank, like the network's weights, and averages
+  the network's Parameters (at stages 1-2, after the post-step all-gather has written the new
+  weights into them). Its swaps are local: any subset of ranks may call them, as MindOne's
+  ``EvalSaveCallback`` does on rank 0 only.
+* stage 3: the network holds shards, so each EMA weight of a split parameter is cut to this rank's
+  block (and so is an aligned ``swap_cache``, as MindOne keeps one) and averages that shard. Swaps
+  are local here too, on every rank or any subset.
+* stages 1-2 with ``shard_ema=True`` (opt-in): each rank keeps only the EMA of the fp32 master
+  shard its optimizer updates (``net_weight`` is re-pointed at the master shards), 1/N of the EMA's
+  memory. ``swap_before_eval`` then all-gathers the shards and is collective: every rank of the
+  optimizer parallel group must call it.
+
+[Note: in-place swaps]
+The swaps change the network's Parameters in place (``ops.assign`` of the value into the same
+Parameter, run eagerly): ``swap_before_eval`` keeps a host copy of the trained weights and writes
+the EMA into them, ``swap_after_eval`` writes the copy back exactly. The Parameter objects, and
+the buffers that compiled graphs hold, stay the same. ``param.set_data(new_tensor)``, which
+MindOne's EMA and scripts' own EMAs use, installs a new tensor: in PYNATIVE_MODE the optimizer's
+jitted step keeps updating the old buffer, so training silently stops after the first swap. A
+foreign EMA gets the in-place methods through a subclass made for it (``isinstance`` still holds,
+its other methods are unchanged). ``swap_after_eval`` without a ``swap_before_eval`` before it
+changes nothing (MindOne's callback calls it so when it saved nothing).
 """
 from dataclasses import dataclass, field
 from typing import List, Optional
 
 import mindspore as ms
+import numpy as np
 from mindspore import Parameter, ParameterTuple, Tensor, nn, ops
 
 from .comm import eager_mode
@@ -72,18 +88,29 @@ def check_ema(ema, where: str) -> None:
 
 @dataclass
 class _ZeroBinding:
-    """How a ZeRO-bound EMA maps to the network (see [Note: ZeRO EMA])."""
+    """How a bound EMA maps to the network (see [Note: ZeRO EMA])."""
 
     network_weight: List[Parameter]  # the network's Parameters, in EMA order
     split: List[bool]  # the EMA weight is a shard
-    gather: List[bool]  # swapping it into the network needs an all-gather (stages 1-2)
+    gather: List[bool]  # swapping it into the network needs an all-gather (stages 1-2, shard_ema)
     rows: List[int]  # full dim 0 of each weight
     comm: Optional[object]  # GroupComm of the optimizer parallel group
     cache: list = field(default_factory=list)
 
+    @property
+    def collective(self) -> bool:
+        """``swap_before_eval`` all-gathers (must be called on every rank of the group)."""
+        return any(self.gather)
+
 
 def _binding(ema) -> Optional[_ZeroBinding]:
     return ema.__dict__.get("_zero_binding")
+
+
+def _whole_binding(ema) -> _ZeroBinding:
+    network = list(ema.net_weight)
+    n = len(network)
+    return _ZeroBinding(network, [False] * n, [False] * n, [w.shape[0] if w.shape else 0 for w in network], None)
 
 
 def _aligned_swap_cache(ema, n: int) -> Optional[list]:
@@ -110,10 +137,17 @@ def _cut(param: Parameter, spec: ShardSpec) -> None:
         param.set_data(Tensor(split_array(param.asnumpy(), spec.group_size, spec.rank), param.dtype))
 
 
-def bind_ema_to_zero(ema, zero_helper) -> List[ShardSpec]:
-    """Shard ``ema`` like ``zero_helper``'s optimizer ([Note: ZeRO EMA]); not collective.
+def bind_ema_to_zero(ema, zero_helper, shard_ema: bool = False) -> List[ShardSpec]:
+    """Bind ``ema`` to ``zero_helper``'s layout ([Note: ZeRO EMA]) and give it in-place swaps
+    ([Note: in-place swaps]); not collective.
 
-    Call once, before the train network is compiled, at stages >= 1.
+    Call once, before the train network is compiled, at any stage.
+
+    Args:
+        ema: an EMA with MindOne's interface ([Note: EMA interface]).
+        zero_helper: the train network's ``ZeroHelper``.
+        shard_ema: stages 1-2: keep 1/N of the EMA (the master shards'), making
+            ``swap_before_eval`` collective. Stages 0 and 3 ignore it.
 
     Returns:
         The split-info entries of the EMA weights (and of an aligned ``swap_cache``).
@@ -125,6 +159,8 @@ def bind_ema_to_zero(ema, zero_helper) -> List[ShardSpec]:
     caches = _aligned_swap_cache(ema, len(network))
     by_id = {id(p): i for i, p in enumerate(zero_helper.params)}
     n, r = max(zero_helper.op_size, 1), zero_helper.op_rank
+    policy = zero_helper.policy
+    sharded_here = policy.shards_params or (policy.uses_masters and shard_ema)
     sources, specs, split, gather, rows = [], [], [], [], []
     for k, (w, e) in enumerate(zip(network, ema.ema_weight)):
         i = by_id.get(id(w))
@@ -135,53 +171,74 @@ def bind_ema_to_zero(ema, zero_helper) -> List[ShardSpec]:
                 f"For 'prepare_train_network', the argument 'ema' holds '{e.name}' of shape {tuple(e.shape)} "
                 f"for parameter '{w.name}' of shape {full}."
             )
-        is_split = spec is not None and spec.split
-        entries = [e] + ([caches[k]] if caches is not None else [])
-        for p in entries:
+        is_split = sharded_here and spec is not None and spec.split
+        for p in [e] + ([caches[k]] if caches is not None else []):
             if is_split:
                 _cut(p, spec)
             specs.append(ShardSpec(p.name, full, n, r, is_split))
         sources.append(zero_helper.opt_params[i] if is_split else w)
         split.append(is_split)
-        gather.append(is_split and not zero_helper.policy.shards_params)
+        gather.append(is_split and not policy.shards_params)
         rows.append(full[0] if full else 0)
     comm = getattr(zero_helper, "op_comm", None)
     ema.net_weight = ParameterTuple(sources)
     ema.__dict__["_zero_binding"] = _ZeroBinding(network, split, gather, rows, comm)
-    if not isinstance(ema, _ZeroSwap):
+    if not isinstance(ema, _InPlaceSwap):
         cls = type(ema)
-        ema.__class__ = type(cls.__name__, (_ZeroSwap, cls), {"__module__": cls.__module__})
+        ema.__class__ = type(cls.__name__, (_InPlaceSwap, cls), {"__module__": cls.__module__})
     return specs
 
 
+def _host_copy(param) -> np.ndarray:
+    """A host copy of ``param``'s value (bfloat16 read as float32, which holds it exactly)."""
+    if param.dtype == ms.bfloat16:
+        return param.astype(ms.float32).asnumpy()
+    return param.asnumpy().copy()
+
+
+def _write_in_place(param: Parameter, value) -> None:
+    """``param``'s buffer <- ``value`` (numpy or Tensor), cast to its dtype ([Note: in-place swaps])."""
+    value = value if isinstance(value, Tensor) else Tensor(value)
+    if value.dtype != param.dtype:
+        value = value.astype(param.dtype)
+    ops.assign(param, value)
+
+
 def _swap_in(ema, binding: _ZeroBinding) -> None:
-    binding.cache = [w.asnumpy().copy() for w in binding.network_weight]
     with eager_mode():
+        binding.cache = [_host_copy(w) for w in binding.network_weight]
         for w, e, gather, rows in zip(binding.network_weight, ema.ema_weight, binding.gather, binding.rows):
-            value = binding.comm.all_gather(e).asnumpy()[:rows] if gather else e.asnumpy()
-            w.set_data(Tensor(value, w.dtype))
+            if gather:
+                value = binding.comm.all_gather(e)
+                value = value if value.shape[0] == rows else value[:rows]
+            else:
+                value = e.value()
+            _write_in_place(w, value)
 
 
 def _swap_out(binding: _ZeroBinding) -> None:
-    if not binding.cache:
-        raise RuntimeError("For 'EMA', 'swap_after_eval' must follow 'swap_before_eval', but nothing is swapped.")
-    for w, cached in zip(binding.network_weight, binding.cache):
-        w.set_data(Tensor(cached, w.dtype))
+    with eager_mode():
+        for w, cached in zip(binding.network_weight, binding.cache):
+            _write_in_place(w, cached)
     binding.cache = []
 
 
-class _ZeroSwap:
-    """``swap_before_eval`` / ``swap_after_eval`` of an EMA bound to ZeRO ([Note: ZeRO EMA]).
+class _InPlaceSwap:
+    """``swap_before_eval`` / ``swap_after_eval`` of a bound EMA ([Note: ZeRO EMA], [Note: in-place
+    swaps]).
 
-    ``swap_before_eval`` is collective at stages 1-2 (an all-gather over the optimizer parallel
-    group: every rank must call it), local at stage 3; ``swap_after_eval`` is local. Both return
-    True. An EMA that is not bound uses its class's own methods.
+    ``swap_before_eval`` is collective only at stages 1-2 with ``shard_ema=True`` (an all-gather over
+    the optimizer parallel group: every rank must call it); otherwise both are local and may be
+    called on any subset of ranks. Both return True. An EMA that is not bound uses its class's own
+    methods.
     """
 
     def swap_before_eval(self):
         binding = _binding(self)
         if binding is None:
             return super().swap_before_eval()
+        if binding.cache:  # already swapped in: the cache holds the trained weights
+            return True
         _swap_in(self, binding)
         return True
 
@@ -189,32 +246,18 @@ class _ZeroSwap:
         binding = _binding(self)
         if binding is None:
             return super().swap_after_eval()
-        _swap_out(binding)
+        if binding.cache:
+            _swap_out(binding)
         return True
 
 
-class _PlainSwap:
-    """The swap of an EMA holding whole weights: local copies through the host."""
-
-    def swap_before_eval(self):
-        self.swap_cache = [w.asnumpy().copy() for w in self.net_weight]
-        for w, e in zip(self.net_weight, self.ema_weight):
-            w.set_data(Tensor(e.asnumpy(), w.dtype))
-        return True
-
-    def swap_after_eval(self):
-        for w, cached in zip(self.net_weight, self.swap_cache):
-            w.set_data(Tensor(cached, w.dtype))
-        self.swap_cache = []
-        return True
-
-
-class EMA(_ZeroSwap, _PlainSwap, nn.Cell):
+class EMA(_InPlaceSwap, nn.Cell):
     """EMA of ``network``'s weights (MindOne's EMA, shardable with ZeRO: [Note: ZeRO EMA]).
 
     ``swap_before_eval()`` puts the EMA weights into the network and ``swap_after_eval()`` puts the
-    trained weights back exactly. Not collective at stages 0 and 3; at stages 1-2
-    ``swap_before_eval`` all-gathers the EMA shards and must be called on every rank.
+    trained weights back exactly, in place ([Note: in-place swaps]). Not collective, except at
+    stages 1-2 with ``shard_ema=True``, where ``swap_before_eval`` all-gathers the EMA shards and
+    must be called on every rank.
 
     Args:
         network (nn.Cell): the network whose weights are averaged.
@@ -239,7 +282,7 @@ class EMA(_ZeroSwap, _PlainSwap, nn.Cell):
         self.ema_decay = float(ema_decay)
         self.updates = Parameter(Tensor(float(updates), ms.float32), name="ema_updates", requires_grad=False)
         self.offloading = offloading
-        self.swap_cache = []
+        self.__dict__["_zero_binding"] = _whole_binding(self)
 
     def ema_update(self):
         """One EMA step: ``ema = d * ema + (1 - d) * weight``. Returns the update count."""

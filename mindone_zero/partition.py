@@ -12,6 +12,8 @@ concatenates the blocks in rank order and drops the last ``pad = rows * n - d0``
 Padding rows are zero at the start and stay zero during training: their gradient is zero,
 so plain SGD/Adam/Momentum never move them (weight decay of zero is zero).
 """
+import contextlib
+import contextvars
 from dataclasses import dataclass
 from typing import List, Optional, Sequence, Tuple
 
@@ -28,6 +30,9 @@ __all__ = [
     "merge_arrays",
     "is_int",
     "is_split_candidate",
+    "splits_over",
+    "padded_split_rule",
+    "uneven_split_names",
     "mark_shard_flag",
     "zero_spec_of",
     "set_zero_spec",
@@ -176,11 +181,21 @@ def merge_arrays(blocks: Sequence[np.ndarray], full_d0: int) -> np.ndarray:
 
 
 # [Note: split rule] (DESIGN section 3) The one rule for which Parameters ZeRO shards, at every
-# stage: trainable, ndim >= 1, and not opted out by the user with ``param.parallel_optimizer =
-# False``. After ``prepare_train_network`` the flag says instead whether this rank holds a shard
-# of the Parameter (MindOne's reading of it, used by its online-combine recipe), so the user's
-# choice is remembered in ``param.zero_opt_out`` the first time the flag is rewritten, and a
-# later preparation of the same Parameters still honours it.
+# stage. A *candidate* is trainable, ndim >= 1, and not opted out by the user with
+# ``param.parallel_optimizer = False``. Over a group of N ranks a candidate is split when its dim 0
+# divides by N (MindOne's rule, the default: MindOne's callers observe it, e.g. its online combine
+# all-gathers every flagged Parameter and must get exact shapes back); the others stay whole on
+# every rank and their gradients are all-reduced. With the opt-in padded rule
+# (``pad_uneven_params=True``) every candidate is split, zero-padded per [Note: padding], so that
+# per-rank memory follows the ZeRO formulas for models whose big tensors do not divide. The rule
+# is chosen once per ``prepare_*`` call; ``padded_split_rule`` scopes it for the code that shards
+# (``shard_network`` and the ZeRO-3 Cells it builds, which may be a user's MindOne-style classes
+# calling ``ZeroParamWrapper`` without knowing of it). After ``prepare_train_network`` the flag
+# ``parallel_optimizer`` says instead whether this rank holds a shard of the Parameter (MindOne's
+# reading of it, used by its online-combine recipe), so the user's choice is remembered in
+# ``param.zero_opt_out`` the first time the flag is rewritten, and a later preparation of the same
+# Parameters still honours it.
+_PAD_UNEVEN = contextvars.ContextVar("mindone_zero_pad_uneven", default=False)
 _OPT_OUT_ATTR = "zero_opt_out"
 # A Parameter sharded by ZeRO-3's shard_network records its layout here (read it with zero_spec_of).
 _SPEC_ATTR = "zero_spec"
@@ -198,11 +213,42 @@ def set_zero_spec(param, spec: "ShardSpec") -> None:
 
 
 def is_split_candidate(param) -> bool:
-    """Whether ZeRO shards ``param`` ([Note: split rule]); reads attributes only."""
+    """Whether ``param`` is a candidate for sharding ([Note: split rule]); reads attributes only."""
     opted_out = getattr(param, _OPT_OUT_ATTR, None)
     if opted_out is None:
         opted_out = getattr(param, "parallel_optimizer", True) is False
     return bool(param.requires_grad) and len(param.shape) >= 1 and not opted_out
+
+
+def splits_over(param, group_size: int, pad_uneven: Optional[bool] = None) -> bool:
+    """Whether ZeRO splits ``param`` over ``group_size`` ranks ([Note: split rule]).
+
+    Args:
+        param: a Parameter (only its attributes and shape are read).
+        group_size: ranks in the optimizer parallel group.
+        pad_uneven: the padded rule (split every candidate); None: the rule in scope
+            (``padded_split_rule``), by default MindOne's (split only when dim 0 divides).
+    """
+    if not is_split_candidate(param):
+        return False
+    if pad_uneven is None:
+        pad_uneven = _PAD_UNEVEN.get()
+    return bool(pad_uneven) or int(param.shape[0]) % int(group_size) == 0
+
+
+@contextlib.contextmanager
+def padded_split_rule(pad_uneven: bool):
+    """Within the block, ``splits_over(..., pad_uneven=None)`` follows ``pad_uneven``."""
+    token = _PAD_UNEVEN.set(bool(pad_uneven))
+    try:
+        yield
+    finally:
+        _PAD_UNEVEN.reset(token)
+
+
+def uneven_split_names(specs) -> List[str]:
+    """Names of the split ``ShardSpec``s whose dim 0 was padded (the padded rule's doing)."""
+    return [s.name for s in specs if s.split and s.pad > 0]
 
 
 def mark_shard_flag(param, holds_shard: bool) -> None:

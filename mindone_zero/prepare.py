@@ -12,7 +12,7 @@ from .ema import bind_ema_to_zero, check_ema, ema_entries
 from .fusion import FusionConfig
 from .offload import OffloadConfig, host_rule_for
 from .optimizer_states import check_optimizer, find_optimizer_states, optimizer_parameters
-from .partition import mark_shard_flag, zero_spec_of
+from .partition import mark_shard_flag, uneven_split_names, zero_spec_of
 from .stage import StagePolicy, check_stage
 from .train_step import TrainOneStepWrapper, _check_step_args
 from .zero_helper import ZeroHelper
@@ -37,8 +37,14 @@ def _check_module_maps(where, **maps):
             )
 
 
+def _check_flag(where, name, value):
+    if not isinstance(value, bool):
+        raise TypeError(f"For '{where}', the argument '{name}' must be a bool, but got {value!r}.")
+
+
 def prepare_network(network, zero_stage=0, optimizer_parallel_group=None, parallel_modules=None,
-                    special_cases_parallel_module=None, reshard_after_forward=True, zeropp=None, gather_units=None):
+                    special_cases_parallel_module=None, reshard_after_forward=True, zeropp=None, gather_units=None,
+                    pad_uneven_params=False):
     """Shard ``network``'s parameters in place for ZeRO-3 (other stages return it unchanged).
 
     Must run before the network (or anything using its parameters) is compiled, and before
@@ -70,6 +76,12 @@ def prepare_network(network, zero_stage=0, optimizer_parallel_group=None, parall
             its own. Not with ``zeropp``. The whole unit is then full at once: for
             ``estimate_peak_memory`` the largest layer is the largest unit. See [Note: gather units]
             in ``parallel_modules/units.py``.
+        pad_uneven_params (bool): stage 3 only. False (default, MindOne's rule): a parameter is split
+            only when its dim 0 divides by the group size; the others stay whole on every rank and
+            their gradients are all-reduced. True: split those too, zero-padded, so per-rank memory
+            follows the ZeRO formulas; an ``ops.AllGather`` of such a shard then returns the padding
+            rows (use ``gather_full_params`` or the offline combine). [Note: split rule] in
+            partition.py.
 
     Returns:
         The network (the top Cell itself may have been replaced by its ZeRO-3 version).
@@ -82,6 +94,7 @@ def prepare_network(network, zero_stage=0, optimizer_parallel_group=None, parall
     """
     check_stage(zero_stage, "prepare_network")
     _check_reshard("prepare_network", reshard_after_forward)
+    _check_flag("prepare_network", "pad_uneven_params", pad_uneven_params)
     zeropp = check_zeropp("prepare_network", zeropp, zero_stage, optimizer_parallel_group, reshard_after_forward)
     gather_units = _check_units("prepare_network", gather_units, zero_stage, zeropp)
     if not isinstance(network, nn.Cell):
@@ -94,7 +107,8 @@ def prepare_network(network, zero_stage=0, optimizer_parallel_group=None, parall
 
     return shard_network(network, group=optimizer_parallel_group, parallel_modules=parallel_modules,
                          special_cases_parallel_module=special_cases_parallel_module,
-                         reshard_after_forward=reshard_after_forward, zeropp=zeropp, gather_units=gather_units)
+                         reshard_after_forward=reshard_after_forward, zeropp=zeropp, gather_units=gather_units,
+                         pad_uneven_params=pad_uneven_params)
 
 
 def _check_units(where, value, zero_stage, zeropp):
@@ -129,16 +143,21 @@ def prepare_train_network(network, optimizer, scale_sense=1.0, ema=None, updates
                           zero_stage=0, optimizer_offload=False, optimizer_parallel_group=None, dp_group=None,
                           comm_fusion=None, parallel_modules=None, params_split_info="params_info",
                           special_cases_parallel_module=None, reshard_after_forward=True, zeropp=None,
-                          gather_units=None):
+                          gather_units=None, pad_uneven_params=False, shard_ema=False):
     """Wrap ``network`` (returning the loss) and ``optimizer`` into a ZeRO train step.
 
     Same signature and defaults as MindOne's ``prepare_train_network``, plus
     ``params_split_info`` (folder of the split-info JSON files) and
-    ``special_cases_parallel_module``, ``reshard_after_forward``, ``zeropp`` and ``gather_units``
-    (see ``prepare_network``). At stage 3 the network is sharded here if ``prepare_network`` was not
-    called before (if it was, the ``reshard_after_forward``, ``zeropp`` and ``gather_units`` given to
-    ``prepare_network`` hold; the ones given here are checked only). ``ema`` may be any EMA with
-    MindOne's interface ([Note: EMA interface] in ema.py); ``optimizer`` an ``nn.Optimizer`` or a
+    ``special_cases_parallel_module``, ``reshard_after_forward``, ``zeropp``, ``gather_units`` and
+    ``pad_uneven_params`` (see ``prepare_network``; at stages 1-2 ``pad_uneven_params`` splits the
+    optimizer's shards by the same rule), and ``shard_ema``. At stage 3 the network is sharded here
+    if ``prepare_network`` was not called before (if it was, the ``reshard_after_forward``,
+    ``zeropp``, ``gather_units`` and ``pad_uneven_params`` given to ``prepare_network`` hold; the
+    ones given here are checked only). ``ema`` may be any EMA with MindOne's interface ([Note: EMA
+    interface] in ema.py); it is bound to the train network at every stage ([Note: ZeRO EMA]): whole
+    on every rank at stages 0-2, sharded at stage 3, and its swaps work in place ([Note: in-place
+    swaps]); ``shard_ema=True`` shards it at stages 1-2 too (1/N of its memory; its
+    ``swap_before_eval`` is then collective). ``optimizer`` an ``nn.Optimizer`` or a
     ``mindspore.experimental.optim.Optimizer`` (``mint.optim``); ``optimizer_offload`` ``True``,
     ``{"device": "cpu"}`` or ``{"device": "nvme", "path": ...}`` runs the optimizer step on the
     host with its states in host memory or files ([Note: offload argument] in offload/config.py).
@@ -155,6 +174,8 @@ def prepare_train_network(network, optimizer, scale_sense=1.0, ema=None, updates
     where = "prepare_train_network"
     check_stage(zero_stage, where)
     _check_reshard(where, reshard_after_forward)
+    _check_flag(where, "pad_uneven_params", pad_uneven_params)
+    _check_flag(where, "shard_ema", shard_ema)
     if not isinstance(network, nn.Cell):
         raise TypeError(f"For '{where}', the argument 'network' must be a Cell, but got {type(network).__name__}.")
     check_optimizer(optimizer, where)
@@ -173,17 +194,32 @@ def prepare_train_network(network, optimizer, scale_sense=1.0, ema=None, updates
         _check_shardable_optimizer(optimizer)
     if policy.shards_params and not any(zero_spec_of(p) is not None for p in network.get_parameters()):
         network = prepare_network(network, policy.stage, optimizer_parallel_group, parallel_modules,
-                                  special_cases_parallel_module, reshard_after_forward, zeropp, gather_units)
+                                  special_cases_parallel_module, reshard_after_forward, zeropp, gather_units,
+                                  pad_uneven_params)
     helper = ZeroHelper(optimizer, policy.stage, optimizer_parallel_group, dp_group, offload,
-                        comm_fusion, params_split_info)
-    if ema is not None and policy.is_zero:
-        helper.register_split_entries(bind_ema_to_zero(ema, helper))
+                        comm_fusion, params_split_info, pad_uneven_params)
+    _warn_padded(helper)
+    if ema is not None:
+        entries = bind_ema_to_zero(ema, helper, shard_ema)
+        if policy.is_zero:
+            helper.register_split_entries(entries)
     if policy.is_zero:
         helper.dump_params_split_info()
     train = TrainOneStepWrapper(network, optimizer, scale_sense, ema, updates, drop_overflow_update,
                                 gradient_accumulation_steps, clip_grad, clip_norm, verbose, helper)
     _mark_shard_flags(train)
     return train
+
+
+def _warn_padded(helper) -> None:
+    """One warning naming the zero-padded shards ([Note: split rule] in partition.py)."""
+    padded = uneven_split_names(helper.specs)
+    if padded:
+        _logger.warning(
+            "ZeRO stage %d with pad_uneven_params=True: %d parameter(s) whose dim 0 does not divide by %d are split "
+            "with zero padding: %s. An ops.AllGather of their shards (MindOne's online combine) returns the padding "
+            "rows too; use mindone_zero.gather_full_params(train_net) or the offline combine (convert_checkpoints).",
+            helper.zero_stage, len(padded), helper.op_size, ", ".join(padded))
 
 
 def _check_shardable_optimizer(optimizer) -> None:

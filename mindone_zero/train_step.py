@@ -140,6 +140,7 @@ class TrainOneStepWrapper(nn.Cell):
         self.verbose = verbose
         self.zero_stage = self.zero_helper.zero_stage
         self.offload = self.zero_helper.host_offload is not None
+        self._host_call = False  # set by __call__ around the graph call (offload only)
         if self.offload:
             self.zero_helper.host_offload.bind_after_step(ema)
         # [Note: gradient reduction] in zero_helper.py: stages 0/1 reduce once per optimizer step.
@@ -219,12 +220,24 @@ class TrainOneStepWrapper(nn.Cell):
     def __call__(self, *inputs):
         if not self.offload:
             return super().__call__(*inputs)
-        loss, overflow, scale, go, grads = super().__call__(*inputs)
+        self._host_call = True
+        try:
+            loss, overflow, scale, go, grads = super().__call__(*inputs)
+        finally:
+            self._host_call = False
         if bool(go.asnumpy()):
             self.zero_helper.host_offload.step(grads)
         return loss, overflow, scale
 
     def construct(self, *inputs):
+        if self.offload and not self._host_call:
+            # [Note: host step] in offload/host_step.py: the update runs on the host between graphs.
+            # Read when the graph is built, so this raises before the first step.
+            raise RuntimeError(
+                "For 'TrainOneStepWrapper', optimizer_offload runs the optimizer step on the host after the "
+                "train graph, so the wrapper must be called directly, not from inside another graph such as "
+                "the one ms.Model.train builds with dataset_sink_mode=True; use dataset_sink_mode=False."
+            )
         scale = self.scale_sense * 1.0  # read the scale before the update cell may change it
         (_, loss), grads = self.loss_and_grads(*inputs, scale)
         grads = self._unscale(self._shard_shaped(grads), scale)

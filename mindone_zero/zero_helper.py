@@ -33,7 +33,7 @@ from .comm import (CommPlan, GroupComm, check_hybrid_groups, divide, group_size_
 from .fusion import BucketedComm, FusionConfig
 from .offload import HostOffload, OffloadConfig, host_rule_for
 from .optimizer_states import check_optimizer, find_optimizer_states, optimizer_parameters, repoint_optimizer
-from .partition import ShardSpec, is_split_candidate, split_array, zero_spec_of
+from .partition import ShardSpec, split_array, splits_over, zero_spec_of
 from .stage import StagePolicy
 
 __all__ = ["ZeroHelper"]
@@ -77,6 +77,10 @@ class ZeroHelper(nn.Cell):
             [Note: buckets] in fusion.py). ``comm_plan()`` shows the resulting collectives.
         params_split_info (str): folder for ``params_split_info_{rank}.json``, written by
             ``dump_params_split_info`` (``prepare_train_network`` calls it at stages >= 1).
+        pad_uneven_params (bool): stages 1-2: also split parameters whose dim 0 does not divide
+            by the group size, zero-padded (default False: they stay whole and their gradients are
+            all-reduced, as MindOne does; [Note: split rule] in partition.py). At stage 3 the
+            network's own layout holds.
 
     Raises:
         TypeError: ``optimizer`` is neither an ``nn.Optimizer`` nor an experimental ``Optimizer``.
@@ -84,9 +88,14 @@ class ZeroHelper(nn.Cell):
     """
 
     def __init__(self, optimizer, zero_stage=0, optimizer_parallel_group=None, dp_group=None,
-                 optimizer_offload=False, comm_fusion=None, params_split_info="params_info"):
+                 optimizer_offload=False, comm_fusion=None, params_split_info="params_info",
+                 pad_uneven_params=False):
         super().__init__(auto_prefix=False)
         check_optimizer(optimizer, "ZeroHelper")
+        if not isinstance(pad_uneven_params, bool):
+            raise TypeError(f"For 'ZeroHelper', the argument 'pad_uneven_params' must be a bool, but got "
+                            f"{pad_uneven_params!r}.")
+        self.pad_uneven_params = pad_uneven_params
         offload = OffloadConfig.parse(optimizer_offload, "ZeroHelper")
         if offload.enabled:
             host_rule_for(optimizer, "ZeroHelper")
@@ -130,7 +139,8 @@ class ZeroHelper(nn.Cell):
                 # the name at sharding time may have gained a prefix since (a loss Cell around it)
                 specs.append(ShardSpec(p.name, spec.shape, spec.group_size, spec.rank, spec.split))
                 continue
-            split = self.policy.splits_in_helper and is_split_candidate(p) and self.op_size > 1
+            split = self.policy.splits_in_helper and self.op_size > 1 and \
+                splits_over(p, self.op_size, self.pad_uneven_params)
             specs.append(ShardSpec(p.name, tuple(p.shape), self.op_size, self.op_rank, split))
         return specs
 

@@ -23,7 +23,7 @@ from mindspore import Parameter, Tensor, nn, ops
 
 from mindone_zero.comm import GroupComm, divide, group_size_and_rank, pad_dim0, world_group
 from mindone_zero.quantize import block_layout
-from mindone_zero.partition import ShardSpec, is_split_candidate, set_zero_spec, split_array, zero_spec_of
+from mindone_zero.partition import ShardSpec, set_zero_spec, split_array, splits_over, zero_spec_of
 from mindone_zero.stage import StagePolicy, check_stage
 
 __all__ = [
@@ -48,7 +48,8 @@ def _to_numpy(param: Parameter) -> np.ndarray:
 
 
 def shard_parameter(param: Parameter, group: Optional[str] = None) -> ShardSpec:
-    """Shard ``param`` in place over ``group`` (if it is a split candidate) and return its layout.
+    """Shard ``param`` in place over ``group`` (if the split rule in scope splits it: [Note: split
+    rule] in ``mindone_zero/partition.py``) and return its layout.
 
     The same Parameter object keeps its name; its data becomes this rank's padded block
     (``ShardSpec.shard_shape``) and ``param.zero_spec`` records the layout. A trainable parameter
@@ -82,7 +83,7 @@ def shard_parameter(param: Parameter, group: Optional[str] = None) -> ShardSpec:
                 f"ranks, but the argument 'group' ({group or world_group()!r}) has {size} ranks."
             )
         return spec
-    spec = ShardSpec(param.name, tuple(param.shape), size, rank, is_split_candidate(param))
+    spec = ShardSpec(param.name, tuple(param.shape), size, rank, splits_over(param, size))
     if not param.requires_grad:
         return spec
     if spec.split:

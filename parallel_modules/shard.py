@@ -5,8 +5,8 @@ from mindspore import nn
 
 from mindspore.communication import GlobalComm
 
-from mindone_zero.comm import world_group
-from mindone_zero.partition import is_split_candidate
+from mindone_zero.comm import group_size_and_rank, world_group
+from mindone_zero.partition import padded_split_rule, splits_over
 from mindone_zero.zeropp import check_zeropp
 
 from .carry import (carry_hooks, check_carryable, is_recompute_scoped, reapply_recompute, recompute_options,
@@ -22,15 +22,17 @@ __all__ = ["shard_network"]
 
 def shard_network(network: nn.Cell, group: Optional[str] = None, parallel_modules: Optional[Dict] = None,
                   special_cases_parallel_module: Optional[Dict] = None, reshard_after_forward: bool = True,
-                  zeropp=None, gather_units=None) -> nn.Cell:
+                  zeropp=None, gather_units=None, pad_uneven_params: bool = False) -> nn.Cell:
     """Rewrite ``network`` in place for ZeRO-3 over ``group`` and return it.
 
     After the call every trainable Parameter with ``ndim >= 1`` not marked
-    ``param.parallel_optimizer = False`` holds only this rank's block (zero-padded per
-    [Note: padding] in ``mindone_zero/partition.py``), is the same Parameter object with the same
-    name, and has ``param.zero_spec`` (a ``ShardSpec`` with ``split=True``). Trainable 0-d and
-    opted-out parameters stay whole with ``zero_spec.split == False``; their gradients stay local
-    (a train wrapper all-reduces them). Non-trainable parameters are untouched (no ``zero_spec``).
+    ``param.parallel_optimizer = False`` whose dim 0 divides by the group size (every such
+    Parameter with ``pad_uneven_params=True``, zero-padded per [Note: padding]; [Note: split rule]
+    in ``mindone_zero/partition.py``) holds only this rank's block, is the same Parameter object
+    with the same name, and has ``param.zero_spec`` (a ``ShardSpec`` with ``split=True``). The
+    other trainable parameters (0-d, opted out, dim 0 not dividing) stay whole with
+    ``zero_spec.split == False``; their gradients stay local (a train wrapper all-reduces them).
+    Non-trainable parameters are untouched (no ``zero_spec``).
 
     How the parameters are used:
 
@@ -90,6 +92,8 @@ def shard_network(network: nn.Cell, group: Optional[str] = None, parallel_module
             is the recomputed region. Cells inside a unit are not replaced by ``parallel_modules``
             classes. See [Note: gather units] in ``units.py`` (what can be threaded, what raises).
             None (default): each reading Cell gathers its own parameters.
+        pad_uneven_params: split parameters whose dim 0 does not divide by the group size too,
+            zero-padded (default False: they stay whole, as MindOne leaves them).
 
     Returns:
         nn.Cell: the network (a new object only when the top Cell itself was replaced).
@@ -107,16 +111,26 @@ def shard_network(network: nn.Cell, group: Optional[str] = None, parallel_module
             ([Note: gather units]); also before anything is modified.
     """
     check_reshard_after_forward("shard_network", reshard_after_forward)
+    if not isinstance(pad_uneven_params, bool):
+        raise TypeError(f"For 'shard_network', the argument 'pad_uneven_params' must be a bool, but got "
+                        f"{pad_uneven_params!r}.")
     zeropp = check_zeropp("shard_network", zeropp, 3, group, reshard_after_forward)
     gather_units = check_gather_units("shard_network", gather_units, 3, zeropp)
     match = _check_args(network, group, parallel_modules, special_cases_parallel_module)
+    with padded_split_rule(pad_uneven_params):
+        return _shard(network, group, match, reshard_after_forward, zeropp, gather_units)
+
+
+def _shard(network, group, match, reshard_after_forward, zeropp, gather_units):
+    """``shard_network`` after its checks, under the split rule in scope."""
     units = find_units(network, gather_units) if gather_units else {}
     if units:
         match = _outside_units(match, units)
     replaced = {id(c) for _, c in network.cells_and_names() if match(c) is not None}
     recomputed = _recompute_records(network, replaced)
     trainable = [p for _, p in network.parameters_and_names() if p.requires_grad]
-    split_ids = {id(p) for p in trainable if is_split_candidate(p)}
+    size = group_size_and_rank(group)[0]
+    split_ids = {id(p) for p in trainable if splits_over(p, size)}
 
     def skip(cell):
         return id(cell) in replaced or getattr(cell, "zero3_gathers_itself", False)

@@ -63,10 +63,60 @@ def test_foreign_ema_is_updated_once_per_step(net, mode, tmp_path):
     expected = [0.5 * b + 0.5 * w.asnumpy() for b, w in zip(before, ema.net_weight)]
     for e, x in zip(ema.ema_weight, expected):
         np.testing.assert_allclose(e.asnumpy(), x, rtol=1e-6)
-    assert type(ema) is ForeignEMA  # stage 0 binds nothing: its own swaps stay
+    # bound at stage 0 too: its class is kept, its swaps are replaced by in-place ones
+    assert isinstance(ema, ForeignEMA) and type(ema).__name__ == "ForeignEMA"
+    weights = list(net.trainable_params())
+    trained = [w.asnumpy().copy() for w in weights]
     ema.swap_before_eval()
+    assert all(np.array_equal(w.asnumpy(), e.asnumpy()) for w, e in zip(weights, ema.ema_weight))
     ema.swap_after_eval()
-    assert ema.swaps == ["before", "after"]
+    assert all(np.array_equal(w.asnumpy(), t) for w, t in zip(weights, trained))
+    assert [id(w) for w in net.trainable_params()] == [id(w) for w in weights]
+    assert ema.swaps == []  # the class's own set_data-style swaps never ran
+
+
+class SetDataEMA(ForeignEMA):
+    """Swaps the way MindOne's EMA (offloading=True) does: ``set_data`` of another tensor."""
+
+    def swap_before_eval(self):
+        self.cache = [Tensor(w.asnumpy()) for w in self.net_weight]
+        for w, e in zip(self.net_weight, self.ema_weight):
+            w.set_data(Tensor(e.asnumpy()))
+        return True
+
+    def swap_after_eval(self):
+        for w, c in zip(self.net_weight, self.cache):
+            w.set_data(c)
+        return True
+
+
+@pytest.mark.parametrize("mode", [ms.GRAPH_MODE, ms.PYNATIVE_MODE])
+@pytest.mark.parametrize("ema_class", [EMA, SetDataEMA])
+def test_training_moves_every_weight_after_a_swap(net, mode, ema_class, tmp_path):
+    """[Note: in-place swaps]: with set_data swaps, PYNATIVE's jitted optimizer kept updating the
+    old buffers, and every step after the first swap moved no weight."""
+    ms.set_context(mode=mode)
+    ema = ema_class(net) if ema_class is SetDataEMA else EMA(net, ema_decay=0.5)
+    train = prepare_train_network(net, nn.Adam(net.trainable_params(), 0.01), ema=ema,
+                                  params_split_info=str(tmp_path))
+    weights = list(net.trainable_params())
+    for round_ in range(3):
+        train(*_batch())
+        ema.swap_before_eval()
+        ema.swap_after_eval()
+        before = [w.asnumpy().copy() for w in weights]
+        train(*_batch())
+        unchanged = [w.name for w, b in zip(weights, before) if np.array_equal(w.asnumpy(), b)]
+        assert unchanged == [], f"round {round_}: no update of {unchanged} after a swap"
+
+
+def test_swap_after_eval_alone_changes_nothing(net):
+    ema = EMA(net, ema_decay=0.5)
+    for e in ema.ema_weight:
+        e.set_data(Tensor(np.full(e.shape, 0.25, np.float32)))
+    trained = [w.asnumpy().copy() for w in ema.net_weight]
+    assert ema.swap_after_eval() is True  # MindOne's callback may call it without a swap before
+    assert all(np.array_equal(w.asnumpy(), t) for w, t in zip(ema.net_weight, trained))
 
 
 class _Lacking(ForeignEMA):
