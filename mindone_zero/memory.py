@@ -69,6 +69,8 @@ def estimate_model_states_memory(
     param_bytes=2,
     grad_bytes=2,
     optimizer_bytes=12,
+    ema_bytes=0,
+    shard_ema=False,
 ) -> int:
     """Bytes of model states each device holds under ZeRO stage ``zero_stage``.
 
@@ -85,6 +87,10 @@ def estimate_model_states_memory(
         grad_bytes: bytes per parameter of the (fp16) gradients, ``g``; default 2.
         optimizer_bytes: bytes per parameter of the optimizer states, ``k``; default 12
             (mixed-precision Adam: fp32 master weights, momentum, variance).
+        ema_bytes: bytes per parameter of an EMA of the weights, ``e`` (default 0: none). Held
+            whole at stages 0-2 (``e * P``, as MindOne keeps it) and 1/N at stage 3 (``e * P / N``);
+            ``shard_ema=True`` gives 1/N at stages 1-2 too ([Note: ZeRO EMA] in ema.py).
+        shard_ema: the EMA layout of ``prepare_train_network(..., shard_ema=True)``.
 
     Returns:
         int: bytes per device, rounded up to a whole byte.
@@ -97,8 +103,11 @@ def estimate_model_states_memory(
     _check_positive(func, "num_params", num_params, allow_zero=True)
     _check_positive(func, "world_size", world_size, integral=True)
     check_stage(zero_stage, func)
-    for name, value in (("param_bytes", param_bytes), ("grad_bytes", grad_bytes), ("optimizer_bytes", optimizer_bytes)):
+    for name, value in (("param_bytes", param_bytes), ("grad_bytes", grad_bytes), ("optimizer_bytes", optimizer_bytes),
+                        ("ema_bytes", ema_bytes)):
         _check_positive(func, name, value, allow_zero=True)
+    if not isinstance(shard_ema, bool):
+        raise ValueError(f"For '{func}', the argument 'shard_ema' must be a bool, but got {shard_ema!r}.")
 
     # Exact rational arithmetic: a float product such as 12 * 7.5e9 / 1024 can land a hair
     # above a whole number and be rounded up one byte too many.
@@ -111,6 +120,7 @@ def estimate_model_states_memory(
 
     # stage 0: (p+g+k)P; 1: (p+g)P + kP/N; 2: pP + (g+k)P/N; 3: (p+g+k)P/N
     total = p * held(policy.shards_params) + g * held(policy.shards_grads) + k * held(policy.shards_optimizer)
+    total += Fraction(ema_bytes) * held(policy.shards_params or (policy.uses_masters and shard_ema))
     return int(math.ceil(total))
 
 

@@ -25,10 +25,16 @@ UNFUSED = {}
 # compared with stage 0 on the same network, step by step (the reference computes in float32).
 KEEP_CONFIGS = ("a1", "a2clip")
 FP16_STEPS = 4
+# TinyNet's shapes do not divide by 2 or 4 on purpose, so every case shards with the padded rule
+# (pad_uneven_params=True): that is the layout whose arithmetic these tests check. MindOne's rule (the
+# default: only a dim 0 that divides is split) runs in the "mindone_rule" cases here, and in
+# test_model_train.py and test_mindone_dropin.py.
+PAD = True
 
 
-def _case(name, stage, mode="graph", accum=1, clip=False, optimizer="adam", steps=STEPS, **extra):
-    return dict(name=name, mode=mode, stage=stage, accum=accum, clip=clip, optimizer=optimizer, steps=steps, **extra)
+def _case(name, stage, mode="graph", accum=1, clip=False, optimizer="adam", steps=STEPS, pad=PAD, **extra):
+    return dict(name=name, mode=mode, stage=stage, accum=accum, clip=clip, optimizer=optimizer, steps=steps, pad=pad,
+                **extra)
 
 
 def _fp16_cases(stage, mode):
@@ -65,6 +71,9 @@ def cases_for(world):
                 cases.append(_case(f"s{stage}_graph_opt_{opt}", stage, optimizer=opt, steps=5,
                                    net="noscalar" if opt == "adamw" else "full"))
         cases.append(_case(f"s{stage}_graph_overflow", stage, steps=6, overflow_step=OVERFLOW_STEP, dynamic_scale=True))
+        if stage > 0 and world == 2:  # MindOne's split rule: the LayerNorm (6,) is split, the rest stays whole
+            cases.append(_case(f"s{stage}_graph_mindone_rule", stage, accum=2, clip=True, optimizer="momentum",
+                               pad=False))
         # issue 11: s{stage}_graph_a1 with one collective per tensor, to be compared bit for bit
         cases.append(_case(f"s{stage}_graph_unfused", stage, fusion=UNFUSED))
         # issue 5: fusion (with clipping and accumulation; PYNATIVE counts the real calls)

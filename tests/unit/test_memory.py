@@ -87,6 +87,23 @@ def test_bad_arguments_name_argument_and_value(kwargs, name, shown):
     assert "estimate_model_states_memory" in msg and f"'{name}'" in msg and msg.endswith(f"but got {shown}.")
 
 
+@pytest.mark.parametrize("stage,shard_ema,ema_per_device", [
+    (0, False, 4e6), (1, False, 4e6), (2, False, 4e6), (3, False, 0.5e6),
+    (0, True, 4e6), (1, True, 0.5e6), (2, True, 0.5e6), (3, True, 0.5e6),
+])
+def test_ema_bytes_follow_the_ema_layout(stage, shard_ema, ema_per_device):
+    """[Note: ZeRO EMA]: whole at stages 0-2 (MindOne's layout), 1/N at stage 3 or with shard_ema."""
+    without = estimate_model_states_memory(1e6, 8, stage)
+    with_ema = estimate_model_states_memory(1e6, 8, stage, ema_bytes=4, shard_ema=shard_ema)
+    assert with_ema - without == ema_per_device
+
+
+@pytest.mark.parametrize("kwargs,name", [(dict(ema_bytes=-4), "ema_bytes"), (dict(shard_ema=1), "shard_ema")])
+def test_bad_ema_arguments_are_named(kwargs, name):
+    with pytest.raises(ValueError, match=f"'{name}'"):
+        estimate_model_states_memory(1e6, 8, 1, **kwargs)
+
+
 def test_transformer_lm_param_count_matches_shape_list():
     v, d, n_layers, f, max_len = 11, 4, 2, 8, 6
     layer_shapes = [(d, d), (d,)] * 4 + [(d, f), (f,), (f, d), (d,)] + [(d,), (d,)] * 2

@@ -181,3 +181,42 @@ def test_bad_shard_spec_shape_and_bool_group_size():
         ShardSpec("w", (-3,), 2, 0, True)
     with pytest.raises(ValueError, match=r"'group_size' must be a positive integer, but got True\."):
         shard_rows(7, True)
+
+
+class _P:
+    """Just the attributes the split rule reads."""
+
+    def __init__(self, shape, requires_grad=True, parallel_optimizer=True):
+        self.shape, self.requires_grad, self.parallel_optimizer = shape, requires_grad, parallel_optimizer
+
+
+@pytest.mark.parametrize("shape,n,mindone,padded", [
+    ((8, 5), 2, True, True), ((5, 3), 2, False, True), ((3,), 2, False, True), ((12,), 4, True, True),
+    ((6, 2), 4, False, True), ((), 2, False, False), ((7,), 1, True, True),
+])
+def test_split_rule_mindone_by_default_padded_on_request(shape, n, mindone, padded):
+    """[Note: split rule]: by default only a dim 0 that divides by N is split (MindOne's rule)."""
+    from mindone_zero.partition import padded_split_rule, splits_over
+
+    p = _P(shape)
+    assert splits_over(p, n) is mindone
+    assert splits_over(p, n, pad_uneven=True) is padded
+    assert splits_over(p, n, pad_uneven=False) is mindone
+    with padded_split_rule(True):
+        assert splits_over(p, n) is padded
+        assert splits_over(p, n, pad_uneven=False) is mindone
+    assert splits_over(p, n) is mindone  # the scope ends with the block
+
+
+@pytest.mark.parametrize("p", [_P((8,), requires_grad=False), _P((8,), parallel_optimizer=False)])
+def test_split_rule_never_splits_frozen_or_opted_out(p):
+    from mindone_zero.partition import splits_over
+
+    assert not splits_over(p, 2) and not splits_over(p, 2, pad_uneven=True)
+
+
+def test_uneven_split_names_lists_the_padded_shards():
+    from mindone_zero.partition import uneven_split_names
+
+    specs = [ShardSpec("a", (5, 3), 2, 0, True), ShardSpec("b", (4, 3), 2, 0, True), ShardSpec("c", (5,), 2, 0, False)]
+    assert uneven_split_names(specs) == ["a"]

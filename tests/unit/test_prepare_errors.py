@@ -38,6 +38,8 @@ def opt(net):
     (dict(scale_sense=-2.0), ValueError, ["'scale_sense'", "-2.0"]),
     (dict(scale_sense=Tensor(np.ones(3, np.float32))), ValueError, ["'scale_sense'", "(3,)"]),
     (dict(ema="ema"), TypeError, ["'ema'", "str"]),
+    (dict(pad_uneven_params="yes"), TypeError, ["'pad_uneven_params'", "'yes'"]),
+    (dict(shard_ema=1), TypeError, ["'shard_ema'", "1"]),
 ])
 def test_prepare_train_network_rejects(net, opt, kwargs, exc, words, tmp_path):
     kwargs.setdefault("params_split_info", str(tmp_path / "info"))
@@ -60,6 +62,13 @@ def test_network_must_be_a_cell(opt):
         prepare_train_network(lambda x: x, opt)
     with pytest.raises(TypeError, match="'network' must be a Cell"):
         prepare_network("net", zero_stage=3)
+
+
+def test_prepare_network_rejects_a_non_bool_split_rule(net):
+    before = {p.name: tuple(p.shape) for p in net.get_parameters()}
+    with pytest.raises(TypeError, match="'pad_uneven_params' must be a bool, but got 'no'"):
+        prepare_network(net, zero_stage=3, pad_uneven_params="no")
+    assert {p.name: tuple(p.shape) for p in net.get_parameters()} == before
 
 
 def test_prepare_ema_and_network_check_stage(net):

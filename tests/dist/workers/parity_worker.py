@@ -69,7 +69,8 @@ def run_case(case, out, rank, world):
     loss_net = LossNet(net)
     if case.get("prepare_first"):
         loss_net = prepare_network(loss_net, case["stage"], groups.get("optimizer_parallel_group"),
-                                   reshard_after_forward=case.get("reshard", True))
+                                   reshard_after_forward=case.get("reshard", True),
+                                   pad_uneven_params=case.get("pad", True))
     opt = make_optimizer(net.trainable_params(), case.get("optimizer", "adam"))
     scale = nn.DynamicLossScaleUpdateCell(2.0 ** 10, 2, 1000) if case.get("dynamic_scale") else 1.0
     accum = case["accum"]
@@ -77,7 +78,7 @@ def run_case(case, out, rank, world):
         loss_net, opt, scale_sense=scale, zero_stage=case["stage"], gradient_accumulation_steps=accum,
         clip_grad=case["clip"], clip_norm=CLIP_NORM, params_split_info=os.path.join(out, case["name"] + "_info"),
         comm_fusion=case.get("fusion"), optimizer_offload=offload_argument(case.get("offload"), out),
-        reshard_after_forward=case.get("reshard", True), **groups,
+        reshard_after_forward=case.get("reshard", True), pad_uneven_params=case.get("pad", True), **groups,
     )
     train.set_train(True)
     counter = CallCounter(train) if case.get("count_calls") else None
