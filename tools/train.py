@@ -224,6 +224,7 @@ class Job:
             clip_norm=train["clip_norm"], zero_stage=train["zero_stage"],
             reshard_after_forward=train["reshard_after_forward"],
             gather_units=tuple(getattr(lm_model, name) for name in unit_names(train["gather_units"])) or None,
+            pad_uneven_params=train["pad_uneven_params"], shard_ema=train["shard_ema"],
             params_split_info=str(self.out / "params_info"),
         )
         self.train_net.set_train(True)

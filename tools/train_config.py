@@ -25,6 +25,8 @@ DEFAULTS: Dict[str, Dict[str, Any]] = {
         "zero_stage": 3,
         "reshard_after_forward": True,
         "gather_units": "",
+        "pad_uneven_params": False,
+        "shard_ema": False,
         "steps": 100,
         "global_batch_size": 32,
         "gradient_accumulation_steps": 1,

@@ -253,7 +253,7 @@ def load_report(path):
 
 def saved_networks(case, folder, rank, world):
     """{step: (load report, values)} of the network checkpoints this case saved (rank 0 reads)."""
-    if rank != 0:
+    if rank != 0 or case.get("callback_ranks") == "rank0":  # rank 1 saved no network file there
         return {}
     out = {}
     for step in range(SAVE_EVERY, STOP_AT + 1, SAVE_EVERY):
