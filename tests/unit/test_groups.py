@@ -20,9 +20,15 @@ class FakeJob:
     def __init__(self, monkeypatch, world, rank):
         self.calls = []
         monkeypatch.setattr(groups, "_CREATED", {})
-        monkeypatch.setattr(groups, "get_group_size", lambda group=None: world if group is None else 1 / 0)
-        monkeypatch.setattr(groups, "get_rank", lambda group=None: rank if group is None else 1 / 0)
+        monkeypatch.setattr(groups, "get_group_size", lambda group=None: self._world_only(group, world))
+        monkeypatch.setattr(groups, "get_rank", lambda group=None: self._world_only(group, rank))
         monkeypatch.setattr(groups, "create_group", lambda name, members: self.calls.append((name, list(members))))
+
+    @staticmethod
+    def _world_only(group, value):
+        # the names and members come from the world rank and size alone, before any group exists
+        assert group is None, f"queried group {group!r}"
+        return value
 
 
 def _run_job(monkeypatch, world, shard_size):
@@ -59,7 +65,7 @@ def test_names_are_unique_across_the_job_and_groups_tile_it(monkeypatch, world, 
     assert len(members_of) - 1 == expected
 
 
-def test_names_encode_the_members(monkeypatch):
+def test_names_encode_the_members():
     assert groups.hybrid_group_names(2, 4, 3) == ("zero_shard_2_3", "zero_replica_1_3")
     assert groups.hybrid_group_names(8, 16, 9) == ("zero_shard_8_9_10_11_12_13_14_15", "zero_replica_1_9")
     assert groups.hybrid_group_names(16, 64, 35) == ("zero_shard_32_to_47_by_1", "zero_replica_3_19_35_51")
