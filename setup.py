@@ -1,9 +1,11 @@
 """Install mindone_zero and parallel_modules.
 
 `python -m pip install -e .` for the library and tools; add `[test]` for the test suite
-and `[plot]` for the benchmark plots.
+and `[plot]` for the benchmark plots. Packages are found, not listed, so that a new subpackage
+is never left out of the wheel (tests/unit/test_wheel.py builds and imports it). The console
+commands are the offline combine and the memory estimator (`mindone_zero/cli/`).
 """
-from setuptools import setup
+from setuptools import find_packages, setup
 
 setup(
     name="mindone_zero",
@@ -11,7 +13,13 @@ setup(
     description="MindSpore-native ZeRO (stages 0-3) with MindOne's mindone.trainers.zero API",
     long_description=open("README.md", encoding="utf-8").read(),
     long_description_content_type="text/markdown",
-    packages=["mindone_zero", "mindone_zero.checkpoint", "parallel_modules"],
+    packages=find_packages(include=["mindone_zero", "mindone_zero.*", "parallel_modules", "parallel_modules.*"]),
+    entry_points={
+        "console_scripts": [
+            "mindone-zero-convert = mindone_zero.cli.convert:main",
+            "mindone-zero-estimate-memory = mindone_zero.cli.estimate_memory:main",
+        ],
+    },
     python_requires=">=3.9",
     install_requires=[
         "mindspore==2.10.0",
@@ -19,7 +27,7 @@ setup(
         "pyyaml",
     ],
     extras_require={
-        "test": ["pytest", "pytest-timeout"],
+        "test": ["pytest", "pytest-timeout", "setuptools", "wheel"],  # wheel: tests/unit/test_wheel.py
         "plot": ["matplotlib"],
     },
 )

@@ -2,6 +2,7 @@
 from .checkpoint import (convert_checkpoints, gather_full_params, latest_checkpoint, load_train_state,
                          save_full_checkpoint, save_train_state)
 from .ema import EMA
+from .groups import create_hybrid_groups
 from .memory import estimate_model_states_memory, estimate_peak_memory
 from .prepare import prepare_ema, prepare_network, prepare_train_network
 from .train_step import TrainOneStepWrapper
@@ -25,6 +26,7 @@ __all__ = [
     "save_full_checkpoint",
     "PARALLEL_MODULES",
     "ZeroPPConfig",
+    "create_hybrid_groups",
 ]
 
 

@@ -39,34 +39,31 @@ def worker(config: str, out: Path) -> None:
     import mindspore as ms
     import yaml
     from mindspore import nn
-    from mindspore.communication import create_group
 
-    from mindone_zero import prepare_train_network
+    from mindone_zero import create_hybrid_groups, prepare_train_network
     from mindone_zero.comm import init_data_parallel
     from tools.lm_model import LMLoss, build_lm, init_lm_weights
 
     rank, world = init_data_parallel("CPU")
     ms.set_context(mode=ms.GRAPH_MODE)
-    half = world // 2
-    members = list(range(half)) if rank < half else list(range(half, world))
-    create_group("bench_node", members)
+    node, _ = create_hybrid_groups(world // 2)  # this rank's half (a "node"), under a name unique job-wide
     model = yaml.safe_load(open(config, encoding="utf-8"))["model"]
     results, keep = [], []
     for combo in COMBOS:
         loss_net = LMLoss(init_lm_weights(build_lm(model), 0))
         phi = sum(p.size * 4 for p in loss_net.trainable_params())
         opt = nn.AdamWeightDecay(loss_net.trainable_params(), learning_rate=1e-3)
-        train = prepare_train_network(loss_net, opt, zero_stage=3, zeropp=_zeropp(combo, "bench_node"),
+        train = prepare_train_network(loss_net, opt, zero_stage=3, zeropp=_zeropp(combo, node),
                                       params_split_info=str(out / "params_info"))
         keep.append(train)
         results.append({"combo": combo, "phi": phi, "entries": [list(e) for e in train.comm_plan.entries]})
     if rank == 0:
-        (out / "plans.json").write_text(json.dumps({"world": world, "results": results}))
+        (out / "plans.json").write_text(json.dumps({"world": world, "secondary": node, "results": results}))
 
 
-def volumes(entries, secondary: str = "bench_node"):
-    """(ring volume per rank, the part outside ``secondary``) of plan entries, without the
-    overflow-flag and clipping all-reduces (4-byte scalars)."""
+def volumes(entries, secondary: str):
+    """(ring volume per rank, the part outside the group named ``secondary``) of plan entries,
+    without the overflow-flag and clipping all-reduces (4-byte scalars)."""
     from mindone_zero.comm import CommPlan
 
     plan = CommPlan([tuple(e) for e in entries if not (e[0] == "all_reduce" and e[2] == 4)])
@@ -74,16 +71,16 @@ def volumes(entries, secondary: str = "bench_node"):
 
 
 def render(data: dict) -> str:
-    """The markdown table of ``plans.json``."""
-    world, results = data["world"], data["results"]
-    base_total, base_cross = volumes(results[0]["entries"])
+    """The markdown table of ``plans.json`` (``secondary``: rank 0's hpZ group)."""
+    world, results, secondary = data["world"], data["results"], data["secondary"]
+    base_total, base_cross = volumes(results[0]["entries"], secondary)
     phi = results[0]["phi"]
     lines = [f"ZeRO++ communication per optimizer step and rank, demo LM ({phi // 4} parameters, Φ = {phi} B fp32), "
              f"N={world}, hpZ group = {world // 2} ranks; native bytes (int8 + fp32 scales per block of 2048)",
              "", "| qwZ | hpZ | qgZ | sent per rank (B) | (Φ) | / stage 3 | outside the hpZ group (B) | (Φ) | / stage 3 |",
              "|---|---|---|---:|---:|---:|---:|---:|---:|"]
     for r in results:
-        total, cross = volumes(r["entries"])
+        total, cross = volumes(r["entries"], secondary)
         flags = " | ".join("yes" if r["combo"][k] else "-" for k in ("qwZ", "hpZ", "qgZ"))
         # Φ of the paper is the full tensor; ring volume is (N-1)/N of it, so divide that out.
         scale = phi * (world - 1) / world

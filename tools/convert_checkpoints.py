@@ -1,57 +1,18 @@
-"""Combine per-rank ZeRO checkpoints into one checkpoint of full tensors.
+"""Combine per-rank ZeRO checkpoints offline, from a checkout (installed: ``mindone-zero-convert``).
 
-    python tools/convert_checkpoints.py \\
-        --src_checkpoint "ckpt/rank_{}/net.ckpt" \\
-        --src_param_split_info_json "params_info/params_split_info_{}.json" \\
-        --group_size 4
+    python tools/convert_checkpoints.py --src_checkpoint "ckpt/rank_{}/net.ckpt" \\
+        --src_param_split_info_json "params_info/params_split_info_{}.json" --group_size 4
 
-``{}`` stands for the rank index 0 .. group_size-1. The output, ``src_checkpoint`` with ``{}``
-replaced by ``all_{group_size}`` (MindOne's naming), is printed on stdout; progress goes to
-stderr, one line per tensor. Bad input exits with status 2 and a message naming the file and
-the problem; no output file is written then. See ``mindone_zero.checkpoint.convert_checkpoints``.
+A thin wrapper: the command is ``mindone_zero.cli.convert.main`` (see its docstring).
 """
-import argparse
 import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from mindone_zero.checkpoint import convert_checkpoints  # noqa: E402
+from mindone_zero.cli.convert import main  # noqa: E402
 
-
-def _print_progress(done: int, total: int, name: str) -> None:
-    print(f"[{done}/{total}] {name}", file=sys.stderr, flush=True)
-
-
-def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--src_checkpoint", required=True, help='per-rank checkpoint path with "{}" for the rank')
-    parser.add_argument(
-        "--src_param_split_info_json", required=True, help='per-rank split-info JSON path with "{}" for the rank'
-    )
-    parser.add_argument("--group_size", type=int, required=True, help="ranks in the optimizer parallel group")
-    parser.add_argument(
-        "--output_format", choices=["ckpt", "safetensors"], default=None, help="default: the input's format"
-    )
-    parser.add_argument(
-        "--exclude_optimizer_states", action="store_true", help="keep network parameters (and EMA) only"
-    )
-    parser.add_argument("--quiet", action="store_true", help="no progress lines on stderr")
-    args = parser.parse_args(argv)
-    try:
-        out = convert_checkpoints(
-            args.src_checkpoint,
-            args.src_param_split_info_json,
-            args.group_size,
-            output_format=args.output_format,
-            exclude_optimizer_states=args.exclude_optimizer_states,
-            progress=None if args.quiet else _print_progress,
-        )
-    except (ValueError, TypeError, OSError) as err:
-        parser.error(str(err))
-    print(out)
-    return 0
-
+__all__ = ["main"]
 
 if __name__ == "__main__":
     sys.exit(main())

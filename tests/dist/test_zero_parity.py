@@ -9,7 +9,9 @@ import json
 import numpy as np
 import pytest
 
+from group_names import job_groups
 from parity_cases import CASES, OVERFLOW_STEP, STAGES, reference_spec_of, world_cases
+from mindone_zero.groups import hybrid_group_names
 from mindone_zero.partition import split_array
 from zero_results import gathered_params, load_case, mean_losses, reference
 
@@ -127,8 +129,20 @@ def test_build_errors_name_argument_and_value(parity_jobs, world):
         assert errors["factored_stage0"] is None  # nothing is sharded at stage 0, so any optimizer works
         if world == 4:
             assert errors["sub_group_without_dp"].startswith("ValueError")
-            assert "'dp_group'" in errors["sub_group_without_dp"] and "'zop'" in errors["sub_group_without_dp"]
+            shard, _ = hybrid_group_names(2, world, r)
+            message = errors["sub_group_without_dp"]
+            assert "'dp_group'" in message and repr(shard) in message, message
             assert "must tile the 4 ranks" in errors["groups_do_not_tile"] and "'zero_all'" in errors["groups_do_not_tile"]
+
+
+@pytest.mark.parametrize("world", [2, 4])
+def test_group_names_stand_for_one_rank_set_across_the_job(parity_jobs, world):
+    world, out = parity_jobs(world)
+    groups = job_groups(out, world)
+    if world == 4:  # the hybrid cases' groups, from create_hybrid_groups(2)
+        for r in range(world):
+            shard, replica = hybrid_group_names(2, world, r)
+            assert groups[shard] == [r - r % 2, r - r % 2 + 1] and groups[replica] == [r % 2, r % 2 + 2]
 
 
 @pytest.mark.parametrize("world,case", FP16_STAGE3)

@@ -152,10 +152,10 @@ def test_benchmark_table_ratios():
              ["all_reduce", "w", 4, 4]]
     every = [["all_gather", "w", 250, 4], ["all_gather", "w", 4, 4], ["all_gather", "bench_node", 1000, 2],
              ["all_gather", "bench_node", 1000, 2], ["all_to_all", "w", 250, 4], ["all_to_all", "w", 4, 4]]
-    assert volumes(plain) == (pytest.approx(2250.0), pytest.approx(2250.0))  # the 4-byte flag is left out
-    assert volumes(every)[1] == pytest.approx(381.0)
+    assert volumes(plain, "bench_node") == (pytest.approx(2250.0), pytest.approx(2250.0))  # the 4-byte flag is left out
+    assert volumes(every, "bench_node")[1] == pytest.approx(381.0)
     results = [{"combo": c, "phi": 1000, "entries": every if all(c.values()) else plain} for c in COMBOS]
-    table = render({"world": 4, "results": results})
+    table = render({"world": 4, "secondary": "bench_node", "results": results})
     assert "| - | - | - | 2250 | 3.00 | 1.000 | 2250 | 3.00 | 1.000 |" in table
     assert "| yes | yes | yes | 1381 | 1.84 | 0.614 | 381 | 0.51 | 0.169 |" in table
 

@@ -30,13 +30,12 @@ import time
 import numpy as np
 import mindspore as ms
 from mindspore import Tensor, nn
-from mindspore.communication import create_group
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", ".."))
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from models import LossNet, TinyNet, global_batch, init_weights, make_optimizer, micro_batch  # noqa: E402
 
-from mindone_zero import EMA, prepare_train_network  # noqa: E402
+from mindone_zero import EMA, create_hybrid_groups, prepare_train_network  # noqa: E402
 from mindone_zero.comm import init_data_parallel  # noqa: E402
 from mindone_zero.offload import set_fault_hook  # noqa: E402
 from mindone_zero.checkpoint import resume as ckpt_mod  # noqa: E402  (save_train_state looks its writer up there)
@@ -78,18 +77,11 @@ def even_batch(step, rank, world):
 
 
 def groups(case, rank, world):
-    """(optimizer_parallel_group, dp_group) names; hybrid: groups {0,1},{2,3} share shards over {0,2},{1,3}."""
+    """(optimizer_parallel_group, dp_group) names; hybrid: groups {0,1},{2,3} share shards over {0,2},{1,3}
+    (``create_hybrid_groups(2)``, which creates them on the first hybrid case only)."""
     if not case["hybrid"]:
         return None, None
-    op, dp = f"ckpt_op{rank // 2}", f"ckpt_dp{rank % 2}"
-    if op not in groups.made:
-        create_group(op, [2 * (rank // 2), 2 * (rank // 2) + 1])
-        create_group(dp, [rank % 2, rank % 2 + 2])
-        groups.made.update({op, dp})
-    return op, dp
-
-
-groups.made = set()
+    return create_hybrid_groups(2)
 
 
 def build(case, rank, world, net=None):

@@ -4,7 +4,8 @@ Usage (under msrun): parity_worker.py --out DIR --cases JSON
 Each case: {"name", "mode": "graph"|"pynative", "stage", "accum", "clip", "steps", "optimizer",
             "overflow_step" (optional: rank 1 injects inf into its loss at that step),
             "dynamic_scale" (optional)}.
-Writes DIR/{name}_rank{r}.npz (losses, overflow, scales, params) and DIR/{name}_rank{r}.json.
+Writes DIR/{name}_rank{r}.npz (losses, overflow, scales, params) and DIR/{name}_rank{r}.json,
+and DIR/groups_rank{r}.json (``create_groups``).
 """
 import json
 import os
@@ -19,8 +20,9 @@ sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", ".."))
 from msrun_harness import worker_args  # noqa: E402
 from models import FactoredOptimizer, LossNet, TinyNet, init_weights, make_optimizer, micro_batch  # noqa: E402
 
-from mindone_zero import ZeroHelper, prepare_network, prepare_train_network  # noqa: E402
-from mindone_zero.comm import GroupComm, init_data_parallel  # noqa: E402
+from mindone_zero import ZeroHelper, create_hybrid_groups, prepare_network, prepare_train_network  # noqa: E402
+from mindone_zero.comm import GroupComm, group_members, init_data_parallel, world_group  # noqa: E402
+from mindone_zero.groups import created_groups  # noqa: E402
 from mindone_zero.memory_measure import measure_model_states  # noqa: E402
 from mindone_zero.optimizer_states import find_optimizer_states  # noqa: E402
 
@@ -60,9 +62,9 @@ def offload_argument(where, out):
     return where == "host"
 
 
-def run_case(case, out, rank, world):
+def run_case(case, out, rank, world, hybrid):
     ms.set_context(mode=ms.GRAPH_MODE if case["mode"] == "graph" else ms.PYNATIVE_MODE)
-    groups = dict(optimizer_parallel_group="zop", dp_group="zdp") if case.get("hybrid") else {}
+    groups = dict(optimizer_parallel_group=hybrid[0], dp_group=hybrid[1]) if case.get("hybrid") else {}
     net = init_weights(TinyNet(with_scalar=case.get("net", "full") != "noscalar"))
     if case.get("net") == "fp16":
         net.head.to_float(ms.float16)
@@ -122,16 +124,20 @@ def _error_of(fn):
     return None
 
 
-def create_groups(rank, world):
-    """zero_all: every rank under another name; at N=4 the hybrid grid zop {0,1}/{2,3} (shards)
-    and zdp {0,2}/{1,3} (replicas)."""
+def create_groups(out, rank, world):
+    """zero_all: every rank under another name; at N=4 the hybrid grid of ``create_hybrid_groups(2)``:
+    shards {0,1}/{2,3}, replicas {0,2}/{1,3}. Returns its (shard, replica) names (None at N=2) and
+    writes groups_rank{r}.json: {name: world ranks, as the backend reports them} of every group this
+    rank uses, for the job-wide check that no name stands for two rank sets."""
     create_group("zero_all", list(range(world)))
-    if world == 4:
-        create_group("zop", [0, 1] if rank < 2 else [2, 3])
-        create_group("zdp", [0, 2] if rank % 2 == 0 else [1, 3])
+    hybrid = create_hybrid_groups(2) if world == 4 else (None, None)
+    names = [world_group(), "zero_all", *created_groups()]
+    with open(os.path.join(out, f"groups_rank{rank}.json"), "w") as f:
+        json.dump({name: group_members(name) for name in names}, f)
+    return hybrid
 
 
-def run_error_checks(out, rank, world):
+def run_error_checks(out, rank, world, hybrid):
     """Build-time errors that need a distributed job; writes errors_rank{r}.json."""
     net = LossNet(init_weights(TinyNet()))
 
@@ -147,8 +153,9 @@ def run_error_checks(out, rank, world):
         "factored_stage0": _error_of(lambda: ZeroHelper(FactoredOptimizer(net.trainable_params()), zero_stage=0)),
     }
     if world == 4:
-        results["sub_group_without_dp"] = _error_of(lambda: build(optimizer_parallel_group="zop"))
-        results["groups_do_not_tile"] = _error_of(lambda: build(optimizer_parallel_group="zop", dp_group="zero_all"))
+        results["sub_group_without_dp"] = _error_of(lambda: build(optimizer_parallel_group=hybrid[0]))
+        results["groups_do_not_tile"] = _error_of(lambda: build(optimizer_parallel_group=hybrid[0],
+                                                                dp_group="zero_all"))
     with open(os.path.join(out, f"errors_rank{rank}.json"), "w") as f:
         json.dump(results, f)
 
@@ -156,10 +163,10 @@ def run_error_checks(out, rank, world):
 def main():
     out, cases = worker_args()
     rank, world = init_data_parallel()
-    create_groups(rank, world)
-    run_error_checks(out, rank, world)
+    hybrid = create_groups(out, rank, world)
+    run_error_checks(out, rank, world, hybrid)
     for case in cases:
-        run_case(case, out, rank, world)
+        run_case(case, out, rank, world, hybrid)
         print(f"rank {rank}: case {case['name']} done", flush=True)
 
 

@@ -30,7 +30,7 @@ import mindspore as ms  # noqa: E402
 from mindspore import Tensor, nn  # noqa: E402
 from mindspore.communication import create_group  # noqa: E402
 
-from mindone_zero import gather_full_params, prepare_train_network  # noqa: E402
+from mindone_zero import create_hybrid_groups, gather_full_params, prepare_train_network  # noqa: E402
 from mindone_zero.comm import init_data_parallel, world_group  # noqa: E402
 from mindone_zero.memory_measure import hpz_secondary_bytes  # noqa: E402
 from mindone_zero.quantize import quantize_blocks  # noqa: E402
@@ -94,7 +94,7 @@ def run_train(case, rank, world, out):
     if case.get("hpz"):
         half = world // 2
         members = list(range(half)) if rank < half else list(range(half, world))
-        name = f"hpz_{members[0]}"
+        name = f"hpz_{members[0]}"  # a contiguous half, named by its first rank: unique job-wide (groups.py)
         create_group(name, members)
         zeropp = dict(zeropp or {}, hpz_group=name)
     train, phi = _build(case["model"], zeropp, case.get("reshard", True))
@@ -116,17 +116,13 @@ def run_train(case, rank, world, out):
 
 def run_errors(case, rank, world, out):
     """Each bad value raises naming the argument and value, before the network is modified."""
-    half = world // 2
-    op_members = list(range(half)) if rank < half else list(range(half, world))
-    dp_members = [r for r in range(world) if r % half == rank % half]
-    create_group("err_op", op_members)
-    create_group("err_dp", dp_members)
+    op_group, dp_group = create_hybrid_groups(world // 2)  # shards over each half, replicas across
     bad = [
         ("block_size", {"quantize_weights": True, "block_size": 0}, {}),
         ("block_size_negative", {"quantize_gradients": True, "block_size": -5}, {}),
-        ("not_dividing", {"hpz_group": world_group()}, {"optimizer_parallel_group": "err_op",
-                                                              "dp_group": "err_dp"}),
-        ("no_reshard", {"hpz_group": "err_op"}, {"reshard_after_forward": False}),
+        ("not_dividing", {"hpz_group": world_group()}, {"optimizer_parallel_group": op_group,
+                                                              "dp_group": dp_group}),
+        ("no_reshard", {"hpz_group": op_group}, {"reshard_after_forward": False}),
     ]
     results = {}
     for label, zeropp, kwargs in bad:
