@@ -162,6 +162,27 @@ def _saved_full_shape(saved: SavedCheckpoint, files: list, name: str, per_rank: 
     return full_shape_of(name, shape, entry, saved.n, LOAD, f"the split info '{json_path}'"), True
 
 
+_MASTER = "master."  # ZeroHelper's name of a parameter's fp32 master shard (stages 1-2)
+
+
+def _master_changes(layout: Layout, kind: str, items: List[Held], stored) -> tuple:
+    """(masters this run needs that the file lacks, masters the file has that this run lacks).
+
+    [Note: masters and the split rule] Under MindOne's split rule (the default) whether a parameter
+    is split, and so has a master shard at stages 1-2, depends on the group size: (6,) is split over
+    2 ranks and whole over 4. Resharding therefore drops the masters of parameters that become whole
+    (their full value is in the network file, which for fp32 parameters equals the master bit for
+    bit) and builds the masters of parameters that become split from that network value.
+    """
+    if kind != "optimizer" or layout.stage not in (1, 2):
+        return set(), set()
+    mine = {it.param.name for it in items}
+    network = {it.param.name for it in layout.items["network"]}
+    need = {n for n in mine - set(stored) if n.startswith(_MASTER) and n[len(_MASTER):] in network}
+    extra = {n for n in set(stored) - mine if n.startswith(_MASTER) and n[len(_MASTER):] in network}
+    return need, extra
+
+
 def plan_load(layout: Layout, saved: SavedCheckpoint) -> list:
     """[(Parameter, fetch)]: ``fetch()`` returns this rank's block. Validates everything first."""
     _check_compatible(layout, saved)
@@ -175,13 +196,32 @@ def plan_load(layout: Layout, saved: SavedCheckpoint) -> list:
             files = [saved.reader(kind, layout.rank if meta["world_size"] == layout.world else 0)]
         else:
             files = saved.readers(kind)
-        _check_names(kind, items, files[0].infos, files[0].path, skip_accum and kind == "train_state")
+        need, extra = _master_changes(layout, kind, items, files[0].infos)
+        stored = {n: v for n, v in files[0].infos.items() if n not in extra}
+        _check_names(kind, [it for it in items if it.param.name not in need], stored, files[0].path,
+                     skip_accum and kind == "train_state")
         for it in items:
             if kind == "train_state" and skip_accum and is_accum(it.param.name):
                 plan.append((it.param, lambda p=it.param: np.zeros(p.shape, np.float32)))
                 continue
+            if it.param.name in need:
+                plan.append((it.param, _master_from_network(layout, saved, it)))
+                continue
             plan.append((it.param, _fetcher(layout, saved, kind, files, it)))
     return plan
+
+
+def _master_from_network(layout: Layout, saved: SavedCheckpoint, it: Held):
+    """This rank's master block of a parameter saved whole ([Note: masters and the split rule])."""
+    name = it.param.name[len(_MASTER):]
+    network = saved.readers("network")[0]
+    full = tuple(network.infos[name].shape)
+    if full != tuple(it.held.shape):
+        raise ValueError(
+            f"For '{LOAD}', {name!r} has the full shape {full} in the checkpoint file '{network.path}', but "
+            f"{tuple(it.held.shape)} in the argument 'train_net'."
+        )
+    return lambda: split_array(network.read(name).astype(np.float32), layout.op_size, layout.op_rank)
 
 
 def _fetcher(layout: Layout, saved: SavedCheckpoint, kind: str, files: list, it: Held):

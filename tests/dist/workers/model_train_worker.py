@@ -8,10 +8,11 @@ The script is written the way MindOne's example training scripts are, without im
 * a ``GeneratorDataset`` sharded per rank, three epochs of three steps, ``dataset_sink_mode=False``;
 * ``EvalSaveLike``: ``EvalSaveCallback``'s call pattern. Every ``save_every`` steps, every rank saves
   ``save_checkpoint(train_network)`` for resume; the ranks that save the network (rank 0 at stages
-  0-2 and with ``combine_online``, every rank at stage 3 otherwise) run ``swap_before_eval``, save,
-  ``swap_after_eval`` (with ``shard_ema`` every rank swaps: its swap is collective); at stage 3 with
-  ``combine_online`` every rank first ``ops.AllGather``s each parameter whose
-  ``parallel_optimizer`` is True, and rank 0 saves the result;
+  0-2 and with ``combine_online``, every rank at stage 3 otherwise) save with the EMA swapped in:
+  ``swap_before_eval``, save, ``swap_after_eval``. Every rank swaps at stage 3 and with
+  ``shard_ema`` (collective there); at stage 3 with ``combine_online`` every rank then
+  ``ops.AllGather``s each parameter whose ``parallel_optimizer`` is True and rank 0 saves the result
+  (MindOne turns the online combine off when there is an EMA; here it gathers the EMA weights);
 * ``StepRecorder`` reads what MindOne's callbacks read: ``cb_params.net_outputs``,
   ``train_network.optimizer.global_step`` and ``learning_rate``, ``scale_sense``; it checks that
   every trainable parameter moves on the step after a swap, and stops training early with
@@ -191,7 +192,8 @@ class EvalSaveLike(Callback):
         stage = case["stage"]
         self.combine = stage == 3 and bool(case.get("combine_online"))
         self.saves_network = rank == 0 or (stage == 3 and not self.combine)
-        self.swaps = self.saves_network or bool(case.get("shard_ema"))
+        # at stage 3 every rank swaps (the online combine gathers the swapped-in EMA shards)
+        self.swaps = self.saves_network or stage == 3 or bool(case.get("shard_ema"))
 
     def on_train_step_end(self, run_context):
         cb = run_context.original_args()
@@ -199,11 +201,11 @@ class EvalSaveLike(Callback):
         if step % SAVE_EVERY:
             return
         ms.save_checkpoint(cb.train_network, os.path.join(self.folder, f"train_resume_rank{self.rank}_s{step}.ckpt"))
-        combined = self._combine_online() if self.combine else None
         if self.swaps:
             trained = {p.name: p.asnumpy().copy() for p in self.net.trainable_params()}
             self.ema.swap_before_eval()
             differs = any(not np.array_equal(p.asnumpy(), trained[p.name]) for p in self.net.trainable_params())
+        combined = self._combine_online() if self.combine else None
         if self.saves_network:
             to_save = combined or [{"name": p.name, "data": Tensor(p.asnumpy())} for p in self.net.trainable_params()]
             suffix = f"_op_rank_{self.rank}" if self.case["stage"] == 3 and not self.combine else ""
@@ -256,7 +258,8 @@ def saved_networks(case, folder, rank, world):
     if rank != 0 or case.get("callback_ranks") == "rank0":  # rank 1 saved no network file there
         return {}
     out = {}
-    for step in range(SAVE_EVERY, STOP_AT + 1, SAVE_EVERY):
+    first = case["resume_from"]["step"] if case.get("resume_from") else 0
+    for step in range(first + SAVE_EVERY, STOP_AT + 1, SAVE_EVERY):
         if case["stage"] < 3 or case.get("combine_online"):
             path = os.path.join(folder, f"net-s{step}.ckpt")
         else:
