@@ -13,6 +13,10 @@ Three msrun jobs, each run once per module, in this order (later jobs read earli
   stage 3), of the hybrid one, of a MindOne-style JSON copy; every bad input.
 
 The straight run and the resumed one are separate processes that share nothing but the files.
+TinyNet's shapes do not divide by 2 or 4, so its runs shard with the padded rule
+(``pad_uneven_params=True``, the worker's default), except the "_mr" runs: MindOne's rule (the
+library's default), under which the LayerNorm is split over 2 ranks and nothing over 4, so
+resharding 2 -> 4 -> 2 at stage 2 drops the master shards and builds them again.
 """
 import json
 import os
@@ -45,6 +49,7 @@ def _a_cases():
         dict(name="s3_off", stage=3, offload="file", ckpt="s3_off", saves=[5, 10]),
         dict(name="s1_off_fault", stage=1, offload="file", ckpt="s1_off_fault", saves=[5, 10],
              step_fault={"step": 7, "rank": 1}),
+        dict(name="s2_mr", stage=2, pad=False, ckpt="s2_mr", saves=[5, 10]),
     ]
 
 
@@ -55,6 +60,7 @@ def _c_cases(a):
         dict(name="r2to4_s3", stage=3, load=f"{a}/s3", load_step=5, ckpt="r2to4_s3", saves=[7, 10]),
         dict(name="hyb_s2", stage=2, hybrid=True, ckpt="hyb_s2", saves=[3], end=3),
         dict(name="r2to4_s3_off", stage=3, offload="host", load=f"{a}/s3_off", load_step=5),
+        dict(name="r2to4_s2_mr", stage=2, pad=False, load=f"{a}/s2_mr", load_step=5, ckpt="r2to4_s2_mr", saves=[7, 10]),
         dict(name="errors_n4", checks={"mid_accum_reshard": f"{a}/s2_accum"}),
     ]
 
@@ -72,6 +78,7 @@ def _b_cases(a, c, bad):
         dict(name="r_s3_off", stage=3, offload="file", load=f"{a}/s3_off", load_step=5),
         dict(name="r4to2_s1", stage=1, load=f"{c}/s1_n4", load_step=5),
         dict(name="r4to2_s3", stage=3, load=f"{c}/r2to4_s3", load_step=7),  # 2 -> 4 -> 2
+        dict(name="r4to2_s2_mr", stage=2, pad=False, load=f"{c}/r2to4_s2_mr", load_step=7),  # masters rebuilt
         dict(name="r_hyb", stage=2, load=f"{c}/hyb_s2", load_step=3, end=6),
         dict(name="r_even_mindone", stage=3, net="even", load=f"{bad}/even_mindone", load_step=1, end=1),
         dict(name="errors", checks=checks),
@@ -255,7 +262,8 @@ def test_resume_same_world_is_bitwise(jobs, straight, resumed):
 
 # (straight run at N=2, resumed run, its job, its world size, loaded step); all but r_hyb end at step 10
 RESHARDS = [("s2", "r2to4_s2", "C", 4, 5), ("s3", "r2to4_s3", "C", 4, 5), ("s1", "r4to2_s1", "B", 2, 5),
-            ("s3", "r4to2_s3", "B", 2, 7), ("s2", "r_hyb", "B", 2, 3), ("s3", "r2to4_s3_off", "C", 4, 5)]
+            ("s3", "r4to2_s3", "B", 2, 7), ("s2", "r_hyb", "B", 2, 3), ("s3", "r2to4_s3_off", "C", 4, 5),
+            ("s2_mr", "r2to4_s2_mr", "C", 4, 5), ("s2_mr", "r4to2_s2_mr", "B", 2, 7)]
 
 
 @pytest.mark.parametrize("ref,name,job,world,step", RESHARDS, ids=[r[1] for r in RESHARDS])

@@ -1,9 +1,11 @@
 """measure_model_states against bytes computed by hand from TinyNet's shapes, stages 0-3 at N=2.
 
 One msrun job builds TinyNet + Adam + EMA with 2 accumulation steps at every stage
-(tests/dist/workers/memory_worker.py). Expected bytes follow DESIGN §3 directly: a parameter
-with ndim >= 1 is cut into N blocks of ceil(d0 / N) rows (zero padding included); the 0-d
-``temperature`` stays whole.
+(tests/dist/workers/memory_worker.py), in two layouts. Expected bytes follow DESIGN §3 directly.
+"padded" (``pad_uneven_params=True, shard_ema=True``): a parameter with ndim >= 1 is cut into N
+blocks of ceil(d0 / N) rows (zero padding included), the EMA too from stage 1; the 0-d
+``temperature`` stays whole. "mindone" (the defaults): only a parameter whose dim 0 divides by N is
+cut (TinyNet's LayerNorm, 6 rows), and the EMA is whole below stage 3.
 """
 import json
 import math
@@ -54,6 +56,18 @@ EXPECTED = {
 }
 
 
+SPLIT_MINDONE = {k for k, s in SHAPES.items() if s and s[0] % WORLD == 0}
+SHARD_M = sum(_shard(s) if k in SPLIT_MINDONE else _full(s) for k, s in SHAPES.items())
+MASTER_M = sum(_shard(s) for k, s in SHAPES.items() if k in SPLIT_MINDONE)
+EXPECTED_MINDONE = {
+    0: EXPECTED[0],
+    1: dict(params=FULL, master_shards=MASTER_M, optimizer_states=2 * SHARD_M, accumulation=FULL, ema=FULL),
+    2: dict(params=FULL, master_shards=MASTER_M, optimizer_states=2 * SHARD_M, accumulation=SHARD_M, ema=FULL),
+    3: dict(params=SHARD_M, master_shards=0, optimizer_states=2 * SHARD_M, accumulation=SHARD_M, ema=SHARD_M),
+}
+LAYOUTS = {"padded": EXPECTED, "mindone": EXPECTED_MINDONE}
+
+
 @pytest.fixture(scope="module")
 def measured(tmp_path_factory):
     out = tmp_path_factory.mktemp("memory_N2")
@@ -61,24 +75,27 @@ def measured(tmp_path_factory):
               timeout=600)
     results = {}
     for stage in STAGES:
-        for rank in range(WORLD):
-            with open(out / f"stage{stage}_rank{rank}.json") as f:
-                results[stage, rank] = json.load(f)
+        for layout in LAYOUTS:
+            for rank in range(WORLD):
+                with open(out / f"stage{stage}_{layout}_rank{rank}.json") as f:
+                    results[stage, layout, rank] = json.load(f)
     return results
 
 
 def test_hand_computed_sizes_differ_between_stages():
     # Guards the test itself: padding must make the shard sizes uneven (3 and 7 and 11 rows on 2 ranks).
     assert 2 * SHARD > FULL and MASTER < SHARD
+    assert SPLIT_MINDONE == {"norm.gamma", "norm.beta"} and SHARD < SHARD_M < FULL
 
 
 @pytest.mark.parametrize("rank", range(WORLD))
 @pytest.mark.parametrize("stage", STAGES)
-def test_measured_bytes_match_hand_computed(measured, stage, rank):
-    result = measured[stage, rank]
+@pytest.mark.parametrize("layout", sorted(LAYOUTS))
+def test_measured_bytes_match_hand_computed(measured, layout, stage, rank):
+    result = measured[stage, layout, rank]
     assert result["stage"] == stage
     memory = result["memory"]
-    for kind, expected in EXPECTED[stage].items():
+    for kind, expected in LAYOUTS[layout][stage].items():
         assert memory[kind] == expected, (kind, memory)
     # Scalars only: loss scale, accumulation counters, Adam's step, learning rate, beta powers, EMA count.
     assert 0 < memory["other"] <= 16 * F32

@@ -7,6 +7,9 @@ construct, nesting in SequentialCell/CellList, a 0-d, an opted-out and a frozen 
 user override), and on ``RecomputeNet`` (Cells marked with ``recompute()`` of every kind: replaced
 layers, generic Cells, a parent of a replaced layer, ``use_reentrant=False``). Each rank compares
 its sharded network with an unsharded copy (with the same marks) it also runs on every rank's batch.
+The shapes do not divide by N on purpose, so the networks are sharded with the padded rule
+(``pad_uneven_params=True``); MindOne's rule (the default) at stage 3 runs in test_model_train.py,
+test_mindone_dropin.py, test_gather_units.py and test_zeropp.py.
 """
 from pathlib import Path
 

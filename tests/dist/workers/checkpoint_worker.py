@@ -3,6 +3,7 @@
 Usage (under msrun): checkpoint_worker.py --out DIR --cases JSON
 Each case (keys with defaults in ``DEFAULTS``):
   name; stage; mode "graph"|"pynative"; accum; fmt "ckpt"|"safetensors"; net "tiny"|"even";
+  pad: the padded split rule (pad_uneven_params; False: MindOne's rule, the library's default);
   hybrid: optimizer groups of 2 ranks, replicas over dp groups (world 4);
   ckpt: folder for save_train_state (relative to --out); saves: completed steps to save at;
   save_mid: [step, micro]: also save after that micro-step (mid-accumulation);
@@ -41,8 +42,8 @@ from mindone_zero.offload import set_fault_hook  # noqa: E402
 from mindone_zero.checkpoint import resume as ckpt_mod  # noqa: E402  (save_train_state looks its writer up there)
 from mindone_zero.checkpoint import gather_full_params, load_train_state, save_full_checkpoint, save_train_state  # noqa: E402,E501
 
-DEFAULTS = dict(mode="graph", accum=1, fmt="ckpt", net="tiny", hybrid=False, ckpt=None, saves=(), save_mid=None,
-                load=None, load_step=None, end=10, inject=None, full=False, offload=None, step_fault=None)
+DEFAULTS = dict(mode="graph", accum=1, pad=True, fmt="ckpt", net="tiny", hybrid=False, ckpt=None, saves=(),
+                save_mid=None, load=None, load_step=None, end=10, inject=None, full=False, offload=None, step_fault=None)
 KEEP_ALIVE = []  # train networks replaced after a failed step: MindSpore caches compiled Cells by id
 EVAL_SEED = 99
 
@@ -100,7 +101,7 @@ def build(case, rank, world, net=None):
     train = prepare_train_network(
         loss_net, opt, scale_sense=nn.DynamicLossScaleUpdateCell(2.0 ** 10, 2, 1000), ema=ema,
         zero_stage=case["stage"], gradient_accumulation_steps=case["accum"], clip_grad=True, clip_norm=2.0,
-        optimizer_parallel_group=op_group, dp_group=dp_group,
+        optimizer_parallel_group=op_group, dp_group=dp_group, pad_uneven_params=case["pad"],
         params_split_info=os.path.join(ARGS.out, "build_info", case["name"], str(rank)),
         optimizer_offload={"device": "nvme", "path": os.path.join(ARGS.out, "offload_states"), "chunk_size": 64}
         if case["offload"] == "file" else case["offload"] == "host",

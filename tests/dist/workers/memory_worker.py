@@ -1,9 +1,11 @@
 """msrun worker: measure_model_states of TinyNet's train network at each ZeRO stage.
 
 Usage (under msrun): memory_worker.py --out DIR --stages 0,1,2,3
-Builds, for each stage, TinyNet + Adam + EMA with 2 accumulation steps (so accumulation buffers
-exist) and writes DIR/stage{s}_rank{r}.json: the measured bytes by kind and the shapes the
-network's parameters have on this rank. Nothing is trained: the sizes are fixed at build time.
+Builds, for each stage and layout, TinyNet + Adam + EMA with 2 accumulation steps (so accumulation
+buffers exist) and writes DIR/stage{s}_{layout}_rank{r}.json: the measured bytes by kind. Layouts:
+"padded" (pad_uneven_params=True, shard_ema=True: every parameter split, the EMA 1/N from stage 1)
+and "mindone" (the defaults: only a dim 0 that divides is split, the EMA whole below stage 3).
+Nothing is trained: the sizes are fixed at build time.
 """
 import argparse
 import json
@@ -26,15 +28,17 @@ def main():
     args = parser.parse_args()
     rank, _ = init_data_parallel()
     for stage in (int(s) for s in args.stages.split(",")):
-        net = init_weights(TinyNet())
-        ema = EMA(net, ema_decay=0.9)
-        opt = make_optimizer(net.trainable_params(), "adam")
-        train = prepare_train_network(LossNet(net), opt, ema=ema, gradient_accumulation_steps=2, zero_stage=stage,
-                                      params_split_info=os.path.join(args.out, f"info_s{stage}"))
-        result = {"memory": measure_model_states(train), "stage": int(train.zero_helper.zero_stage)}
-        with open(os.path.join(args.out, f"stage{stage}_rank{rank}.json"), "w") as f:
-            json.dump(result, f)
-        print(f"rank {rank}: stage {stage} measured", flush=True)
+        for layout, padded in (("padded", True), ("mindone", False)):
+            net = init_weights(TinyNet())
+            ema = EMA(net, ema_decay=0.9)
+            opt = make_optimizer(net.trainable_params(), "adam")
+            train = prepare_train_network(LossNet(net), opt, ema=ema, gradient_accumulation_steps=2, zero_stage=stage,
+                                          pad_uneven_params=padded, shard_ema=padded,
+                                          params_split_info=os.path.join(args.out, f"info_s{stage}_{layout}"))
+            result = {"memory": measure_model_states(train), "stage": int(train.zero_helper.zero_stage)}
+            with open(os.path.join(args.out, f"stage{stage}_{layout}_rank{rank}.json"), "w") as f:
+                json.dump(result, f)
+            print(f"rank {rank}: stage {stage} {layout} measured", flush=True)
 
 
 if __name__ == "__main__":

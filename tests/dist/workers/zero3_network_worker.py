@@ -90,7 +90,7 @@ def _param_report(param, size):
 
 def _uncoalesced_equal(net, batch, loss, grads):
     """Whether ``net`` sharded with every coalesced gather switched off gives ``loss`` and ``grads`` bit for bit."""
-    net = shard_network(net, parallel_modules={zm.Shift: zm.ShiftZero3})
+    net = shard_network(net, parallel_modules={zm.Shift: zm.ShiftZero3}, pad_uneven_params=True)
     for _, cell in net.cells_and_names():
         if getattr(cell, "zero_coalesce", False):
             cell.zero_coalesce = False
@@ -106,7 +106,7 @@ def run_case(mode, fp16, size, rank, recompute=False):
     # Parameter names (what checkpoints use). Attribute paths change under a MindOne-style class,
     # which holds the original as `self.net` (blocks.2.offset is reached as blocks.2.net.offset).
     names_before = [p.name for _, p in net.parameters_and_names()]
-    net = shard_network(net, parallel_modules={zm.Shift: zm.ShiftZero3})
+    net = shard_network(net, parallel_modules={zm.Shift: zm.ShiftZero3}, pad_uneven_params=True)
     names_after = [p.name for _, p in net.parameters_and_names()]
     report = {
         "names_equal": names_before == names_after,
