@@ -221,6 +221,7 @@ class TrainOneStepWrapper(nn.Cell):
             return super().__call__(*inputs)
         loss, overflow, scale, go, grads = super().__call__(*inputs)
         if bool(go.asnumpy()):
+            grads = list(grads)  # emptied as the host step goes ([Note: host step memory] in offload/host_step.py)
             self.zero_helper.host_offload.step(grads)
         return loss, overflow, scale
 
