@@ -109,7 +109,8 @@ def describe(model: dict) -> str:
 
 def render(cfg: dict, rows: List[dict]) -> str:
     lines = [f"Optimizer offload, N={cfg['world_size']}, AdamWeightDecay, {cfg['mode']} mode, {cfg['steps']} steps, "
-             f"file chunks of {cfg['chunk_size'] / 2 ** 20:g} MiB; per rank (largest rank), MB = 1e6 bytes. Models:", ""]
+             f"file chunks of {cfg['chunk_size'] / 2 ** 20:g} MiB; per rank (largest rank), MB = 1e6 bytes. "
+             "Models:", ""]
     lines += [f"- {describe(m)}" for m in cfg["models"]]
     lines += [
         "",
@@ -180,7 +181,8 @@ def render_sweep(numel: int, rows: List[dict]) -> str:
     lines = [f"Host update alone, one tensor of {numel / 1e6:.1f} M float32 elements ({numel * 4 / MB:.0f} MB), "
              f"AdamWeightDecay ({rows[0]['kernel']}), states in files ({2 * numel * 4 / MB:.0f} MB):", "",
              "| chunk_size | median update (s) | peak RSS growth (MB) |", "|---|---|---|"]
-    lines += [f"| {r['chunk_bytes'] / 2 ** 20:g} MiB | {r['seconds']:.3f} | {r['growth_bytes'] / MB:.1f} |" for r in rows]
+    lines += [f"| {r['chunk_bytes'] / 2 ** 20:g} MiB | {r['seconds']:.3f} | {r['growth_bytes'] / MB:.1f} |"
+              for r in rows]
     return "\n".join(lines)
 
 

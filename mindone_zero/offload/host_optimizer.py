@@ -39,6 +39,7 @@ import numpy as np
 from mindspore import Tensor, nn
 
 from .nnacl import adam_weight_decay_kernel
+
 __all__ = ["HostRule", "StepHyper", "host_rule_for", "SUPPORTED"]
 
 SUPPORTED = ("nn.AdamWeightDecay", "nn.Adam", "nn.Momentum", "nn.SGD")

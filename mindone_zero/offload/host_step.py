@@ -27,7 +27,10 @@ The gradients come out of the train graph as Tensors, one per tensor the optimiz
 stage 3, every parameter shard). Held until the step ends, they all stay alive while the host
 updates the first tensor; instead ``TrainOneStepWrapper.__call__`` hands them over in a list,
 and the update drops each one (``_take``) as soon as its tensor is done, so at most one gradient
-beyond what the update itself reads is alive. The update allocates nothing per element where the
+beyond what the update itself reads is alive. Where ``asnumpy()`` copies a gradient to the host
+(a device), that bounds the host copies to one; on the CPU backend it did not move the measured
+peak (the outputs sit in MindSpore's memory pool, which keeps freed blocks for the next step's
+graph, and the peak is inside that graph). The update allocates nothing per element where the
 nnacl kernel runs ([Note: host kernel parity] in nnacl.py): states in memory are updated in place,
 states in files through one buffer per state per chunk (``chunk_size``, 1 MiB by default; its cost
 measured in the README, "Optimizer offload"). The states' device copies are freed when they are
