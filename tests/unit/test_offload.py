@@ -13,7 +13,7 @@ from models import GeluLoss, GeluNet, LossNet, TinyNet, adamw_groups, gelu_batch
     micro_batch
 from mindone_zero import EMA, prepare_train_network
 from mindone_zero.memory_measure import KINDS, LOCATIONS, measure_model_states
-from mindone_zero.offload import OffloadConfig, StepHyper, host_rule_for, set_fault_hook
+from mindone_zero.offload import OffloadConfig, StepHyper, host_rule_for, host_step, set_fault_hook
 
 ms.set_device("CPU")
 KEEP_ALIVE = []  # MindSpore caches compiled Cells by id: keep every case's Cells alive
@@ -158,6 +158,34 @@ def test_offloaded_adamw_run_equals_the_device_run_bit_for_bit(tmp_path):
         assert np.array_equal(losses, device[0]), (losses - device[0])
         for name, value in device[1].items():
             assert np.array_equal(params[name], value), (name, np.abs(params[name] - value).max())
+
+
+def test_host_step_drops_each_gradient_once_used():
+    """[Note: host step memory]: the train graph's gradient Tensors are handed over in a list that
+    the host step empties, so none outlives the update of its own tensor."""
+    ms.set_context(mode=ms.GRAPH_MODE)
+    net = init_weights(GeluNet())
+    train = prepare_train_network(GeluLoss(net), adamw_groups(net), optimizer_offload=True)
+    KEEP_ALIVE.append(train)
+    host, seen = train.zero_helper.host_offload, []
+    real_take = host_step._take
+
+    def take(grads, i):
+        seen.append((i, grads[i] is not None, sum(g is not None for g in grads)))
+        return real_take(grads, i)
+
+    host_step._take = take
+    try:
+        handed = []
+        real_step = host.step
+        host.step = lambda grads: (handed.append(grads), real_step(grads))[-1]
+        x, t = gelu_batch(0, 0, 1)
+        train(Tensor(x), Tensor(t), Tensor(1.0, ms.float32))
+    finally:
+        host_step._take = real_take
+    n = len(host.helper.opt_params)
+    assert isinstance(handed[0], list) and len(handed[0]) == n and all(g is None for g in handed[0])
+    assert seen == [(i, True, n - i) for i in range(n)]  # gradient i alive, the earlier ones gone
 
 
 @pytest.mark.parametrize("optimizer", ["adam", "momentum", "sgd"])
