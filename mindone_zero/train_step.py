@@ -226,6 +226,7 @@ class TrainOneStepWrapper(nn.Cell):
         finally:
             self._host_call = False
         if bool(go.asnumpy()):
+            grads = list(grads)  # emptied as the host step goes ([Note: host step memory] in offload/host_step.py)
             self.zero_helper.host_offload.step(grads)
         return loss, overflow, scale
 

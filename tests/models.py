@@ -116,3 +116,50 @@ def assert_params_untouched(net, before):
     for name, (shape, value) in before.items():
         assert after[name][0] == shape and np.array_equal(after[name][1], value), name
         assert getattr(net.parameters_dict()[name], "zero_spec", None) is None
+
+
+class GeluNet(nn.Cell):
+    """A GELU MLP and a bare parameter (issue 24): its Adam updates expose a difference of rounding
+    between two implementations within a few steps. The hidden width (38) divides by 2 and not by
+    4; the output width (5) and the bare parameter's 3 rows divide by neither, so at N=2 some
+    parameters are sharded by the default rule and some are not (or padded)."""
+
+    IN, HIDDEN, OUT = 13, 38, 5
+
+    def __init__(self):
+        super().__init__()
+        self.fc1 = nn.Dense(self.IN, self.HIDDEN)
+        self.act = nn.GELU(approximate=False)
+        self.norm = nn.LayerNorm((self.HIDDEN,))
+        self.fc2 = nn.Dense(self.HIDDEN, self.OUT)
+        self.offset = Parameter(Tensor(np.zeros((3, self.OUT), np.float32)), name="offset")
+
+    def construct(self, x):
+        y = self.fc2(self.norm(self.act(self.fc1(x))))
+        return y + self.offset.sum(0)
+
+
+class GeluLoss(nn.Cell):
+    """Mean squared error of ``GeluNet`` times ``factor``."""
+
+    def __init__(self, net):
+        super().__init__()
+        self.net = net
+
+    def construct(self, x, target, factor):
+        return ((self.net(x) - target) ** 2).mean() * factor
+
+
+def gelu_batch(step, rank, world, batch=4):
+    """This rank's batch of ``step`` for ``GeluNet``: different data on every rank and step."""
+    rng = np.random.default_rng(7000 + 100 * step + rank)
+    x = rng.standard_normal((batch, GeluNet.IN)).astype(np.float32)
+    return x, np.tanh(x[:, :GeluNet.OUT] * 2.0).astype(np.float32)
+
+
+def adamw_groups(net, lr=3e-3):
+    """AdamWeightDecay with weight decay on the weights only (MindOne's usual grouping)."""
+    params = net.trainable_params()
+    decay = [p.name.endswith("weight") for p in params]
+    return nn.AdamWeightDecay([{"params": [p for p, d in zip(params, decay) if d], "weight_decay": 0.01},
+                               {"params": [p for p, d in zip(params, decay) if not d]}], learning_rate=lr)

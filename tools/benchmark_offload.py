@@ -2,18 +2,21 @@
 
     python tools/benchmark_offload.py --config configs/benchmark_offload.yaml --out outputs/benchmark/offload
 
-One msrun job per setting (``tools/benchmark_peak_worker.py``, the peak-memory worker, with
-``offload`` "none", "cpu" or "nvme"): ``layers`` x ``nn.Dense(width, width)``, AdamWeightDecay,
-``steps`` steps at ``zero_stage`` (stage 3 frees gathered weights after forward). Per setting,
-the largest rank's figures: peak RSS during the steps (``measure_peak_memory``, process RSS on
-CPU, the first step's compilation included), the model states on the device and the optimizer
-states in host memory or files (``measure_model_states``), the median step time without the
-first step, and the last loss (the same with and without offload). Rows with files also give the
-peak saved against the same stage without offload, divided by the bytes in files (the issue
-asks for at least 0.8). Writes ``offload.md`` and ``offload.json`` into ``--out``.
+One msrun job per model and setting (``tools/benchmark_peak_worker.py``, the peak-memory worker,
+with ``offload`` "none", "cpu" or "nvme"), AdamWeightDecay, ``steps`` steps at ``zero_stage``
+(stage 3 frees gathered weights after forward). ``models`` lists the models side by side, each a
+name plus the worker's model keys (``model`` "dense" or "lm", ``init``, ``activation``,
+``prepare_first``, sizes; see that worker) and optionally its own ``settings``. Per model and
+setting, the largest rank's figures: peak RSS during the steps (``measure_peak_memory``, process
+RSS on CPU, the first step's compilation included), the model states on the device and the
+optimizer states in host memory or files (``measure_model_states``), the median step time without
+the first step, and the last loss (the same with and without offload). Offloaded rows also give
+the peak saved against the same model and stage without offload, divided by the bytes offloaded
+(issue 24 asks for at least 0.8 with files). Writes ``offload.md`` and ``offload.json`` into ``--out``.
 """
 import statistics
 import sys
+import time
 from pathlib import Path
 from typing import List
 
@@ -23,10 +26,24 @@ if str(REPO) not in sys.path:
 
 from tools.benchmark_peak import MB, load_section, run_benchmark, run_setting  # noqa: E402
 
-DEFAULTS = {"world_size": 2, "layers": 8, "width": 2048, "micro_batch": 8, "steps": 6, "mode": "graph",
-            "timeout_s": 600, "chunk_size": 2 ** 20,
-            "settings": [[3, "none"], [3, "nvme"], [3, "cpu"], [2, "none"], [2, "nvme"]]}
+SETTINGS = [[3, "none"], [3, "nvme"], [3, "cpu"], [2, "none"], [2, "nvme"]]
+DEFAULTS = {"world_size": 2, "steps": 6, "mode": "graph", "timeout_s": 600, "chunk_size": 2 ** 20,
+            "models": [{"name": "dense", "model": "dense", "layers": 8, "width": 2048, "micro_batch": 8,
+                        "init": "mindspore", "activation": "gelu", "prepare_first": False}],
+            "settings": SETTINGS}
 OFFLOADS = ("none", "cpu", "nvme")
+MODEL_KEYS = {"dense": ("layers", "width", "micro_batch"),
+              "lm": ("vocab_size", "d_model", "n_layers", "d_ff", "n_heads", "num_digits", "micro_batch")}
+
+
+def _bad(key, expected, value):
+    return ValueError(f"For 'load_offload_config', the argument 'offload_memory.{key}' must be {expected}, "
+                      f"but got {value!r}.")
+
+
+def _check_settings(key, settings):
+    if not settings or any(len(s) != 2 or s[0] not in (0, 1, 2, 3) or s[1] not in OFFLOADS for s in settings):
+        raise _bad(key, f"[stage, offload] pairs with offload in {list(OFFLOADS)}", settings)
 
 
 def load_offload_config(path: str) -> dict:
@@ -36,28 +53,38 @@ def load_offload_config(path: str) -> dict:
         ValueError: unknown key or bad value, naming it. OSError: unreadable file.
     """
     cfg = load_section(path, "offload_memory", DEFAULTS, "load_offload_config")
-    settings = cfg["settings"]
-    if not settings or any(len(s) != 2 or s[0] not in (0, 1, 2, 3) or s[1] not in OFFLOADS for s in settings):
-        raise ValueError(f"For 'load_offload_config', the argument 'offload_memory.settings' must be "
-                         f"[stage, offload] pairs with offload in {list(OFFLOADS)}, but got {settings!r}.")
+    _check_settings("settings", cfg["settings"])
+    models = cfg["models"]
+    if not isinstance(models, list) or not models:
+        raise _bad("models", "a non-empty list of models", models)
+    for i, m in enumerate(models):
+        kind = m.get("model") if isinstance(m, dict) else None
+        if kind not in MODEL_KEYS or "name" not in m:
+            raise _bad(f"models[{i}]", f"a dict with a 'name' and 'model' in {sorted(MODEL_KEYS)}", m)
+        missing = [k for k in MODEL_KEYS[kind] if k not in m]
+        if missing:
+            raise _bad(f"models[{i}]", f"a {kind} model with keys {list(MODEL_KEYS[kind])} (missing {missing})", m)
+        if "settings" in m:
+            _check_settings(f"models[{i}].settings", m["settings"])
     return cfg
 
 
 def summarize(results: dict) -> List[dict]:
-    """One row per (stage, offload): the largest rank's figures; file rows against no offload."""
+    """One row per (model, stage, offload): the largest rank's figures; offloaded rows against no
+    offload of the same model and stage. ``results`` maps (model, stage, offload) to rank results."""
     rows = []
-    for (stage, offload), ranks in results.items():
+    for (model, stage, offload), ranks in results.items():
         states = [r["model_states"] for r in ranks]
         rows.append({
-            "stage": stage, "offload": offload, "peak": max(r["peak_bytes"] for r in ranks),
+            "model": model, "stage": stage, "offload": offload, "peak": max(r["peak_bytes"] for r in ranks),
             "device_states": max(s["total"] for s in states), "host_states": max(s.get("host", 0) for s in states),
             "file_states": max(s.get("file", 0) for s in states),
             "step_seconds": max(statistics.median(r["step_seconds"][1:]) for r in ranks),
             "last_loss": ranks[0]["losses"][-1],
         })
-    base = {r["stage"]: r for r in rows if r["offload"] == "none"}
+    base = {(r["model"], r["stage"]): r for r in rows if r["offload"] == "none"}
     for r in rows:
-        ref = base.get(r["stage"])
+        ref = base.get((r["model"], r["stage"]))
         if ref is not None and r["offload"] != "none":
             r["saved"] = ref["peak"] - r["peak"]
             r["step_ratio"] = r["step_seconds"] / ref["step_seconds"]
@@ -66,40 +93,111 @@ def summarize(results: dict) -> List[dict]:
     return rows
 
 
+def describe(model: dict) -> str:
+    """One line naming a model of the config."""
+    if model["model"] == "lm":
+        text = (f"TransformerLM (tools/lm_model.py) d_model {model['d_model']}, {model['n_layers']} layers, d_ff "
+                f"{model['d_ff']}, vocab {model['vocab_size']}, sequence {2 * model['num_digits']}")
+    else:
+        text = (f"{model['layers']} x Dense({model['width']}, {model['width']})"
+                + (" with GELU" if model.get("activation", "none") == "gelu" else ""))
+    init = "MindSpore's default initialisation" if model.get("init", "seeded") == "mindspore" or \
+        model["model"] == "lm" else "the benchmark's own initialisation"
+    order = "prepare_network first" if model.get("prepare_first", True) else "prepare_train_network alone"
+    return f"`{model['name']}`: {text}, {init}, {order}, micro-batch {model['micro_batch']}"
+
+
 def render(cfg: dict, rows: List[dict]) -> str:
-    params = (cfg["width"] ** 2 + cfg["width"]) * cfg["layers"]
-    lines = [
-        f"Optimizer offload, N={cfg['world_size']}, {cfg['layers']} x Dense({cfg['width']}, {cfg['width']}) "
-        f"({params / 1e6:.1f} M params, {params * 4 / MB:.0f} MB fp32), AdamWeightDecay, {cfg['mode']} mode, "
-        f"{cfg['steps']} steps, micro-batch {cfg['micro_batch']}, file chunks of {cfg['chunk_size'] / 2 ** 20:g} MiB; "
-        "per rank (largest rank), MB = 1e6 bytes.",
+    lines = [f"Optimizer offload, N={cfg['world_size']}, AdamWeightDecay, {cfg['mode']} mode, {cfg['steps']} steps, "
+             f"file chunks of {cfg['chunk_size'] / 2 ** 20:g} MiB; per rank (largest rank), MB = 1e6 bytes. "
+             "Models:", ""]
+    lines += [f"- {describe(m)}" for m in cfg["models"]]
+    lines += [
         "",
-        "| stage | offload | peak RSS (MB) | states on device (MB) | optimizer states in host memory (MB) "
+        "| model | stage | offload | peak RSS (MB) | states on device (MB) | optimizer states in host memory (MB) "
         "| in files (MB) | peak saved vs no offload (MB) | saved / offloaded bytes | median step (s) "
         "| / no offload | last loss |",
-        "|---|---|---|---|---|---|---|---|---|---|---|",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in rows:
         saved = f"{r['saved'] / MB:.0f}" if "saved" in r else "-"
         ratio = f"{r['saved_per_offloaded']:.2f}" if r.get("saved_per_offloaded") is not None else "-"
         step_ratio = f"{r['step_ratio']:.2f}x" if "step_ratio" in r else "-"
-        lines.append(f"| {r['stage']} | {r['offload']} | {r['peak'] / MB:.0f} | {r['device_states'] / MB:.0f} "
-                     f"| {r['host_states'] / MB:.0f} | {r['file_states'] / MB:.0f} | {saved} | {ratio} "
-                     f"| {r['step_seconds']:.3f} | {step_ratio} | {r['last_loss']:.6f} |")
+        lines.append(f"| {r['model']} | {r['stage']} | {r['offload']} | {r['peak'] / MB:.0f} "
+                     f"| {r['device_states'] / MB:.0f} | {r['host_states'] / MB:.0f} | {r['file_states'] / MB:.0f} "
+                     f"| {saved} | {ratio} | {r['step_seconds']:.3f} | {step_ratio} | {r['last_loss']:.6f} |")
     return "\n".join(lines)
 
 
 def _run_offload(cfg: dict, out: Path):
     results = {}
-    for stage, offload in cfg["settings"]:
-        print(f"running stage {stage}, offload {offload} (N={cfg['world_size']}) ...", flush=True)
-        results[(stage, offload)] = run_setting(cfg, stage, True, out, offload)
+    for model in cfg["models"]:
+        keys = {k: v for k, v in model.items() if k != "settings"}
+        for stage, offload in model.get("settings", cfg["settings"]):
+            print(f"running {model['name']}, stage {stage}, offload {offload} (N={cfg['world_size']}) ...", flush=True)
+            results[(model["name"], stage, offload)] = run_setting(cfg, stage, True, out, offload, keys)
     rows = summarize(results)
     return rows, render(cfg, rows)
 
 
+def sweep_chunk_sizes(numel: int, chunk_sizes, folder: str, repeats: int = 3) -> List[dict]:
+    """The host update alone, in one process: AdamWeightDecay on one float32 tensor of ``numel``
+    elements with its two states in files, for each chunk size in bytes: the median seconds per
+    update and the peak RSS growth over the updates (``measure_peak_memory``). What ``chunk_size``
+    trades: fewer, larger reads and writes against larger buffers."""
+    import numpy as np
+    from mindone_zero.memory_measure import measure_peak_memory
+    from mindone_zero.offload import FileStore, HostRule, StepHyper
+    from mindone_zero.offload.nnacl import adam_weight_decay_kernel
+
+    rule = HostRule("AdamWeightDecay", ("moments1", "moments2"), 0.9, 0.999, 1e-6,
+                    kernel="nnacl" if adam_weight_decay_kernel() else "numpy")
+    hyper, rng = StepHyper((1e-4,), (0.01,), 1.0), np.random.default_rng(0)
+    w, g = rng.standard_normal(numel, dtype=np.float32), rng.standard_normal(numel, dtype=np.float32)
+    rows = []
+    for chunk_bytes in chunk_sizes:
+        store, chunk, seconds = FileStore(folder, "sweep_", chunk_bytes), max(1, chunk_bytes // 4), []
+        for name in rule.states:
+            store.create(name, np.zeros(numel, np.float32))
+
+        def update():
+            start = time.perf_counter()
+            for lo in range(0, numel, chunk):
+                states = {a: store.read(a, lo, min(lo + chunk, numel)) for a in rule.states}
+                rule.update(w[lo:lo + chunk], g[lo:lo + chunk], states, 0, hyper)
+                for a, values in states.items():
+                    store.write(a, lo, values)
+            seconds.append(time.perf_counter() - start)
+
+        update()  # page cache and allocator warm
+        peak = measure_peak_memory(update, steps=repeats)
+        store.close()
+        rows.append({"chunk_bytes": chunk_bytes, "seconds": statistics.median(seconds[1:]),
+                     "growth_bytes": peak.growth_bytes, "kernel": rule.kernel})
+    return rows
+
+
+def render_sweep(numel: int, rows: List[dict]) -> str:
+    lines = [f"Host update alone, one tensor of {numel / 1e6:.1f} M float32 elements ({numel * 4 / MB:.0f} MB), "
+             f"AdamWeightDecay ({rows[0]['kernel']}), states in files ({2 * numel * 4 / MB:.0f} MB):", "",
+             "| chunk_size | median update (s) | peak RSS growth (MB) |", "|---|---|---|"]
+    lines += [f"| {r['chunk_bytes'] / 2 ** 20:g} MiB | {r['seconds']:.3f} | {r['growth_bytes'] / MB:.1f} |"
+              for r in rows]
+    return "\n".join(lines)
+
+
 def main(argv=None) -> int:
-    """Run one msrun job per setting, print and write the table; returns the exit code."""
+    """Run one msrun job per model and setting, print and write the table; returns the exit code.
+    ``--chunk_sweep NUMEL`` instead times the host update alone per chunk size (no msrun)."""
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if "--chunk_sweep" in argv:
+        import tempfile
+
+        numel = int(argv[argv.index("--chunk_sweep") + 1])
+        with tempfile.TemporaryDirectory() as folder:
+            rows = sweep_chunk_sizes(numel, [2 ** 18, 2 ** 20, 2 ** 22, 2 ** 24], folder)
+        print(render_sweep(numel, rows))
+        return 0
     return run_benchmark(argv, __doc__, str(REPO / "configs" / "benchmark_offload.yaml"),
                          "outputs/benchmark/offload", load_offload_config, _run_offload, "offload")
 

@@ -97,15 +97,20 @@ def case_name(stage: int, reshard: bool, offload: str = "none") -> str:
     return name if offload == "none" else f"{name}_offload_{offload}"
 
 
-def run_setting(cfg: dict, stage: int, reshard: bool, out: Path, offload: str = "none") -> List[dict]:
+def run_setting(cfg: dict, stage: int, reshard: bool, out: Path, offload: str = "none", model=None) -> List[dict]:
     """One msrun job for one setting (``offload``: "none", "cpu" or "nvme", with
-    ``cfg["chunk_size"]``); returns every rank's result.
+    ``cfg["chunk_size"]``); returns every rank's result. ``model`` (a name and the worker's model
+    keys, see tools/benchmark_peak_worker.py) replaces the config's Dense stack.
 
     Raises:
         RuntimeError: the job failed or timed out (with the tail of the worker logs).
     """
     name, world = case_name(stage, reshard, offload), cfg["world_size"]
-    case = {k: cfg[k] for k in ("layers", "width", "micro_batch", "steps", "mode")}
+    case = {k: cfg[k] for k in ("layers", "width", "micro_batch", "steps", "mode") if k in cfg}
+    if model is not None:
+        model = dict(model)
+        name = f"{model.pop('name')}_{name}"
+        case.update(model)
     case.update(name=name, stage=stage, reshard_after_forward=reshard, offload=offload,
                 chunk_size=cfg.get("chunk_size", 0))
     for stale in out.glob(f"{name}_rank*.json"):

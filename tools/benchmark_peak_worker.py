@@ -9,6 +9,14 @@ writes ``<out>/<name>_rank{r}.json``: baseline/peak/growth bytes, model-state by
 where offloaded states live), the losses, each step's seconds, and the library's ``CommPlan`` of
 one step. ``offload`` ("none", "cpu", "nvme") sets ``optimizer_offload``.
 
+Model keys of the case (defaults: the Dense stack as ``tools/benchmark_peak.py`` measures it):
+``model`` "dense" (``layers`` x ``width``) or "lm" (``tools/lm_model.py``'s TransformerLM with
+``vocab_size``, ``d_model``, ``n_layers``, ``d_ff``, ``n_heads``, ``num_digits``, on the
+reversal task); ``init`` "seeded" (this tool's own weights) or "mindspore" (the Cells' default
+initialisation); ``activation`` "none" or "gelu" between Dense layers; ``prepare_first`` (True:
+``prepare_network`` before the optimizer is built, MindOne's order; False: the optimizer is built
+on the whole network, as a script that calls ``prepare_train_network`` alone does).
+
 Usage (launched by tools/benchmark_peak.py):
 ``msrun ... tools/benchmark_peak_worker.py --out DIR --case JSON``
 """
@@ -44,13 +52,40 @@ class MSELoss(nn.Cell):
         return ((self.net(x) - y) ** 2).mean()
 
 
-def build(layers: int, width: int, seed: int = 0) -> nn.Cell:
-    """``layers`` x Dense(width, width) with deterministic weights, under ``MSELoss``."""
-    net = nn.SequentialCell([nn.Dense(width, width) for _ in range(layers)])
-    rng = np.random.default_rng(seed)
-    for p in net.get_parameters():
-        p.set_data(Tensor(rng.standard_normal(p.shape, dtype=np.float32) / np.float32(np.sqrt(width))))
+def build(layers: int, width: int, seed: int = 0, init: str = "seeded", activation: str = "none") -> nn.Cell:
+    """``layers`` x Dense(width, width) under ``MSELoss``: deterministic weights (``init="seeded"``)
+    or MindSpore's default ones ("mindspore"), with a GELU between layers (``activation="gelu"``)."""
+    cells = []
+    for i in range(layers):
+        cells.append(nn.Dense(width, width))
+        if activation == "gelu" and i + 1 < layers:
+            cells.append(nn.GELU())
+    net = nn.SequentialCell(cells)
+    if init == "seeded":
+        rng = np.random.default_rng(seed)
+        for p in net.get_parameters():
+            p.set_data(Tensor(rng.standard_normal(p.shape, dtype=np.float32) / np.float32(np.sqrt(width))))
     return MSELoss(net)
+
+
+def build_case(case: dict, rank: int):
+    """(loss network, inputs of one step) for the case's model keys (see the module docstring).
+    MindSpore's default initialisers draw from its global seed, set here so that every rank and
+    every setting starts from the same weights (and the last losses compare)."""
+    ms.set_seed(0)
+    if case.get("model", "dense") == "lm":
+        from tools.lm_model import LMLoss, build_lm, reversal_batch
+
+        digits = case["num_digits"]
+        net = build_lm(dict(case, max_len=2 * digits))
+        batch = reversal_batch(100 + rank, 0, case["micro_batch"], digits, case["vocab_size"])
+        return LMLoss(net), [Tensor(a) for a in batch]
+    loss_net = build(case["layers"], case["width"], init=case.get("init", "seeded"),
+                     activation=case.get("activation", "none"))
+    rng = np.random.default_rng(100 + rank)
+    x = Tensor(rng.standard_normal((case["micro_batch"], case["width"])).astype(np.float32))
+    y = Tensor(rng.standard_normal((case["micro_batch"], case["width"])).astype(np.float32))
+    return loss_net, [x, y]
 
 
 def offload_argument(case: dict, out: Path):
@@ -65,26 +100,24 @@ def offload_argument(case: dict, out: Path):
 def run(case: dict, out: Path, rank: int, world: int) -> dict:
     ms.set_context(mode=ms.GRAPH_MODE if case["mode"] == "graph" else ms.PYNATIVE_MODE)
     before_build = memory_in_use()
-    # MindOne's order: shard first (stage 3; a no-op below), so that the optimizer states are
-    # created at shard size instead of whole and then cut.
-    loss_net = prepare_network(build(case["layers"], case["width"]), case["stage"],
-                               reshard_after_forward=case["reshard_after_forward"])
+    loss_net, inputs = build_case(case, rank)
+    if case.get("prepare_first", True):
+        # MindOne's order: shard first (stage 3; a no-op below), so that the optimizer states are
+        # created at shard size instead of whole and then cut.
+        loss_net = prepare_network(loss_net, case["stage"], reshard_after_forward=case["reshard_after_forward"])
     optimizer = nn.AdamWeightDecay(loss_net.trainable_params(), learning_rate=1e-4)
     train = prepare_train_network(loss_net, optimizer, zero_stage=case["stage"],
                                   reshard_after_forward=case["reshard_after_forward"],
                                   params_split_info=str(out / "params_info" / case["name"]),
                                   optimizer_offload=offload_argument(case, out))
     train.set_train(True)
-    rng = np.random.default_rng(100 + rank)
-    x = Tensor(rng.standard_normal((case["micro_batch"], case["width"])).astype(np.float32))
-    y = Tensor(rng.standard_normal((case["micro_batch"], case["width"])).astype(np.float32))
     losses = []
 
     seconds = []
 
     def step():
         start = time.perf_counter()
-        loss, _, _ = train(x, y)
+        loss, _, _ = train(*inputs)
         losses.append(float(loss.asnumpy()))
         seconds.append(time.perf_counter() - start)
 

@@ -1,17 +1,20 @@
 """The optimizer update on the host: MindSpore's optimizer formulas in vectorised numpy, fp32.
 
-No MindSpore kernels and no communication here. ``host_rule_for(optimizer)`` picks the rule of a
-supported MindSpore optimizer; ``StepHyper.read(optimizer)`` reads what one step needs from the
-optimizer object (learning rate and weight decay for its current ``global_step``, schedules
-included, then advances its ``global_step`` and Adam's beta powers exactly as its ``construct``
-would); ``rule.update`` updates one chunk of one tensor in place.
+No communication here; ``nn.AdamWeightDecay`` runs MindSpore's own CPU kernel function where the
+installed MindSpore ships it ([Note: host kernel parity] in nnacl.py), the rest is numpy.
+``host_rule_for(optimizer)`` picks the rule of a supported MindSpore optimizer;
+``StepHyper.read(optimizer)`` reads what one step needs from the optimizer object (learning rate
+and weight decay for its current ``global_step``, schedules included, then advances its
+``global_step`` and Adam's beta powers exactly as its ``construct`` would); ``rule.update``
+updates one chunk of one tensor in place.
 
 [Note: host update formulas]
 Each rule follows the kernel the MindSpore optimizer runs on the device (MindSpore 2.10):
 
 * ``nn.AdamWeightDecay`` (fused ``AdamWeightDecay``): ``m = b1 m + (1 - b1) g``,
   ``v = b2 v + (1 - b2) g^2``, ``w -= lr (m / (sqrt(v) + eps) + wd w)`` (``wd`` only where the
-  optimizer's ``decay_flags`` say so).
+  optimizer's ``decay_flags`` say so). ``kernel="nnacl"`` (the default where available) calls the
+  CPU kernel's own function, bit for bit; ``kernel="numpy"`` rounds every operation separately.
 * ``nn.Adam`` (``Adam`` kernel; ``decay_weight`` adds the weight decay to the gradient):
   ``g += wd w``, ``b1p *= b1``, ``b2p *= b2``, ``lr_t = lr sqrt(1 - b2p) / (1 - b1p)``,
   ``m += (1 - b1)(g - m)``, ``v += (1 - b2)(g^2 - v)``, ``w -= lr_t m / (sqrt(v) + eps)``
@@ -23,7 +26,10 @@ Each rule follows the kernel the MindSpore optimizer runs on the device (MindSpo
   is 1) else ``a = mu a + (1 - dampening) g``, then ``g = a`` (Nesterov: ``g + mu a``);
   ``w -= lr g``; ``stat = 0``.
 
-Adam, Momentum and SGD then divide the gradient by their ``loss_scale`` (``scale_grad``). Everything is computed in float32, as the kernels do.
+Adam, Momentum and SGD then divide the gradient by their ``loss_scale`` (``scale_grad``).
+Everything is computed in float32, as the kernels do; only the nnacl path repeats the kernels'
+fused operations, so the numpy rules agree with the device within round-off (README, "Optimizer
+offload", for the measured tolerance).
 """
 from dataclasses import dataclass
 from typing import Dict, Tuple
@@ -32,10 +38,13 @@ import mindspore as ms
 import numpy as np
 from mindspore import Tensor, nn
 
+from .nnacl import adam_weight_decay_kernel
+
 __all__ = ["HostRule", "StepHyper", "host_rule_for", "SUPPORTED"]
 
 SUPPORTED = ("nn.AdamWeightDecay", "nn.Adam", "nn.Momentum", "nn.SGD")
 _F32 = np.float32
+_NNACL_ADAMW = adam_weight_decay_kernel()
 
 
 def _scalar(x) -> float:
@@ -99,6 +108,7 @@ class HostRule:
     momentum: float = 0.0
     dampening: float = 0.0
     nesterov: bool = False
+    kernel: str = "numpy"  # "nnacl": MindSpore's CPU kernel function ([Note: host kernel parity])
 
     def update(self, w: np.ndarray, g: np.ndarray, states: Dict[str, np.ndarray], i: int, hyper: StepHyper) -> None:
         """Update the float32 chunk ``w`` and its ``states`` in place from gradient chunk ``g``
@@ -120,6 +130,9 @@ class HostRule:
             self._sgd(w, g, states["accum"], states["stat"], lr)
 
     def _adam_weight_decay(self, w, g, m, v, lr, wd):
+        if self.kernel == "nnacl":
+            _NNACL_ADAMW(w, m, v, np.ascontiguousarray(g), lr, self.beta1, self.beta2, self.eps, wd)
+            return
         b1, b2 = _F32(self.beta1), _F32(self.beta2)
         m *= b1
         m += (_F32(1) - b1) * g
@@ -159,7 +172,8 @@ def host_rule_for(optimizer, where: str = "prepare_train_network") -> HostRule:
     optimizer has none (before anything is changed)."""
     if isinstance(optimizer, nn.AdamWeightDecay):
         return HostRule("AdamWeightDecay", ("moments1", "moments2"), _scalar(optimizer.beta1),
-                        _scalar(optimizer.beta2), _scalar(optimizer.eps))
+                        _scalar(optimizer.beta2), _scalar(optimizer.eps),
+                        kernel="nnacl" if _NNACL_ADAMW is not None else "numpy")
     if isinstance(optimizer, nn.Adam) and not isinstance(optimizer, (nn.AdamOffload, nn.LazyAdam)) \
             and not getattr(optimizer, "use_amsgrad", False) and not getattr(optimizer, "use_lazy", False) \
             and not getattr(optimizer, "use_offload", False):

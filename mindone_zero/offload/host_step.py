@@ -22,11 +22,29 @@ optimizer's own state Parameters are cut to one element each (``OffloadedState``
 in the inventory, in memory measurements and in checkpoints, under the same names, so
 checkpoints of offloaded and on-device runs load into each other).
 
+[Note: host step memory]
+The gradients come out of the train graph as Tensors, one per tensor the optimizer updates (at
+stage 3, every parameter shard). Held until the step ends, they all stay alive while the host
+updates the first tensor; instead ``TrainOneStepWrapper.__call__`` hands them over in a list,
+and the update drops each one (``_take``) as soon as its tensor is done, so at most one gradient
+beyond what the update itself reads is alive. Where ``asnumpy()`` copies a gradient to the host
+(a device), that bounds the host copies to one; on the CPU backend it did not move the measured
+peak (the outputs sit in MindSpore's memory pool, which keeps freed blocks for the next step's
+graph, and the peak is inside that graph). The update allocates nothing per element where the
+nnacl kernel runs ([Note: host kernel parity] in nnacl.py): states in memory are updated in place,
+states in files through one buffer per state per chunk (``chunk_size``, 1 MiB by default; its cost
+measured in the README, "Optimizer offload"). The states' device copies are freed when they are
+moved into the store, but glibc keeps freed blocks of a few MB in its heap (they stay in the
+resident set); ``malloc_trim`` once the store is filled returns them to the OS, which lowered the
+peak RSS of a stage-3 run with its states in files by about 20 MB (the baseline by about 135 MB;
+the first step's graph takes part of it back).
+
 Not overlapped with the next step: that step's forward reads the parameters this update writes
 (at stages 1-2 through the all-gather that follows it), so running the update in a thread while
 the device computes would train on stale weights (DeepSpeed's optional "delayed parameter
 update"), which the parity this library promises rules out.
 """
+import ctypes
 from typing import List
 
 import mindspore as ms
@@ -99,6 +117,25 @@ class _AfterStep(nn.Cell):
         return failed
 
 
+def _take(grads, i: int) -> np.ndarray:
+    """Gradient ``i`` as a flat array, dropping the list's reference to its Tensor, so that each
+    gradient output of the train graph is freed once its tensor is updated ([Note: host step
+    memory]) rather than all of them living until the whole step is done."""
+    grad = grads[i]
+    if isinstance(grads, list):
+        grads[i] = None
+    return grad.asnumpy().reshape(-1)
+
+
+def _return_freed_memory() -> None:
+    """Hand the C heap's free pages back to the OS (glibc ``malloc_trim``; a no-op elsewhere)
+    ([Note: host step memory])."""
+    try:
+        ctypes.CDLL("libc.so.6").malloc_trim(0)
+    except (OSError, AttributeError):
+        pass
+
+
 def _shares_memory(param: Parameter) -> bool:
     """Whether ``asnumpy()`` is a view of the Parameter's memory (two calls, one buffer)."""
     return np.may_share_memory(param.asnumpy(), param.asnumpy())
@@ -125,6 +162,7 @@ class HostOffload:
         self.states = {attr: self._move(helper.opt_states[attr]) for attr in self.rule.states}
         self.in_place = [_shares_memory(p) for p in helper.opt_params]
         self.after = None
+        _return_freed_memory()
 
     def _move(self, params: List[Parameter]) -> List[OffloadedState]:
         """Copy each state into the store and cut its Parameter to one element."""
@@ -143,6 +181,8 @@ class HostOffload:
     def step(self, grads) -> None:
         """One optimizer step on the host from ``grads`` (the train graph's outputs), then
         ``after_step`` with the ranks' agreement. Collective (every rank, every optimizer step).
+        A list of gradients is emptied as it is consumed (each entry set to None once its tensor is
+        updated), so the caller should hold no other reference to them ([Note: host step memory]).
 
         Raises:
             OSError: this rank's update failed (a state-file write, say).
@@ -171,10 +211,10 @@ class HostOffload:
 
     def _update(self, grads) -> None:
         hyper = StepHyper.read(self.helper.optimizer, self.rule)
-        for i, (param, grad) in enumerate(zip(self.helper.opt_params, grads)):
+        for i, param in enumerate(self.helper.opt_params):
             weights = param.asnumpy()
             flat_w = weights.reshape(-1)
-            flat_g = grad.asnumpy().reshape(-1)
+            flat_g = _take(grads, i)
             for start in range(0, flat_w.size, self.chunk):
                 stop = min(start + self.chunk, flat_w.size)
                 states = {a: self.store.read(self.states[a][i].name, start, stop) for a in self.rule.states}
@@ -185,6 +225,7 @@ class HostOffload:
                     w[:] = w32
                 for a, values in states.items():
                     self.store.write(self.states[a][i].name, start, values)
+            del flat_g  # this gradient's memory goes before the next one is read ([Note: host step memory])
             if not self.in_place[i]:
                 param.set_data(Tensor(weights, param.dtype))
 
