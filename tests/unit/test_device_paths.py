@@ -113,3 +113,33 @@ def test_write_back_keeps_the_buffer_a_compiled_graph_holds():
     param.set_data(Tensor(np.full(3, 100.0, np.float32)))
     add(one)
     np.testing.assert_array_equal(param.asnumpy(), np.full(3, 100.0, np.float32))
+
+
+# ------------------------------------------------------------------ 2g: overflow in saturation mode
+# (target, SoC features, MS_ASCEND_CHECK_OVERFLOW_MODE) -> float-status ops, MindSpore's rule in
+# nn/wrap/loss_scale.py (get_overflow_status)
+OVERFLOW_CASES = [
+    ("CPU", (), None, False),
+    ("CPU", (), "SATURATION_MODE", False),
+    ("GPU", (), "SATURATION_MODE", False),
+    ("Ascend", ("amp_loss_scale_train_classic_target",), None, True),  # 910A: saturation only
+    ("Ascend", ("train_hq_dtype_line",), None, False),  # 910B: INFNAN by default
+    ("Ascend", ("train_hq_dtype_line",), "INFNAN_MODE", False),
+    ("Ascend", ("train_hq_dtype_line",), "SATURATION_MODE", True),
+]
+
+
+@pytest.mark.parametrize("target, features, mode, expected", OVERFLOW_CASES)
+def test_overflow_reads_float_status_where_mindspore_does(target, features, mode, expected, fake_target):
+    fake_target(target, features, mode)
+    assert backend.overflow_uses_float_status() is expected
+
+
+@pytest.mark.parametrize("target, features, mode, expected", OVERFLOW_CASES[::3])
+def test_train_step_builds_the_float_status_check(target, features, mode, expected, fake_target):
+    """The wrapper takes the decision at build time (the status ops have no CPU kernel, so the
+    graph itself runs only on Ascend: tools/device_check.py)."""
+    fake_target(target, features, mode)
+    net = init_weights(TinyNet(with_scalar=False))
+    train = prepare_train_network(LossNet(net), make_optimizer(net.trainable_params(), "adamw"))
+    assert (train.float_status is not None) is expected
