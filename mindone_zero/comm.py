@@ -17,6 +17,12 @@ missing with AllReduce(SUM):
   rank's quantized tensor and keep the pieces of this rank's block. Moves N times the native volume.
   Int8 values travel in float16 ([Note: int8 on CPU]).
 
+On GPU two more things differ ([Note: device targets] in backend.py): qgZ's all-to-all runs
+as the all-gather emulation (``ops.AlltoAll`` is Ascend-only), and a bfloat16 tensor is cast to
+float32 around every collective (NCCL's dtype check in MindSpore has no bfloat16): exact for
+gathers and broadcasts, summed in float32 and rounded once for reductions. Int8 values travel as
+int8 on Ascend only.
+
 The emulations give the same numbers as the native ops (additions of exact zeros), but move
 more bytes. ``CommPlan`` therefore records what the *native* path would move, which is what
 the ZeRO paper's 2Φ / 3Φ volumes refer to.
@@ -61,6 +67,7 @@ import numpy as np
 from mindspore import Tensor, nn, ops
 from mindspore.communication import GlobalComm, get_group_size, get_rank
 
+from . import backend
 from .quantize import SCALE_BYTES, dequantize_blocks, quantize_blocks
 
 __all__ = [
@@ -114,7 +121,7 @@ def backend_has_native(collective: str, group: str) -> bool:
         collective: one of "all_reduce", "all_gather", "broadcast", "reduce_scatter".
         group: communication group name.
     """
-    if ms.get_context("device_target") != "CPU":
+    if backend.device_target() != "CPU":
         return True
     if collective == "all_reduce":
         return True
@@ -220,27 +227,54 @@ class GroupComm(nn.Cell):
         # [Note: int8 on CPU] MindSpore 2.10's CPU AllGather and AllReduce have no int8 kernel: the
         # int8 values travel there in float16, which holds [-127, 127] exactly (2 bytes instead of 1;
         # CommPlan records the native int8 bytes).
-        self.carrier = ms.int8 if ms.get_context("device_target") != "CPU" else ms.float16
-        self._native_a2a = ms.get_context("device_target") != "CPU"
+        # GPU too has no int8 path here ([Note: device targets] in backend.py).
+        self.carrier = backend.int8_carrier()
+        self._native_a2a = backend.native_all_to_all()
         self._all_to_all = ops.AlltoAll(self.size, 0, 0, self.group) if self._native_a2a and self.size > 1 else None
+        self.bf16_carrier = backend.bf16_collective_carrier()  # None: bfloat16 travels as it is
+
+    def _carried(self, x):
+        """Whether ``x`` is cast around the collective (bfloat16 on GPU); a static check."""
+        return self.bf16_carrier is not None and x.dtype == ms.bfloat16
+
+    def _ar(self, x):
+        if self._carried(x):
+            return ops.cast(self._all_reduce(ops.cast(x, self.bf16_carrier)), x.dtype)
+        return self._all_reduce(x)
+
+    def _ag(self, x):
+        if self._carried(x):
+            return ops.cast(self._all_gather(ops.cast(x, self.bf16_carrier)), x.dtype)
+        return self._all_gather(x)
+
+    def _rs(self, x):
+        if self._carried(x):
+            return ops.cast(self._reduce_scatter(ops.cast(x, self.bf16_carrier)), x.dtype)
+        return self._reduce_scatter(x)
+
+    def _bcast0(self, x):
+        if self._carried(x):
+            return ops.cast(self._broadcast0((ops.cast(x, self.bf16_carrier),))[0], x.dtype)
+        # The CPU kernel returns float32 for a float16 input in PYNATIVE_MODE.
+        return ops.cast(self._broadcast0((x,))[0], x.dtype)
 
     def construct(self, x):
         """Sum of ``x`` over the group (the same as ``all_reduce``)."""
-        return self._all_reduce(x)
+        return self._ar(x)
 
     def all_reduce(self, x):
         """Sum of ``x`` over the group."""
-        return self._all_reduce(x)
+        return self._ar(x)
 
     def all_reduce_mean(self, x):
         """Mean of ``x`` over the group."""
-        return divide(self._all_reduce(x), self.size)  # [Note: Div on CPU]
+        return divide(self._ar(x), self.size)  # [Note: Div on CPU]
 
     def reduce_scatter(self, x):
         """Sum of ``x`` over the group, then this rank's block of ``x.shape[0] // size`` rows."""
         if self._native_rs:
-            return self._reduce_scatter(x)
-        total = self._all_reduce(x)
+            return self._rs(x)
+        total = self._ar(x)
         if self.size == 1:
             return total  # [Note: slices]: the block is the whole tensor
         rows = x.shape[0] // self.size
@@ -250,12 +284,12 @@ class GroupComm(nn.Cell):
     def all_gather(self, x):
         """Blocks ``x`` of every rank concatenated along dim 0 in rank order."""
         if self._native_gather:
-            return self._all_gather(x)
+            return self._ag(x)
         # Every rank writes its block into its slot of a (size, *x.shape) zero tensor and sums.
         full = ops.broadcast_to(ops.expand_dims(x, 0), (self.size,) + x.shape)
         mine = ops.broadcast_to(self._is_me.reshape((self.size,) + (1,) * x.ndim), full.shape)
         full = ops.select(mine, full, ops.zeros_like(full))
-        return self._all_reduce(full.reshape((self.size * x.shape[0],) + x.shape[1:]))
+        return self._ar(full.reshape((self.size * x.shape[0],) + x.shape[1:]))
 
     def all_gather_quantized(self, x, block: int, blocks: int):
         """qwZ: all-gather ``x`` (this rank's block) as int8 blocks with float32 scales
@@ -271,7 +305,7 @@ class GroupComm(nn.Cell):
         """qgZ: sum of ``x`` over the group, this rank's block of ``x.shape[0] // size`` rows, with
         every rank's contribution quantized per destination block (``block_layout(block rows' size,
         block_size)``) and summed in float32 after dequantization. Native: one all-to-all of the
-        int8 blocks and one of the scales. CPU (no all-to-all): all-gather of every rank's
+        int8 blocks and one of the scales (Ascend). GPU and CPU (no AlltoAll): all-gather of every rank's
         quantized tensor, then each rank keeps the pieces of its block; the same numbers, N times
         the bytes. Returns float32."""
         rows = x.shape[0] // self.size
@@ -289,10 +323,9 @@ class GroupComm(nn.Cell):
     def broadcast(self, x, root: int = 0):
         """``x`` of the rank with group index ``root``, on every rank."""
         if self._native_bcast and root == 0:
-            # The CPU kernel returns float32 for a float16 input in PYNATIVE_MODE.
-            return ops.cast(self._broadcast0((x,))[0], x.dtype)
+            return self._bcast0(x)
         keep = ops.broadcast_to(self._is_me[root], x.shape)
-        return self._all_reduce(ops.select(keep, x, ops.zeros_like(x)))
+        return self._ar(ops.select(keep, x, ops.zeros_like(x)))
 
 
 @contextmanager

@@ -143,3 +143,39 @@ def test_train_step_builds_the_float_status_check(target, features, mode, expect
     net = init_weights(TinyNet(with_scalar=False))
     train = prepare_train_network(LossNet(net), make_optimizer(net.trainable_params(), "adamw"))
     assert (train.float_status is not None) is expected
+
+
+# ------------------------------------------------------------------ 2c, 2d: AlltoAll, int8, bfloat16
+# target -> (qgZ all-to-all native, int8 values' carrier, bfloat16 carrier); [Note: device targets]
+COMM_CASES = {
+    "Ascend": (True, ms.int8, None),
+    "GPU": (False, ms.float16, ms.float32),
+    "CPU": (False, ms.float16, None),
+}
+
+
+@pytest.mark.parametrize("target", TARGETS)
+def test_collective_choices_per_target(target, fake_target):
+    from mindone_zero.comm import GroupComm, backend_has_native
+
+    fake_target(target)
+    native_a2a, carrier, bf16 = COMM_CASES[target]
+    assert (backend.native_all_to_all(), backend.int8_carrier(), backend.bf16_collective_carrier()) == COMM_CASES[target]
+    comm = GroupComm()  # communication not initialised: a group of one, nothing is sent
+    assert (comm._native_a2a, comm.carrier, comm.bf16_carrier) == (native_a2a, carrier, bf16)
+    assert backend_has_native("reduce_scatter", "devchk_sub_0_1") is (target != "CPU")
+    for dtype, cast in ((ms.bfloat16, bf16 is not None), (ms.float16, False), (ms.float32, False)):
+        assert comm._carried(Tensor(np.zeros(2, np.float32), dtype)) is cast, dtype
+
+
+def test_bf16_carrier_is_exact_for_copies():
+    """bfloat16 -> float32 -> bfloat16 (the GPU path of a gather or broadcast) returns every bfloat16
+    bit pattern's value unchanged, the largest and smallest included; float16 would not."""
+    bits = np.arange(0, 2 ** 16, dtype=np.uint32)
+    values = (bits << 16).view(np.float32)
+    finite = values[np.isfinite(values)]
+    x = Tensor(finite, ms.float32).astype(ms.bfloat16)
+    back = x.astype(ms.float32).astype(ms.bfloat16).astype(ms.float32).asnumpy()
+    np.testing.assert_array_equal(back, finite)
+    via_fp16 = x.astype(ms.float16).astype(ms.float32).asnumpy()
+    assert not np.array_equal(via_fp16, finite)
