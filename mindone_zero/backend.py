@@ -20,11 +20,13 @@ Sources: MindSpore 2.10's own code and documentation, read for each contract.
   and CPU they travel in float16, which holds [-127, 127] exactly ([Note: int8 on CPU] in comm.py).
 * bfloat16. ``check_collective_target_dtype`` (``ops/operations/comm_ops.py``) gives GPU a dtype list
   without bfloat16 (bool, int8, int32, int64, uint32, uint64, float16, float32, float64); Ascend's
-  and CPU's list holds it. On GPU a bfloat16 tensor is therefore cast to float32 around every
-  collective (``bf16_collective_carrier``): exact for all-gather and broadcast (a widening and
-  back); an all-reduce or reduce-scatter then sums in float32 and rounds once to bfloat16, which
-  is at least as accurate as a bfloat16 sum and agrees with it within bfloat16 rounding. Float16
-  would halve the bytes but is not exact: bfloat16's range (8 exponent bits) overflows float16's.
+  and CPU's list holds it, but the CPU kernels that comm.py's emulations use (Select, ReduceSum)
+  have no bfloat16 in MindSpore 2.10. On GPU and CPU a bfloat16 tensor is therefore cast to
+  float32 around every collective (``bf16_collective_carrier``): exact for all-gather and
+  broadcast (a widening and back); an all-reduce or reduce-scatter then sums in float32 and
+  rounds once to bfloat16, which is at least as accurate as a bfloat16 sum and agrees with it
+  within bfloat16 rounding (twice the bytes). Float16 would keep the bytes but is not exact:
+  bfloat16's range (8 exponent bits) overflows float16's. Ascend carries bfloat16 natively.
 * Overflow. ``TrainOneStepWithLossScaleCell.get_overflow_status`` (``nn/wrap/loss_scale.py``)
   reads the float-status register (``NPUGetFloatStatusV2`` / ``NPUClearFloatStatusV2``) on Ascend
   unless the SoC is 910B-class (feature ``train_hq_dtype_line``) and
@@ -82,8 +84,8 @@ def int8_carrier():
 
 def bf16_collective_carrier() -> Optional[object]:
     """The dtype a bfloat16 tensor is cast to around a collective: float32 on GPU (NCCL's dtype
-    check has no bfloat16), None (native) on Ascend and CPU."""
-    return ms.float32 if device_target() == "GPU" else None
+    check has no bfloat16) and CPU (the emulations' kernels have none), None (native) on Ascend."""
+    return None if device_target() == "Ascend" else ms.float32
 
 
 def overflow_uses_float_status() -> bool:

@@ -17,11 +17,12 @@ missing with AllReduce(SUM):
   rank's quantized tensor and keep the pieces of this rank's block. Moves N times the native volume.
   Int8 values travel in float16 ([Note: int8 on CPU]).
 
-On GPU two more things differ ([Note: device targets] in backend.py): qgZ's all-to-all runs
-as the all-gather emulation (``ops.AlltoAll`` is Ascend-only), and a bfloat16 tensor is cast to
-float32 around every collective (NCCL's dtype check in MindSpore has no bfloat16): exact for
-gathers and broadcasts, summed in float32 and rounded once for reductions. Int8 values travel as
-int8 on Ascend only.
+Ascend differs from GPU and CPU in three more ways ([Note: device targets] in backend.py): qgZ's
+all-to-all is native on Ascend only (elsewhere the all-gather emulation: ``ops.AlltoAll`` is
+Ascend-only), int8 values travel as int8 on Ascend only, and a bfloat16 tensor travels as it is on
+Ascend only: on GPU (NCCL's dtype check in MindSpore has no bfloat16) and CPU (the emulations'
+Select has no bfloat16 kernel) it is cast to float32 around every collective: exact for gathers
+and broadcasts, summed in float32 and rounded once for reductions.
 
 The emulations give the same numbers as the native ops (additions of exact zeros), but move
 more bytes. ``CommPlan`` therefore records what the *native* path would move, which is what
@@ -212,8 +213,8 @@ class GroupComm(nn.Cell):
         self._native_gather = backend_has_native("all_gather", self.group)
         self._native_rs = backend_has_native("reduce_scatter", self.group)
         self._native_bcast = backend_has_native("broadcast", self.group)
-        self._all_gather = ops.AllGather(self.group) if self._native_gather else None
-        self._reduce_scatter = ops.ReduceScatter(ops.ReduceOp.SUM, self.group) if self._native_rs else None
+        self._all_gather_op = ops.AllGather(self.group) if self._native_gather else None
+        self._reduce_scatter_op = ops.ReduceScatter(ops.ReduceOp.SUM, self.group) if self._native_rs else None
         self._broadcast0 = ops.Broadcast(0, self.group) if self._native_bcast else None
         # [Note: same graph on every rank] On the CPU backend, the collectives of one graph run
         # in the graph's topological order, and collectives are matched across ranks by that
@@ -231,50 +232,39 @@ class GroupComm(nn.Cell):
         self.carrier = backend.int8_carrier()
         self._native_a2a = backend.native_all_to_all()
         self._all_to_all = ops.AlltoAll(self.size, 0, 0, self.group) if self._native_a2a and self.size > 1 else None
-        self.bf16_carrier = backend.bf16_collective_carrier()  # None: bfloat16 travels as it is
+        self.bf16_carrier = backend.bf16_collective_carrier()  # None (Ascend): bfloat16 travels as it is
 
     def _carried(self, x):
-        """Whether ``x`` is cast around the collective (bfloat16 on GPU); a static check."""
+        """Whether ``x`` is cast to ``bf16_carrier`` around the collective (bfloat16 on GPU and CPU;
+        the emulations' own ops run on the cast tensor too); a static check."""
         return self.bf16_carrier is not None and x.dtype == ms.bfloat16
 
-    def _ar(self, x):
+    def construct(self, x):
+        """Sum of ``x`` over the group (the same as ``all_reduce``)."""
+        return self.all_reduce(x)
+
+    def all_reduce(self, x):
+        """Sum of ``x`` over the group."""
         if self._carried(x):
             return ops.cast(self._all_reduce(ops.cast(x, self.bf16_carrier)), x.dtype)
         return self._all_reduce(x)
 
-    def _ag(self, x):
+    def all_reduce_mean(self, x):
+        """Mean of ``x`` over the group."""
         if self._carried(x):
-            return ops.cast(self._all_gather(ops.cast(x, self.bf16_carrier)), x.dtype)
-        return self._all_gather(x)
+            return ops.cast(divide(self._all_reduce(ops.cast(x, self.bf16_carrier)), self.size), x.dtype)
+        return divide(self._all_reduce(x), self.size)  # [Note: Div on CPU]
 
-    def _rs(self, x):
+    def reduce_scatter(self, x):
+        """Sum of ``x`` over the group, then this rank's block of ``x.shape[0] // size`` rows."""
         if self._carried(x):
             return ops.cast(self._reduce_scatter(ops.cast(x, self.bf16_carrier)), x.dtype)
         return self._reduce_scatter(x)
 
-    def _bcast0(self, x):
-        if self._carried(x):
-            return ops.cast(self._broadcast0((ops.cast(x, self.bf16_carrier),))[0], x.dtype)
-        # The CPU kernel returns float32 for a float16 input in PYNATIVE_MODE.
-        return ops.cast(self._broadcast0((x,))[0], x.dtype)
-
-    def construct(self, x):
-        """Sum of ``x`` over the group (the same as ``all_reduce``)."""
-        return self._ar(x)
-
-    def all_reduce(self, x):
-        """Sum of ``x`` over the group."""
-        return self._ar(x)
-
-    def all_reduce_mean(self, x):
-        """Mean of ``x`` over the group."""
-        return divide(self._ar(x), self.size)  # [Note: Div on CPU]
-
-    def reduce_scatter(self, x):
-        """Sum of ``x`` over the group, then this rank's block of ``x.shape[0] // size`` rows."""
+    def _reduce_scatter(self, x):
         if self._native_rs:
-            return self._rs(x)
-        total = self._ar(x)
+            return self._reduce_scatter_op(x)
+        total = self._all_reduce(x)
         if self.size == 1:
             return total  # [Note: slices]: the block is the whole tensor
         rows = x.shape[0] // self.size
@@ -283,13 +273,18 @@ class GroupComm(nn.Cell):
 
     def all_gather(self, x):
         """Blocks ``x`` of every rank concatenated along dim 0 in rank order."""
+        if self._carried(x):
+            return ops.cast(self._all_gather(ops.cast(x, self.bf16_carrier)), x.dtype)
+        return self._all_gather(x)
+
+    def _all_gather(self, x):
         if self._native_gather:
-            return self._ag(x)
+            return self._all_gather_op(x)
         # Every rank writes its block into its slot of a (size, *x.shape) zero tensor and sums.
         full = ops.broadcast_to(ops.expand_dims(x, 0), (self.size,) + x.shape)
         mine = ops.broadcast_to(self._is_me.reshape((self.size,) + (1,) * x.ndim), full.shape)
         full = ops.select(mine, full, ops.zeros_like(full))
-        return self._ar(full.reshape((self.size * x.shape[0],) + x.shape[1:]))
+        return self._all_reduce(full.reshape((self.size * x.shape[0],) + x.shape[1:]))
 
     def all_gather_quantized(self, x, block: int, blocks: int):
         """qwZ: all-gather ``x`` (this rank's block) as int8 blocks with float32 scales
@@ -322,10 +317,16 @@ class GroupComm(nn.Cell):
 
     def broadcast(self, x, root: int = 0):
         """``x`` of the rank with group index ``root``, on every rank."""
+        if self._carried(x):
+            return ops.cast(self._broadcast(ops.cast(x, self.bf16_carrier), root), x.dtype)
+        return self._broadcast(x, root)
+
+    def _broadcast(self, x, root):
         if self._native_bcast and root == 0:
-            return self._bcast0(x)
+            # The CPU kernel returns float32 for a float16 input in PYNATIVE_MODE.
+            return ops.cast(self._broadcast0((x,))[0], x.dtype)
         keep = ops.broadcast_to(self._is_me[root], x.shape)
-        return self._ar(ops.select(keep, x, ops.zeros_like(x)))
+        return self._all_reduce(ops.select(keep, x, ops.zeros_like(x)))
 
 
 @contextmanager
