@@ -8,7 +8,8 @@
 
 Every rank prints ``PASS|FAIL|SKIP name detail`` lines (under msrun: into each worker's log) and
 exits with 1 if any of its checks failed (msrun then fails too). On one accelerator the whole
-check takes well under 5 minutes (on a 2-core CPU host: about a minute at N=2).
+check takes well under 5 minutes (a 2-core CPU host shared with other jobs: 30 s in one process,
+2-3 minutes at N=2).
 
 One process: the optimizer offload's host write-back against the on-device optimizer, a step with
 a float16 and one with a bfloat16 compute layer (``to_float``), overflow detection (an inf loss,
@@ -33,7 +34,7 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import mindspore as ms  # noqa: E402
-from mindspore import Parameter, Tensor, nn, ops  # noqa: E402
+from mindspore import Tensor, nn, ops  # noqa: E402
 
 from mindone_zero import gather_full_params, prepare_train_network  # noqa: E402
 from mindone_zero.backend import device_target  # noqa: E402
