@@ -19,11 +19,13 @@ Which parameters are sharded (DESIGN section 3):
 A stage-3 gather depends only on its shard Parameter, so a device scheduler may start every gather
 at the top of the graph and hold the whole model gathered at once. The ``parallel_modules`` layers
 therefore pass their input as ``after`` (``ZeroParamWrapper``), or, for a coalesced gather, wrap the
-first shard in ``ops.depend(shard, input)``: the gather waits until the layer's input exists.
-Depend's gradient for its second input is zeros, added to the input's gradient, so no number
-changes; the CPU backend runs the gathers in program order with or without it
-(tests/unit/test_gather_order.py shows the Depend in the compiled graph). Not tied yet: the gathers
-the generic rewrite inserts (rewrite.py) and the gather units' (units.py).
+first shard in ``ops.depend(shard, input)``: the gather waits until the layer's input exists. The
+generic rewrite (rewrite.py) passes a ``construct``'s first input the same way. Depend's gradient
+for its second input is zeros, added to the input's gradient, so no number changes; the CPU
+backend runs the gathers in program order with or without it (tests/unit/test_gather_order.py
+shows the Depend in the compiled graph). Not tied yet: gathers the rewrite puts in methods other
+than ``construct`` (a helper's inputs are not known to be the layer's), and the gather units'
+(units.py).
 """
 from typing import Optional
 

@@ -1,5 +1,6 @@
 """Review item 2f / Build 4: each stage-3 gather of a ``parallel_modules`` layer waits for the
-layer's input ([Note: gather order] in parallel_modules/param_wrapper.py).
+layer's input ([Note: gather order] in parallel_modules/param_wrapper.py), and so does each gather
+the generic rewrite puts in a ``construct``.
 
 Evidence from the compiled graph (one process, GRAPH_MODE, ``save_graphs``): in the final IR
 (``graph_build_*.ir``) every ``<attr>_zero_gather-ZeroParamWrapper/Depend`` node takes the shard's
@@ -21,7 +22,7 @@ import numpy as np
 import pytest
 from mindspore import Tensor, nn, ops
 
-from parallel_modules import Conv2d, Dense, Embedding
+from parallel_modules import Conv2d, Dense, Embedding, shard_network
 
 ms.set_device("CPU")
 KEEP_ALIVE = []
@@ -45,6 +46,9 @@ CASES = {
                np.ones((1, 1, 5, 5), np.float32), "Tanh", ("weight", "bias")),
     "embedding": (lambda: Embedding(nn.Embedding(11, 6), zero_stage=3), ops.Abs(), np.ones((2, 3), np.int32), "Abs",
                   ("embedding_table",)),
+    # the generic rewrite ([Note: generic rewrite]): construct's first input
+    "layernorm_rewrite": (lambda: shard_network(nn.LayerNorm((6,))), ops.Tanh(), np.ones((2, 6), np.float32), "Tanh",
+                          ("gamma", "beta")),
 }
 
 
