@@ -23,9 +23,9 @@ first shard in ``ops.depend(shard, input)``: the gather waits until the layer's 
 generic rewrite (rewrite.py) passes a ``construct``'s first input the same way. Depend's gradient
 for its second input is zeros, added to the input's gradient, so no number changes; the CPU
 backend runs the gathers in program order with or without it (tests/unit/test_gather_order.py
-shows the Depend in the compiled graph). Not tied yet: gathers the rewrite puts in methods other
-than ``construct`` (a helper's inputs are not known to be the layer's), and the gather units'
-(units.py).
+shows the Depend in the compiled graph). A gather unit's ``ZeroUnitGather`` (units.py) ties every
+shard to the unit root's first input. Not tied: gathers the rewrite puts in methods other than
+``construct`` (a helper's inputs are not known to be the layer's).
 """
 from typing import Optional
 

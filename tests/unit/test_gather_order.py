@@ -111,3 +111,31 @@ def test_without_after_there_is_no_dependency(tmp_path):
         ms.set_context(save_graphs=False)
     with pytest.raises(AssertionError, match="no Depend"):
         _depend_inputs(_final_ir(tmp_path), "weight")
+
+
+class _Unit(nn.Cell):
+    def __init__(self):
+        super().__init__()
+        self.fc1, self.fc2 = nn.Dense(6, 5), nn.Dense(5, 4)
+
+    def construct(self, x):
+        return self.fc2(self.fc1(x))
+
+
+def test_a_gather_unit_waits_for_its_root_input(tmp_path):
+    """[Note: gather units]: ``zero3_unit_gather((shards...), x)``; each shard's Depend takes the input."""
+    ms.set_context(mode=ms.GRAPH_MODE, save_graphs=True, save_graphs_path=str(tmp_path))
+    try:
+        net = _After(shard_network(_Unit(), gather_units=(_Unit,)), ops.Tanh())
+        KEEP_ALIVE.append(net)
+        net(Tensor(np.ones((2, 6), np.float32)))
+    finally:
+        ms.set_context(save_graphs=False)
+    ir = _final_ir(tmp_path)
+    lines = ir.splitlines()
+    afters = []
+    for i, line in enumerate(lines):
+        m = re.match(r"\s*%\d+\(\S+\) = Depend\((%[\w.]+), (%\d+)\)", line)  # a shard read without Load here
+        if m and any("/zero3_unit_gather-ZeroUnitGather/Depend" in t for t in lines[i + 1:i + 4]):
+            afters.append(_definition(ir, m.group(2)))
+    assert afters == ["PrimFunc_Tanh"] * 4, afters
