@@ -239,15 +239,18 @@ class GroupComm(nn.Cell):
         the emulations' own ops run on the cast tensor too); a static check."""
         return self.bf16_carrier is not None and x.dtype == ms.bfloat16
 
-    def construct(self, x):
-        """Sum of ``x`` over the group (the same as ``all_reduce``)."""
-        return self.all_reduce(x)
-
-    def all_reduce(self, x):
-        """Sum of ``x`` over the group."""
+    def _sum(self, x):
         if self._carried(x):
             return ops.cast(self._all_reduce(ops.cast(x, self.bf16_carrier)), x.dtype)
         return self._all_reduce(x)
+
+    def construct(self, x):
+        """Sum of ``x`` over the group (the same as ``all_reduce``)."""
+        return self._sum(x)
+
+    def all_reduce(self, x):
+        """Sum of ``x`` over the group."""
+        return self._sum(x)
 
     def all_reduce_mean(self, x):
         """Mean of ``x`` over the group."""
