@@ -17,6 +17,13 @@ missing with AllReduce(SUM):
   rank's quantized tensor and keep the pieces of this rank's block. Moves N times the native volume.
   Int8 values travel in float16 ([Note: int8 on CPU]).
 
+Ascend differs from GPU and CPU in three more ways ([Note: device targets] in backend.py): qgZ's
+all-to-all is native on Ascend only (elsewhere the all-gather emulation: ``ops.AlltoAll`` is
+Ascend-only), int8 values travel as int8 on Ascend only, and a bfloat16 tensor travels as it is on
+Ascend only: on GPU (NCCL's dtype check in MindSpore has no bfloat16) and CPU (the emulations'
+Select has no bfloat16 kernel) it is cast to float32 around every collective: exact for gathers
+and broadcasts, summed in float32 and rounded once for reductions.
+
 The emulations give the same numbers as the native ops (additions of exact zeros), but move
 more bytes. ``CommPlan`` therefore records what the *native* path would move, which is what
 the ZeRO paper's 2Φ / 3Φ volumes refer to.
@@ -61,6 +68,7 @@ import numpy as np
 from mindspore import Tensor, nn, ops
 from mindspore.communication import GlobalComm, get_group_size, get_rank
 
+from . import backend
 from .quantize import SCALE_BYTES, dequantize_blocks, quantize_blocks
 
 __all__ = [
@@ -114,7 +122,7 @@ def backend_has_native(collective: str, group: str) -> bool:
         collective: one of "all_reduce", "all_gather", "broadcast", "reduce_scatter".
         group: communication group name.
     """
-    if ms.get_context("device_target") != "CPU":
+    if backend.device_target() != "CPU":
         return True
     if collective == "all_reduce":
         return True
@@ -205,8 +213,8 @@ class GroupComm(nn.Cell):
         self._native_gather = backend_has_native("all_gather", self.group)
         self._native_rs = backend_has_native("reduce_scatter", self.group)
         self._native_bcast = backend_has_native("broadcast", self.group)
-        self._all_gather = ops.AllGather(self.group) if self._native_gather else None
-        self._reduce_scatter = ops.ReduceScatter(ops.ReduceOp.SUM, self.group) if self._native_rs else None
+        self._all_gather_op = ops.AllGather(self.group) if self._native_gather else None
+        self._reduce_scatter_op = ops.ReduceScatter(ops.ReduceOp.SUM, self.group) if self._native_rs else None
         self._broadcast0 = ops.Broadcast(0, self.group) if self._native_bcast else None
         # [Note: same graph on every rank] On the CPU backend, the collectives of one graph run
         # in the graph's topological order, and collectives are matched across ranks by that
@@ -220,26 +228,45 @@ class GroupComm(nn.Cell):
         # [Note: int8 on CPU] MindSpore 2.10's CPU AllGather and AllReduce have no int8 kernel: the
         # int8 values travel there in float16, which holds [-127, 127] exactly (2 bytes instead of 1;
         # CommPlan records the native int8 bytes).
-        self.carrier = ms.int8 if ms.get_context("device_target") != "CPU" else ms.float16
-        self._native_a2a = ms.get_context("device_target") != "CPU"
+        # GPU too has no int8 path here ([Note: device targets] in backend.py).
+        self.carrier = backend.int8_carrier()
+        self._native_a2a = backend.native_all_to_all()
         self._all_to_all = ops.AlltoAll(self.size, 0, 0, self.group) if self._native_a2a and self.size > 1 else None
+        self.bf16_carrier = backend.bf16_collective_carrier()  # None (Ascend): bfloat16 travels as it is
+
+    def _carried(self, x):
+        """Whether ``x`` is cast to ``bf16_carrier`` around the collective (bfloat16 on GPU and CPU;
+        the emulations' own ops run on the cast tensor too); a static check."""
+        return self.bf16_carrier is not None and x.dtype == ms.bfloat16
+
+    def _sum(self, x):
+        if self._carried(x):
+            return ops.cast(self._all_reduce(ops.cast(x, self.bf16_carrier)), x.dtype)
+        return self._all_reduce(x)
 
     def construct(self, x):
         """Sum of ``x`` over the group (the same as ``all_reduce``)."""
-        return self._all_reduce(x)
+        return self._sum(x)
 
     def all_reduce(self, x):
         """Sum of ``x`` over the group."""
-        return self._all_reduce(x)
+        return self._sum(x)
 
     def all_reduce_mean(self, x):
         """Mean of ``x`` over the group."""
+        if self._carried(x):
+            return ops.cast(divide(self._all_reduce(ops.cast(x, self.bf16_carrier)), self.size), x.dtype)
         return divide(self._all_reduce(x), self.size)  # [Note: Div on CPU]
 
     def reduce_scatter(self, x):
         """Sum of ``x`` over the group, then this rank's block of ``x.shape[0] // size`` rows."""
+        if self._carried(x):
+            return ops.cast(self._reduce_scatter(ops.cast(x, self.bf16_carrier)), x.dtype)
+        return self._reduce_scatter(x)
+
+    def _reduce_scatter(self, x):
         if self._native_rs:
-            return self._reduce_scatter(x)
+            return self._reduce_scatter_op(x)
         total = self._all_reduce(x)
         if self.size == 1:
             return total  # [Note: slices]: the block is the whole tensor
@@ -249,8 +276,13 @@ class GroupComm(nn.Cell):
 
     def all_gather(self, x):
         """Blocks ``x`` of every rank concatenated along dim 0 in rank order."""
+        if self._carried(x):
+            return ops.cast(self._all_gather(ops.cast(x, self.bf16_carrier)), x.dtype)
+        return self._all_gather(x)
+
+    def _all_gather(self, x):
         if self._native_gather:
-            return self._all_gather(x)
+            return self._all_gather_op(x)
         # Every rank writes its block into its slot of a (size, *x.shape) zero tensor and sums.
         full = ops.broadcast_to(ops.expand_dims(x, 0), (self.size,) + x.shape)
         mine = ops.broadcast_to(self._is_me.reshape((self.size,) + (1,) * x.ndim), full.shape)
@@ -271,7 +303,7 @@ class GroupComm(nn.Cell):
         """qgZ: sum of ``x`` over the group, this rank's block of ``x.shape[0] // size`` rows, with
         every rank's contribution quantized per destination block (``block_layout(block rows' size,
         block_size)``) and summed in float32 after dequantization. Native: one all-to-all of the
-        int8 blocks and one of the scales. CPU (no all-to-all): all-gather of every rank's
+        int8 blocks and one of the scales (Ascend). GPU and CPU (no AlltoAll): all-gather of every rank's
         quantized tensor, then each rank keeps the pieces of its block; the same numbers, N times
         the bytes. Returns float32."""
         rows = x.shape[0] // self.size
@@ -288,6 +320,11 @@ class GroupComm(nn.Cell):
 
     def broadcast(self, x, root: int = 0):
         """``x`` of the rank with group index ``root``, on every rank."""
+        if self._carried(x):
+            return ops.cast(self._broadcast(ops.cast(x, self.bf16_carrier), root), x.dtype)
+        return self._broadcast(x, root)
+
+    def _broadcast(self, x, root):
         if self._native_bcast and root == 0:
             # The CPU kernel returns float32 for a float16 input in PYNATIVE_MODE.
             return ops.cast(self._broadcast0((x,))[0], x.dtype)

@@ -10,6 +10,7 @@ import logging
 import mindspore as ms
 from mindspore import Parameter, Tensor, nn, ops
 
+from .backend import overflow_uses_float_status
 from .comm import divide
 from .ema import check_ema
 from .zero_helper import ZeroHelper
@@ -64,6 +65,30 @@ def _all_finite(grads):
     return finite
 
 
+class _FloatStatus(nn.Cell):
+    """Ascend's float-status register, read as MindSpore's ``TrainOneStepWithLossScaleCell`` reads it
+    where ``ops.isfinite`` cannot see an overflow (saturation mode; [Note: device targets] in
+    backend.py): cleared before the forward, read after the gradients, cleared again after the
+    ranks' agreement so that the all-reduce's own status does not reach the next step."""
+
+    def __init__(self):
+        super().__init__(auto_prefix=False)
+        from mindspore.ops.operations.math_ops import NPUClearFloatStatusV2, NPUGetFloatStatusV2
+
+        self.get_status = NPUGetFloatStatusV2()
+        self.clear_status = NPUClearFloatStatusV2()
+
+    def clear(self, after):
+        """Clear the register once ``after`` exists; returns ``after``."""
+        status = ops.depend(ops.zeros((8,), ms.int32), after)
+        return ops.depend(after, self.clear_status(status))
+
+    def overflowed(self, grads):
+        """Whether any operation since the last clear overflowed (a bool, read after ``grads``)."""
+        status = ops.depend(ops.zeros((8,), ms.int32), grads)
+        return ops.reduce_sum(ops.cast(self.get_status(status), ms.float32)) > 0
+
+
 def _regathered(network, policy):
     """Stage 3: the parameters gathered again in backward ([Note: reshard after forward])."""
     if not policy.shards_params:
@@ -95,7 +120,8 @@ class TrainOneStepWrapper(nn.Cell):
     """One training step with ZeRO; returns ``(loss, overflow, loss_scale)`` like MindOne's.
 
     ``loss`` is this rank's loss on its micro-batch; ``overflow`` is True on every rank when
-    any rank's gradients hold inf/nan at this micro-step; ``loss_scale`` is the scale used for
+    any rank's gradients hold inf/nan at this micro-step (on Ascend in saturation mode, also when
+    the float-status register says an operation overflowed: ``_FloatStatus``); ``loss_scale`` is the scale used for
     this micro-step. Calling it is collective over the world group.
 
     Args:
@@ -130,6 +156,7 @@ class TrainOneStepWrapper(nn.Cell):
         # runs the network twice in PYNATIVE, and at stage 3 gathers every parameter twice).
         self.loss_and_grads = ops.value_and_grad(_ScaledLoss(network), None, self.weights, has_aux=True)
         self.scale_sense, self.loss_scaling_manager = _scale_sense_parameter(scale_sense)
+        self.float_status = _FloatStatus() if overflow_uses_float_status() else None
         self.ema = ema
         if ema is not None and updates:
             ema.updates.set_data(Tensor(float(updates), ms.float32))
@@ -240,11 +267,13 @@ class TrainOneStepWrapper(nn.Cell):
                 "the one ms.Model.train builds with dataset_sink_mode=True; use dataset_sink_mode=False."
             )
         scale = self.scale_sense * 1.0  # read the scale before the update cell may change it
+        if self.float_status is not None:
+            scale = self.float_status.clear(scale)
         (_, loss), grads = self.loss_and_grads(*inputs, scale)
         grads = self._unscale(self._shard_shaped(grads), scale)
         if self.reduce_each_micro_step:
             grads = self.zero_helper.reduce_grads(grads)
-        overflow = self.zero_helper.any_rank(ops.logical_not(_all_finite(grads)))
+        overflow = self._overflow(grads)
         if self.loss_scaling_manager is not None:
             overflow = self.loss_scaling_manager(self.scale_sense, overflow)
         if self.offload:
@@ -255,6 +284,15 @@ class TrainOneStepWrapper(nn.Cell):
         else:
             loss = ops.depend(loss, self._accumulate(grads, overflow))
         return loss, overflow, scale
+
+    def _overflow(self, grads):
+        """True on every rank when any rank's gradients overflowed: inf/nan in them, or, where
+        MindSpore reads Ascend's float status (saturation mode), the status register. Collective."""
+        local = ops.logical_not(_all_finite(grads))
+        if self.float_status is None:
+            return self.zero_helper.any_rank(local)
+        overflow = self.zero_helper.any_rank(ops.logical_or(local, self.float_status.overflowed(grads)))
+        return self.float_status.clear(overflow)
 
     def _shard_shaped(self, grads):
         """PYNATIVE hands a ZeRO-3 parameter that got no gradient this step a zero gradient of

@@ -160,12 +160,13 @@ class Dense(ZeroCell):
         if len(x_shape) != 2:
             x = x.reshape(-1, x_shape[-1])
         if self.zero_coalesce:
-            weight, bias = self.zero_gather_group(self.weight, self.bias)
+            weight, bias = self.zero_gather_group(ops.depend(self.weight, x), self.bias)  # [Note: gather order]
             x = self.bias_add(self.matmul(x, weight), bias)
         else:
-            x = self.matmul(x, self.weight_zero_gather(self.weight))
+            out = self.matmul(x, self.weight_zero_gather(self.weight, x))
             if self.has_bias:
-                x = self.bias_add(x, self.bias_zero_gather(self.bias))
+                out = self.bias_add(out, self.bias_zero_gather(self.bias, x))
+            x = out
         if self.activation_flag:
             x = self.activation(x)
         if len(x_shape) != 2:
@@ -185,11 +186,11 @@ class Linear(ZeroCell):
 
     def construct(self, x):
         if self.zero_coalesce:
-            weight, bias = self.zero_gather_group(self.weight, self.bias)
+            weight, bias = self.zero_gather_group(ops.depend(self.weight, x), self.bias)  # [Note: gather order]
             return self.dense(x, weight, bias)
-        weight = self.weight_zero_gather(self.weight)
+        weight = self.weight_zero_gather(self.weight, x)
         if self.has_bias:
-            return self.dense(x, weight, self.bias_zero_gather(self.bias))
+            return self.dense(x, weight, self.bias_zero_gather(self.bias, x))
         return self.dense(x, weight, None)
 
 
@@ -209,10 +210,10 @@ class _Conv(ZeroCell):
             return self.mint_attrs + (self.mint_op,), self.param_attrs
         return self.nn_attrs, self.param_attrs
 
-    def _mint_bias(self):
+    def _mint_bias(self, x):
         if self.bias is None:
             return None
-        return self.bias_zero_gather(self.bias)
+        return self.bias_zero_gather(self.bias, x)
 
 
 class Conv1d(_Conv):
@@ -223,15 +224,15 @@ class Conv1d(_Conv):
     mint_op = "conv1d"
 
     def construct(self, x):
-        weight = self.weight_zero_gather(self.weight)
+        weight = self.weight_zero_gather(self.weight, x)
         if self.is_mint:
             if self.padding_mode != "zeros":
                 return self.conv1d(mint.nn.functional.pad(x, self._reversed_padding, mode=self.padding_mode),
-                                   weight, self._mint_bias(), self.stride, (0,), self.dilation, self.groups)
-            return self.conv1d(x, weight, self._mint_bias(), self.stride, self.padding, self.dilation, self.groups)
+                                   weight, self._mint_bias(x), self.stride, (0,), self.dilation, self.groups)
+            return self.conv1d(x, weight, self._mint_bias(x), self.stride, self.padding, self.dilation, self.groups)
         out = self.conv2d(self.expand_dims(x, 2), weight)
         if self.has_bias:
-            out = self.bias_add(out, self.bias_zero_gather(self.bias))
+            out = self.bias_add(out, self.bias_zero_gather(self.bias, x))
         return self.squeeze(out)
 
 
@@ -243,15 +244,15 @@ class Conv2d(_Conv):
     mint_op = "conv2d"
 
     def construct(self, x):
-        weight = self.weight_zero_gather(self.weight)
+        weight = self.weight_zero_gather(self.weight, x)
         if self.is_mint:
             if self.padding_mode != "zeros":
                 return self.conv2d(mint.nn.functional.pad(x, self._reversed_padding, mode=self.padding_mode),
-                                   weight, self._mint_bias(), self.stride, (0, 0), self.dilation, self.groups)
-            return self.conv2d(x, weight, self._mint_bias(), self.stride, self.padding, self.dilation, self.groups)
+                                   weight, self._mint_bias(x), self.stride, (0, 0), self.dilation, self.groups)
+            return self.conv2d(x, weight, self._mint_bias(x), self.stride, self.padding, self.dilation, self.groups)
         out = self.conv2d(x, weight)
         if self.has_bias:
-            out = self.bias_add(out, self.bias_zero_gather(self.bias))
+            out = self.bias_add(out, self.bias_zero_gather(self.bias, x))
         return out
 
 
@@ -263,16 +264,16 @@ class Conv3d(_Conv):
     mint_op = "conv3d"
 
     def construct(self, x):
-        weight = self.weight_zero_gather(self.weight)
+        weight = self.weight_zero_gather(self.weight, x)
         if self.is_mint:
             if self.padding_mode != "zeros":
                 return self.conv3d(mint.nn.functional.pad(x, self._reversed_padding, mode=self.padding_mode),
-                                   weight, self._mint_bias(), self.stride, (0, 0, 0), self.dilation, self.groups)
-            return self.conv3d(x, weight, self._mint_bias(), self.stride, self.padding, self.dilation, self.groups)
+                                   weight, self._mint_bias(x), self.stride, (0, 0, 0), self.dilation, self.groups)
+            return self.conv3d(x, weight, self._mint_bias(x), self.stride, self.padding, self.dilation, self.groups)
         if self.group == 1:
             out = self.conv3d(x, weight)
             if self.has_bias:
-                out = self.bias_add(out, self.bias_zero_gather(self.bias))
+                out = self.bias_add(out, self.bias_zero_gather(self.bias, x))
             return out
         features = self.split_1(x)
         weights = self.split_0(weight)
@@ -282,7 +283,7 @@ class Conv3d(_Conv):
         out = self.concat(outputs)
         if self.has_bias:
             shape = (1, self.out_channels) + (1,) * (out.ndim - 2)
-            out = out + self.bias_zero_gather(self.bias).reshape(shape)
+            out = out + self.bias_zero_gather(self.bias, x).reshape(shape)
         return out
 
 
@@ -317,9 +318,9 @@ class Embedding(ZeroCell):
 
     def construct(self, ids):
         if self.is_mint:
-            return ops.embedding(ids, self.weight_zero_gather(self.weight), self.padding_idx, self.max_norm,
+            return ops.embedding(ids, self.weight_zero_gather(self.weight, ids), self.padding_idx, self.max_norm,
                                  self.norm_type, self.scale_grad_by_freq)
-        table = self.embedding_table_zero_gather(self.embedding_table)
+        table = self.embedding_table_zero_gather(self.embedding_table, ids)
         out_shape = ids.shape + (self.embedding_size,)
         flat_ids = ids.reshape(-1)
         if self.use_one_hot:

@@ -14,6 +14,18 @@ Which parameters are sharded (DESIGN section 3):
   gradient the network produces for it is local (the train wrapper all-reduces it);
 * not trainable (``requires_grad=False``, e.g. BatchNorm moving statistics, which the forward
   pass updates in place and so cannot live as shards): untouched, no ``zero_spec``.
+
+[Note: gather order]
+A stage-3 gather depends only on its shard Parameter, so a device scheduler may start every gather
+at the top of the graph and hold the whole model gathered at once. The ``parallel_modules`` layers
+therefore pass their input as ``after`` (``ZeroParamWrapper``), or, for a coalesced gather, wrap the
+first shard in ``ops.depend(shard, input)``: the gather waits until the layer's input exists. The
+generic rewrite (rewrite.py) passes a ``construct``'s first input the same way. Depend's gradient
+for its second input is zeros, added to the input's gradient, so no number changes; the CPU
+backend runs the gathers in program order with or without it (tests/unit/test_gather_order.py
+shows the Depend in the compiled graph). A gather unit's ``ZeroUnitGather`` (units.py) ties every
+shard to the unit root's first input. Not tied: gathers the rewrite puts in methods other than
+``construct`` (a helper's inputs are not known to be the layer's).
 """
 from typing import Optional
 
@@ -154,8 +166,8 @@ def check_compute_dtype(owner: str, name: str, dtype) -> None:
 class ZeroParamWrapper(nn.Cell):
     """Gather a ZeRO-3 parameter shard for use in forward; reduce-scatter its gradient in backward.
 
-    Call it from ``construct`` with the shard Parameter as the explicit input, e.g.
-    ``w = self.weight_zero_gather(self.weight)``. Forward returns the full tensor (padding rows
+    Call it from ``construct`` with the shard Parameter as the explicit input and the layer's
+    input as ``after``, e.g. ``w = self.weight_zero_gather(self.weight, x)`` ([Note: gather order]). Forward returns the full tensor (padding rows
     dropped) in ``compute_dtype``; when that dtype is narrower than the parameter's the cast is
     done before the all-gather, so half the bytes travel. The custom ``bprop`` casts the incoming
     gradient to the parameter's dtype, pads it, reduce-scatters it over the group and divides by
@@ -209,14 +221,17 @@ class ZeroParamWrapper(nn.Cell):
             self.is_split = spec.split
             self.gather = _GatherShard(spec, param.dtype, group, compute_dtype)
 
-    def construct(self, x):
-        """The full tensor of shard ``x``, in the compute dtype (``x`` itself below stage 3)."""
+    def construct(self, x, after=None):
+        """The full tensor of shard ``x``, in the compute dtype (``x`` itself below stage 3).
+        ``after``: a tensor the gather must wait for, the calling layer's input ([Note: gather order])."""
         if not self.sharded:
             return x
         # PYNATIVE keeps the autograd leaf a Parameter got at creation, with its full shape;
         # a custom bprop whose input is that leaf is checked against the stale shape. A same-shape
         # reshape (a view, no copy) gives the custom bprop an input with the shard's real shape.
         x = x.reshape(x.shape)
+        if after is not None:
+            x = ops.depend(x, after)
         if self.hpz:
             return self.hpz_secondary(self.hpz_primary(x), x)
         return self.gather(x)

@@ -10,7 +10,9 @@ touching the user's classes:
    parsed with ``ast``, and so is, transitively, every method it calls as ``self.m(...)``,
    ``self.child.m(...)`` or ``super().m(...)``. Each attribute chain rooted at ``self`` (through
    child Cells and constant subscripts of CellLists) is resolved statically on the instance; a
-   load that ends on a sharded Parameter becomes ``self.<chain>_zero_gather(self.<chain>)``, where
+   load that ends on a sharded Parameter becomes ``self.<chain>_zero_gather(self.<chain>)`` (in
+   ``construct``: ``self.<chain>_zero_gather(self.<chain>, x)``, ``x`` its first input, [Note: gather
+   order] in param_wrapper.py), where
    the new attribute is a ``ZeroParamWrapper`` held by the reading Cell (one wrapper per
    parameter and compute dtype, shared by all readers). ``self.<p>.shape`` becomes the full
    shape as a constant (no gather), ``self.<p> is None`` is left alone.
@@ -168,8 +170,9 @@ def _contains_split(obj, split_ids: Set[int]) -> bool:
 class _ChainRewriter(ast.NodeTransformer):
     """Rewrites one method body of one Cell instance; see [Note: generic rewrite]."""
 
-    def __init__(self, planner, plan: RewritePlan, mplan: _MethodPlan, self_name: str):
+    def __init__(self, planner, plan: RewritePlan, mplan: _MethodPlan, self_name: str, after: Optional[str] = None):
         self.planner, self.plan, self.mplan, self.self_name = planner, plan, mplan, self_name
+        self.after = after  # construct's first input: each gather waits for it ([Note: gather order])
         self.unit = planner.units.get(id(plan.cell))
         self.where = f"{plan.path or '<top>'} ({plan.original_class.__name__}.{mplan.func.__name__})"
 
@@ -226,7 +229,8 @@ class _ChainRewriter(ast.NodeTransformer):
         self.planner.referenced.add(id(param))
         self.mplan.has_reads = True
         func = ast.Attribute(value=ast.Name(id=self.self_name, ctx=ast.Load()), attr=attr, ctx=ast.Load())
-        return ast.Call(func=func, args=[node], keywords=[])
+        after = [ast.Name(id=self.after, ctx=ast.Load())] if self.after else []
+        return ast.Call(func=func, args=[node] + after, keywords=[])
 
     def visit_Attribute(self, node):
         steps = self._chain(node)
@@ -475,7 +479,8 @@ class _Planner:
         if not tree.args.args:
             return
         tree = _Mangler(mplan.defining_cls).visit(tree)
-        mplan.tree = _ChainRewriter(self, plan, mplan, tree.args.args[0].arg).visit(tree)
+        after = tree.args.args[1].arg if mplan.func.__name__ == "construct" and len(tree.args.args) > 1 else None
+        mplan.tree = _ChainRewriter(self, plan, mplan, tree.args.args[0].arg, after).visit(tree)
 
     def _decide_emission(self):
         changed = True

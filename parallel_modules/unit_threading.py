@@ -86,7 +86,8 @@ def _chain(self_name: str, steps: List) -> ast.expr:
 
 
 def _prologue(unit, tree: ast.FunctionDef) -> None:
-    """``zero3_unit = self.zero3_unit_gather((self.<path to p0>, ...))`` at the start of the root's construct."""
+    """``zero3_unit = self.zero3_unit_gather((self.<path to p0>, ...), x)`` at the start of the root's
+    construct, ``x`` its first input (none if it takes none)."""
     root = unit.root
     if UNIT_GATHER_ATTR in root.__dict__ or UNIT_GATHER_ATTR in root._cells or hasattr(type(root), UNIT_GATHER_ATTR):
         raise _error(f"cannot add {UNIT_GATHER_ATTR!r} to the unit {unit.describe()}: the Cell already has one.")
@@ -98,9 +99,11 @@ def _prologue(unit, tree: ast.FunctionDef) -> None:
             raise _error(f"reads the parameter {param.name!r} in the unit {unit.describe()}, which the unit root "
                          f"does not hold in its subtree.")
         shards.append(_chain(self_name, steps))
+    # [Note: gather order] in param_wrapper.py: the gathers wait for the root's first input
+    after = [ast.Name(id=tree.args.args[1].arg, ctx=ast.Load())] if len(tree.args.args) > 1 else []
     call = ast.Call(func=ast.Attribute(value=ast.Name(id=self_name, ctx=ast.Load()), attr=UNIT_GATHER_ATTR,
                                        ctx=ast.Load()),
-                    args=[ast.Tuple(elts=shards, ctx=ast.Load())], keywords=[])
+                    args=[ast.Tuple(elts=shards, ctx=ast.Load())] + after, keywords=[])
     stmt = ast.Assign(targets=[ast.Name(id=UNIT_ARG, ctx=ast.Store())], value=call, lineno=0)
     body = tree.body
     at = 1 if body and isinstance(body[0], ast.Expr) and isinstance(getattr(body[0], "value", None), ast.Constant) \

@@ -21,7 +21,8 @@ GRAPH_MODE.) So the generic rewrite ([Note: generic rewrite] in ``rewrite.py``) 
 for the Cells of a unit:
 
 * the unit root's ``construct`` starts with ``zero3_unit = self.zero3_unit_gather((self.<path to
-  p0>, self.<path to p1>, ...))``, a ``ZeroUnitGather`` over the unit's shards;
+  p0>, self.<path to p1>, ...), x)``, a ``ZeroUnitGather`` over the unit's shards that waits for the
+  construct's first input ``x`` ([Note: gather order] in param_wrapper.py);
 * every read of a unit parameter in the unit's code becomes ``zero3_unit[k]``;
 * every method that reads one (directly or through the methods and child Cells it calls) gets a
   keyword-only parameter ``zero3_unit``, and every call of it from the unit's code
@@ -53,7 +54,7 @@ Memory: a unit's parameters are all full at once (in forward, and again in backw
 """
 from typing import Dict, List, Optional, Tuple
 
-from mindspore import Parameter, nn
+from mindspore import Parameter, nn, ops
 
 from .coalesce import COALESCE_MAX_BYTES, ZeroGatherGroup, _settings, gathered_nbytes
 
@@ -223,7 +224,8 @@ class _UnitSingle(nn.Cell):
 class ZeroUnitGather(nn.Cell):
     """All-gather a unit's shards: one collective per gather setting ([Note: gather units]).
 
-    ``construct(xs)`` takes the tuple of the unit's shards, in element order, and returns their full
+    ``construct(xs, after=None)`` takes the tuple of the unit's shards, in element order (and the unit
+    root's input as ``after``: every gather waits for it), and returns their full
     tensors (padding dropped, compute dtype) in the same order, bit for bit what per-parameter
     gathers return. Collective over the parameters' group. ``gathers``: one ``_GatherShard`` per
     element (``param_wrapper.py``), used for its settings only.
@@ -251,7 +253,12 @@ class ZeroUnitGather(nn.Cell):
         self.order = tuple(flat.index(i) for i in range(len(gathers)))
         self.param_names = tuple(g.param_name for g in gathers)
 
-    def construct(self, xs):
+    def construct(self, xs, after=None):
+        if after is not None:  # [Note: gather order] in param_wrapper.py: wait for the root's input
+            tied = ()
+            for x in xs:
+                tied = tied + (ops.depend(x, after),)
+            xs = tied
         outs = ()
         for part in self.parts:
             outs = outs + part(xs)

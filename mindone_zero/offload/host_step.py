@@ -17,7 +17,9 @@ for it every step costs time and memory.
 
 Where the tensor the optimizer updates lives: the host reads and writes it through
 ``Parameter.asnumpy()``, which on MindSpore's CPU backend is a view of the Parameter's memory
-(checked at build time); elsewhere it is a copy, written back whole with ``set_data``. The
+(decided by the device target, then checked: [Note: device targets] in backend.py); on Ascend
+and GPU it is a copy, written back whole after each update with an in-place ``ops.assign``
+(``_write_back``). The
 optimizer's own state Parameters are cut to one element each (``OffloadedState`` stands for them
 in the inventory, in memory measurements and in checkpoints, under the same names, so
 checkpoints of offloaded and on-device runs load into each other).
@@ -52,6 +54,7 @@ import numpy as np
 from mindspore import Parameter, Tensor, nn, ops
 from mindspore.communication import GlobalComm, get_group_size, get_rank
 
+from ..backend import host_updates_in_place
 from .config import OffloadConfig
 from .file_store import FileStore, MemoryStore
 from .host_optimizer import StepHyper, host_rule_for
@@ -136,9 +139,19 @@ def _return_freed_memory() -> None:
         pass
 
 
-def _shares_memory(param: Parameter) -> bool:
-    """Whether ``asnumpy()`` is a view of the Parameter's memory (two calls, one buffer)."""
-    return np.may_share_memory(param.asnumpy(), param.asnumpy())
+def _updates_in_place(param: Parameter) -> bool:
+    """Whether a write into ``param.asnumpy()`` lands in ``param``: on the CPU backend, where
+    ``asnumpy()`` is a view of the Parameter's memory (two calls, one buffer). Decided by the
+    device target first: on Ascend and GPU, before any graph has run, the Parameter still lives on
+    the host and the two calls share memory too, but the graphs read its device copy."""
+    return host_updates_in_place() and np.may_share_memory(param.asnumpy(), param.asnumpy())
+
+
+def _write_back(param: Parameter, weights: np.ndarray) -> None:
+    """Copy the host result into ``param``'s own buffer. ``ops.assign``, not ``set_data``: set_data
+    gives the Parameter a new buffer, and a graph compiled before (the jitted train step in
+    PYNATIVE_MODE, seen on CPU too) keeps reading and updating the old one."""
+    ops.assign(param, Tensor(weights, param.dtype))
 
 
 class HostOffload:
@@ -160,7 +173,7 @@ class HostOffload:
         self.chunk = max(1, config.chunk_size // 4)
         self.placeholders: List[Parameter] = []
         self.states = {attr: self._move(helper.opt_states[attr]) for attr in self.rule.states}
-        self.in_place = [_shares_memory(p) for p in helper.opt_params]
+        self.in_place = [_updates_in_place(p) for p in helper.opt_params]
         self.after = None
         _return_freed_memory()
 
@@ -227,7 +240,7 @@ class HostOffload:
                     self.store.write(self.states[a][i].name, start, values)
             del flat_g  # this gradient's memory goes before the next one is read ([Note: host step memory])
             if not self.in_place[i]:
-                param.set_data(Tensor(weights, param.dtype))
+                _write_back(param, weights)
 
     def close(self) -> None:
         """Release the store (removing its files unless ``keep_files``)."""
