@@ -1,4 +1,4 @@
-"""msrun worker for tests/dist/test_groups.py: the real ``create_hybrid_groups`` on the CPU backend.
+"""msrun worker for tests/dist/test_group_names_job.py: the real ``create_hybrid_groups`` on the CPU backend.
 
 Usage (under msrun, N=4): groups_worker.py --out DIR --cases '["run"]'
 Every rank, in the same order: the bad sizes (each must raise before creating anything), then sizes
