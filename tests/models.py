@@ -6,7 +6,7 @@ that tests set to inf to inject an overflow.
 """
 import numpy as np
 import mindspore as ms
-from mindspore import Parameter, Tensor, nn, ops
+from mindspore import Parameter, ParameterTuple, Tensor, nn, ops
 
 VOCAB, SEQ, EMB, CLASSES = 11, 5, 6, 7
 GLOBAL_BATCH = 8
@@ -163,3 +163,42 @@ def adamw_groups(net, lr=3e-3):
     decay = [p.name.endswith("weight") for p in params]
     return nn.AdamWeightDecay([{"params": [p for p, d in zip(params, decay) if d], "weight_decay": 0.01},
                                {"params": [p for p, d in zip(params, decay) if not d]}], learning_rate=lr)
+
+
+_script_ema_op = ops.MultitypeFuncGraph("script_ema_op")
+
+
+@_script_ema_op.register("Tensor", "Tensor", "Tensor")
+def _script_ema_step(decay, ema, weight):
+    return ops.assign(ema, ema * decay + weight * (1.0 - decay))
+
+
+class ScriptEMA(nn.Cell):
+    """An EMA as training scripts write their own, with MindOne's interface (none of mindone_zero's
+    code): a constant decay, an in-graph update through a HyperMap, a swap cache, and swaps through
+    ``set_data`` of new tensors, as MindOne's own EMA swaps."""
+
+    def __init__(self, network, ema_decay=0.8, updates=0):
+        super().__init__()
+        self.net_weight = ParameterTuple(network.trainable_params())
+        self.ema_weight = self.net_weight.clone(prefix="ema")
+        self.swap_cache = self.net_weight.clone(prefix="swap", init="zeros")
+        self.decay = Tensor(ema_decay, ms.float32)
+        self.updates = Parameter(Tensor(updates, ms.float32), name="updates", requires_grad=False)
+        self.hyper_map = ops.HyperMap()
+
+    def ema_update(self):
+        updates = ops.assign_add(self.updates, Tensor(1.0, ms.float32))
+        done = self.hyper_map(ops.partial(_script_ema_op, self.decay), self.ema_weight, self.net_weight)
+        return ops.depend(updates, done)
+
+    def swap_before_eval(self):
+        for w, c, e in zip(self.net_weight, self.swap_cache, self.ema_weight):
+            c.set_data(Tensor(w.asnumpy()))
+            w.set_data(Tensor(e.asnumpy()))
+        return True
+
+    def swap_after_eval(self):
+        for w, c in zip(self.net_weight, self.swap_cache):
+            w.set_data(Tensor(c.asnumpy()))
+        return True

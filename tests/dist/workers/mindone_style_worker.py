@@ -23,7 +23,7 @@ from mindspore import Parameter, ParameterTuple, Tensor, nn, ops
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", ".."))
 from msrun_harness import worker_args  # noqa: E402
-from models import FactoredOptimizer  # noqa: E402
+from models import FactoredOptimizer, ScriptEMA  # noqa: E402
 
 from mindone_zero import prepare_train_network  # noqa: E402
 from mindone_zero.checkpoint import gather_full_params  # noqa: E402
@@ -38,43 +38,6 @@ FUSION = {kind: {"openstate": True, "bucket_size": 300} for kind in ("allreduce"
 # the object's id, and a Cell that reuses a freed Cell's id gets the stale entry (shard_network
 # keeps the Cells it replaces alive for the same reason).
 KEEP_ALIVE = []
-
-_ema_op = ops.MultitypeFuncGraph("user_ema_op")
-
-
-@_ema_op.register("Tensor", "Tensor", "Tensor")
-def _ema_step(decay, ema, weight):
-    return ops.assign(ema, ema * decay + weight * (1.0 - decay))
-
-
-class UserEMA(nn.Cell):
-    """The script's own EMA with MindOne's interface: a constant decay, in-graph update through a
-    HyperMap, a swap cache, swaps through ``set_data`` (none of mindone_zero's code)."""
-
-    def __init__(self, network, ema_decay=EMA_DECAY, updates=0):
-        super().__init__()
-        self.net_weight = ParameterTuple(network.trainable_params())
-        self.ema_weight = self.net_weight.clone(prefix="ema")
-        self.swap_cache = self.net_weight.clone(prefix="swap", init="zeros")
-        self.decay = Tensor(ema_decay, ms.float32)
-        self.updates = Parameter(Tensor(updates, ms.float32), name="updates", requires_grad=False)
-        self.hyper_map = ops.HyperMap()
-
-    def ema_update(self):
-        updates = ops.assign_add(self.updates, Tensor(1.0, ms.float32))
-        done = self.hyper_map(ops.partial(_ema_op, self.decay), self.ema_weight, self.net_weight)
-        return ops.depend(updates, done)
-
-    def swap_before_eval(self):
-        for w, c, e in zip(self.net_weight, self.swap_cache, self.ema_weight):
-            c.set_data(Tensor(w.asnumpy()))
-            w.set_data(Tensor(e.asnumpy()))
-        return True
-
-    def swap_after_eval(self):
-        for w, c in zip(self.net_weight, self.swap_cache):
-            w.set_data(Tensor(c.asnumpy()))
-        return True
 
 
 class EMAWithoutUpdate(nn.Cell):
@@ -200,7 +163,7 @@ def run_case(case, out, rank):
     ms.set_auto_parallel_context(gradients_mean=case.get("gradients_mean", True))
     net = build_net()
     loss_net = LossNet(net)
-    ema = UserEMA(net)
+    ema = ScriptEMA(net, ema_decay=EMA_DECAY)  # the script's own EMA class
     opt = make_optimizer(case["optimizer"], net.trainable_params(), case.get("lr", 0.02))
     train = prepare_train_network(
         loss_net, opt, ema=ema, zero_stage=case["stage"], comm_fusion=FUSION if case["fusion"] else None,

@@ -2,8 +2,8 @@
 
 The script is written the way MindOne's example training scripts are, without importing MindOne:
 
-* ``prepare_train_network`` with the script's own EMA class (MindOne's interface, swaps through
-  ``set_data``), AdamWeightDecay over a learning-rate list (what MindOne's ``create_scheduler``
+* ``prepare_train_network`` with the script's own EMA class (``models.ScriptEMA``: MindOne's
+  interface, swaps through ``set_data``), AdamWeightDecay over a learning-rate list (what MindOne's ``create_scheduler``
   returns), a ``DynamicLossScaleUpdateCell`` whose first scale overflows the fp16 layer;
 * a ``GeneratorDataset`` sharded per rank, three epochs of three steps, ``dataset_sink_mode=False``;
 * ``EvalSaveLike``: ``EvalSaveCallback``'s call pattern. Every ``save_every`` steps, every rank saves
@@ -36,11 +36,12 @@ import sys
 import numpy as np
 import mindspore as ms
 import mindspore.dataset as ds
-from mindspore import Parameter, ParameterTuple, Tensor, nn, ops
+from mindspore import Tensor, nn, ops
 from mindspore.train.callback import Callback
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", ".."))
 from msrun_harness import worker_args  # noqa: E402
+from models import ScriptEMA  # noqa: E402
 
 from mindone_zero import convert_checkpoints, prepare_train_network  # noqa: E402
 from mindone_zero.checkpoint import gather_full_params  # noqa: E402
@@ -50,37 +51,6 @@ BATCH, STEPS_PER_EPOCH, EPOCHS, STOP_AT, SAVE_EVERY = 4, 3, 3, 8, 3  # saves at 
 CLASSES = 3
 EMA_DECAY = 0.8
 KEEP_ALIVE = []  # MindSpore 2.10 caches parsed Cells by id: keep every case's Cells alive
-
-
-class ScriptEMA(nn.Cell):
-    """The script's own EMA with MindOne's interface; swaps through ``set_data`` of new tensors."""
-
-    def __init__(self, network, ema_decay=EMA_DECAY):
-        super().__init__()
-        self.net_weight = ParameterTuple(network.trainable_params())
-        self.ema_weight = self.net_weight.clone(prefix="ema")
-        self.swap_cache = self.net_weight.clone(prefix="swap", init="zeros")
-        self.decay = Tensor(ema_decay, ms.float32)
-        self.updates = Parameter(Tensor(0.0, ms.float32), name="updates", requires_grad=False)
-
-    def ema_update(self):
-        updates = ops.assign_add(self.updates, Tensor(1.0, ms.float32))
-        done = ()
-        for i in range(len(self.ema_weight)):
-            e, w = self.ema_weight[i], self.net_weight[i]
-            done += (ops.assign(e, e * self.decay + w * (1.0 - self.decay)),)
-        return ops.depend(updates, done)
-
-    def swap_before_eval(self):
-        for w, c, e in zip(self.net_weight, self.swap_cache, self.ema_weight):
-            c.set_data(Tensor(w.asnumpy()))
-            w.set_data(Tensor(e.asnumpy()))
-        return True
-
-    def swap_after_eval(self):
-        for w, c in zip(self.net_weight, self.swap_cache):
-            w.set_data(Tensor(c.asnumpy()))
-        return True
 
 
 class Net(nn.Cell):
@@ -140,7 +110,7 @@ def dataset(world, rank):
 def build_train(case, folder):
     net = build_net()
     loss_net = LossNet(net)
-    ema = ScriptEMA(net)
+    ema = ScriptEMA(net, ema_decay=EMA_DECAY)
     steps = STEPS_PER_EPOCH * EPOCHS
     lrs = [0.02 * (1.0 - 0.05 * i) for i in range(steps)]  # what MindOne's create_scheduler returns
     opt = nn.AdamWeightDecay(net.trainable_params(), learning_rate=lrs, weight_decay=0.01)
