@@ -45,6 +45,18 @@ class LossNet(nn.Cell):
         return self.ce(self.net(ids), labels) * factor
 
 
+class SparseCELoss(nn.Cell):
+    """``net``'s mean sparse cross-entropy on (inputs, labels); parameters named ``net.*``."""
+
+    def __init__(self, net):
+        super().__init__()
+        self.net = net
+        self.ce = nn.SoftmaxCrossEntropyWithLogits(sparse=True, reduction="mean")
+
+    def construct(self, inputs, labels):
+        return self.ce(self.net(inputs), labels)
+
+
 def init_weights(net, seed=0):
     """Deterministic weights by parameter order (the same on every rank and process)."""
     rng = np.random.default_rng(seed)

@@ -9,7 +9,7 @@ import mindspore.dataset as ds
 from mindspore import nn
 from mindspore.train.callback import Callback
 
-from models import TinyNet, global_batch, init_weights
+from models import SparseCELoss, TinyNet, global_batch, init_weights
 from mindone_zero import prepare_train_network
 
 ms.set_device("CPU")
@@ -23,18 +23,8 @@ def _dataset():
     return ds.NumpySlicesDataset({"ids": ids, "labels": labels}, shuffle=False)
 
 
-class _Loss(nn.Cell):
-    def __init__(self, net):
-        super().__init__()
-        self.net = net
-        self.ce = nn.SoftmaxCrossEntropyWithLogits(sparse=True, reduction="mean")
-
-    def construct(self, ids, labels):
-        return self.ce(self.net(ids), labels)
-
-
 def _train(offload, tmp_path):
-    net = _Loss(init_weights(TinyNet(with_scalar=False)))
+    net = SparseCELoss(init_weights(TinyNet(with_scalar=False)))
     opt = nn.Adam(net.trainable_params(), learning_rate=0.01)
     return prepare_train_network(net, opt, scale_sense=nn.DynamicLossScaleUpdateCell(2.0 ** 10, 2, 100),
                                  optimizer_offload=offload, params_split_info=str(tmp_path))

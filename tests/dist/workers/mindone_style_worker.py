@@ -23,7 +23,7 @@ from mindspore import Parameter, ParameterTuple, Tensor, nn, ops
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", ".."))
 from msrun_harness import worker_args  # noqa: E402
-from models import FactoredOptimizer, ScriptEMA  # noqa: E402
+from models import FactoredOptimizer, ScriptEMA, SparseCELoss as LossNet  # noqa: E402
 
 from mindone_zero import prepare_train_network  # noqa: E402
 from mindone_zero.checkpoint import gather_full_params  # noqa: E402
@@ -113,16 +113,6 @@ class Net(nn.Cell):
         x = x.transpose(0, 2, 1, 3).reshape(x.shape[0], SEQ, CHANNELS * EMB)
         x = self.block(x).mean(axis=1)
         return self.scale(self.head(x))
-
-
-class LossNet(nn.Cell):
-    def __init__(self, net):
-        super().__init__()
-        self.net = net
-        self.ce = nn.SoftmaxCrossEntropyWithLogits(sparse=True, reduction="mean")
-
-    def construct(self, ids, labels):
-        return self.ce(self.net(ids), labels)
 
 
 def build_net():

@@ -41,7 +41,7 @@ from mindspore.train.callback import Callback
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", ".."))
 from msrun_harness import worker_args  # noqa: E402
-from models import ScriptEMA  # noqa: E402
+from models import ScriptEMA, SparseCELoss as LossNet  # noqa: E402
 
 from mindone_zero import convert_checkpoints, prepare_train_network  # noqa: E402
 from mindone_zero.checkpoint import gather_full_params  # noqa: E402
@@ -65,16 +65,6 @@ class Net(nn.Cell):
     def construct(self, x):
         h = self.conv(x).astype(ms.float32).mean(axis=(2, 3))
         return self.head(self.act(self.hidden(self.norm(h))))
-
-
-class LossNet(nn.Cell):
-    def __init__(self, net):
-        super().__init__()
-        self.net = net
-        self.ce = nn.SoftmaxCrossEntropyWithLogits(sparse=True, reduction="mean")
-
-    def construct(self, x, y):
-        return self.ce(self.net(x), y)
 
 
 def build_net():
