@@ -4,8 +4,10 @@ One msrun job at N=2 (``workers/units_worker.py``) trains each case twice with
 ``prepare_train_network`` at stage 3, 2 micro-steps per optimizer step and gradient clipping:
 without ``gather_units`` and with them. Cases: the demo LM (``tools/lm_model.py``) with
 ``(Block,)`` in GRAPH_MODE with both ``reshard_after_forward`` values, with nested units
-``(Block, TransformerLM)``, and in PYNATIVE_MODE; a stack of Dense-holding Cells (uneven shapes, a
-LayerNorm between, Dense layers computing in float16: two gather settings per unit); a unit with a
+``(Block, TransformerLM)``, and in PYNATIVE_MODE (MindOne's split rule, the default: every dim 0
+divides by 2); a stack of Dense-holding Cells (uneven shapes, so sharded with
+``pad_uneven_params=True``, a LayerNorm between, Dense layers computing in float16: two gather
+settings per unit); a unit with a
 weight over 1 MiB, gathered alone, keeping the gathered weights. Losses at every
 micro-step and every rank's parameter shards after every step must be bit-identical, and the
 library's ``CommPlan`` must count one all-gather (two with the re-gather) and one reduce-scatter per

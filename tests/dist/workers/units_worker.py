@@ -118,8 +118,10 @@ def _batches(case, step, rank, world):
 def _train(case, units, rank, world, out):
     net = _build(case)
     opt = nn.Adam(net.trainable_params(), learning_rate=1e-2)
+    # the Dense stack's shapes do not divide by 2 on purpose: it shards with the padded rule; the LM's do
     train = prepare_train_network(net, opt, zero_stage=3, gradient_accumulation_steps=ACCUM, clip_grad=True,
                                   clip_norm=0.5, reshard_after_forward=case["reshard"], gather_units=units,
+                                  pad_uneven_params=case["model"] == "dense",
                                   params_split_info=os.path.join(out, "split_info", case["name"] + str(bool(units))))
     train.set_train(True)
     losses, shards = [], []
