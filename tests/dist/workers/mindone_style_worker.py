@@ -30,7 +30,7 @@ from mindone_zero.checkpoint import gather_full_params  # noqa: E402
 from mindone_zero.comm import init_data_parallel  # noqa: E402
 from parallel_modules import ZeroParamWrapper  # noqa: E402
 
-VOCAB, SEQ, EMB, CLASSES, CHANNELS = 11, 5, 6, 7, 3
+VOCAB, SEQ, EMB, CLASSES, CHANNELS = 11, 5, 6, 8, 3
 BATCH_PER_RANK = 4
 EMA_DECAY = 0.8
 FUSION = {kind: {"openstate": True, "bucket_size": 300} for kind in ("allreduce", "reduce_scatter", "allgather")}
@@ -57,7 +57,8 @@ class EMAWithoutUpdate(nn.Cell):
 
 
 class ScaleShift(nn.Cell):
-    """A layer of the script's own, with 7 rows (uneven at N=2)."""
+    """A layer of the script's own, with 8 rows: split at N=2 under MindOne's rule (the embedding's
+    11 rows and the Conv's 3 output channels are not, and stay whole)."""
 
     def __init__(self, dim):
         super().__init__()
