@@ -6,7 +6,8 @@ Two msrun jobs (tests/dist/workers/zeropp_worker.py), each running several cases
   without ZeRO++ and with qwZ + qgZ (int8 blocks of 2048): the final loss with quantization within
   5% of the unquantized one.
 * N=4, hpZ group = each half of the ranks: TinyNet (uneven shapes: dim 0 of 7 and 11 over 4
-  ranks, a LayerNorm through the generic path, an Embedding, a Conv2d) trained with and without hpZ
+  ranks, so sharded with ``pad_uneven_params=True``; a LayerNorm through the generic path, an
+  Embedding, a Conv2d) trained with and without hpZ
   is bit-identical (losses and final parameters); with all three, the bytes of the quantized tensors
   the emulation builds agree with ``comm_plan``; the demo LM's plan (built, not trained) with all
   three moves at most 0.3 x plain stage 3's bytes across the hpZ groups; qwZ + qgZ in PYNATIVE_MODE;

@@ -64,8 +64,10 @@ def _build(model, zeropp, reshard):
     loss_net = _loss_net(model)
     phi = sum(p.size * 4 for p in loss_net.trainable_params())
     optimizer = nn.AdamWeightDecay(loss_net.trainable_params(), learning_rate=1e-3, weight_decay=0.0)
+    # TinyNet's shapes do not divide by 4 on purpose: it shards with the padded rule; the LM's do
     train = prepare_train_network(loss_net, optimizer, scale_sense=1024.0, clip_grad=True, clip_norm=1.0,
-                                  zero_stage=3, zeropp=zeropp, reshard_after_forward=reshard)
+                                  zero_stage=3, zeropp=zeropp, reshard_after_forward=reshard,
+                                  pad_uneven_params=model == "tiny")
     train.set_train(True)
     KEEP_ALIVE.append(train)
     return train, phi
