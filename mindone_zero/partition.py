@@ -32,6 +32,7 @@ __all__ = [
     "is_split_candidate",
     "splits_over",
     "padded_split_rule",
+    "check_split_rule_flag",
     "uneven_split_names",
     "mark_shard_flag",
     "zero_spec_of",
@@ -234,6 +235,13 @@ def splits_over(param, group_size: int, pad_uneven: Optional[bool] = None) -> bo
     if pad_uneven is None:
         pad_uneven = _PAD_UNEVEN.get()
     return bool(pad_uneven) or int(param.shape[0]) % int(group_size) == 0
+
+
+def check_split_rule_flag(where: str, name: str, value) -> None:
+    """Raise TypeError naming ``where``, ``name`` and ``value`` unless ``value`` is a bool (the
+    ``pad_uneven_params`` and ``shard_ema`` keywords of the entry points)."""
+    if not isinstance(value, bool):
+        raise TypeError(f"For '{where}', the argument '{name}' must be a bool, but got {value!r}.")
 
 
 @contextlib.contextmanager

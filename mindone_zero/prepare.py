@@ -12,7 +12,7 @@ from .ema import bind_ema_to_zero, check_ema, ema_entries
 from .fusion import FusionConfig
 from .offload import OffloadConfig, host_rule_for
 from .optimizer_states import check_optimizer, find_optimizer_states, optimizer_parameters
-from .partition import mark_shard_flag, uneven_split_names, zero_spec_of
+from .partition import check_split_rule_flag, mark_shard_flag, uneven_split_names, zero_spec_of
 from .stage import StagePolicy, check_stage
 from .train_step import TrainOneStepWrapper, _check_step_args
 from .zero_helper import ZeroHelper
@@ -35,11 +35,6 @@ def _check_module_maps(where, **maps):
                 f"For '{where}', the argument '{name}' must be None or a dict of Cell classes to ZeRO-3 Cell "
                 f"classes, but got {type(value).__name__}."
             )
-
-
-def _check_flag(where, name, value):
-    if not isinstance(value, bool):
-        raise TypeError(f"For '{where}', the argument '{name}' must be a bool, but got {value!r}.")
 
 
 def prepare_network(network, zero_stage=0, optimizer_parallel_group=None, parallel_modules=None,
@@ -94,7 +89,7 @@ def prepare_network(network, zero_stage=0, optimizer_parallel_group=None, parall
     """
     check_stage(zero_stage, "prepare_network")
     _check_reshard("prepare_network", reshard_after_forward)
-    _check_flag("prepare_network", "pad_uneven_params", pad_uneven_params)
+    check_split_rule_flag("prepare_network", "pad_uneven_params", pad_uneven_params)
     zeropp = check_zeropp("prepare_network", zeropp, zero_stage, optimizer_parallel_group, reshard_after_forward)
     gather_units = _check_units("prepare_network", gather_units, zero_stage, zeropp)
     if not isinstance(network, nn.Cell):
@@ -174,8 +169,8 @@ def prepare_train_network(network, optimizer, scale_sense=1.0, ema=None, updates
     where = "prepare_train_network"
     check_stage(zero_stage, where)
     _check_reshard(where, reshard_after_forward)
-    _check_flag(where, "pad_uneven_params", pad_uneven_params)
-    _check_flag(where, "shard_ema", shard_ema)
+    check_split_rule_flag(where, "pad_uneven_params", pad_uneven_params)
+    check_split_rule_flag(where, "shard_ema", shard_ema)
     if not isinstance(network, nn.Cell):
         raise TypeError(f"For '{where}', the argument 'network' must be a Cell, but got {type(network).__name__}.")
     check_optimizer(optimizer, where)

@@ -33,7 +33,7 @@ from .comm import (CommPlan, GroupComm, check_hybrid_groups, divide, group_size_
 from .fusion import BucketedComm, FusionConfig
 from .offload import HostOffload, OffloadConfig, host_rule_for
 from .optimizer_states import check_optimizer, find_optimizer_states, optimizer_parameters, repoint_optimizer
-from .partition import ShardSpec, split_array, splits_over, zero_spec_of
+from .partition import ShardSpec, check_split_rule_flag, split_array, splits_over, zero_spec_of
 from .stage import StagePolicy
 
 __all__ = ["ZeroHelper"]
@@ -92,9 +92,7 @@ class ZeroHelper(nn.Cell):
                  pad_uneven_params=False):
         super().__init__(auto_prefix=False)
         check_optimizer(optimizer, "ZeroHelper")
-        if not isinstance(pad_uneven_params, bool):
-            raise TypeError(f"For 'ZeroHelper', the argument 'pad_uneven_params' must be a bool, but got "
-                            f"{pad_uneven_params!r}.")
+        check_split_rule_flag("ZeroHelper", "pad_uneven_params", pad_uneven_params)
         self.pad_uneven_params = pad_uneven_params
         offload = OffloadConfig.parse(optimizer_offload, "ZeroHelper")
         if offload.enabled:

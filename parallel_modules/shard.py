@@ -6,7 +6,7 @@ from mindspore import nn
 from mindspore.communication import GlobalComm
 
 from mindone_zero.comm import group_size_and_rank, world_group
-from mindone_zero.partition import padded_split_rule, splits_over
+from mindone_zero.partition import check_split_rule_flag, padded_split_rule, splits_over
 from mindone_zero.zeropp import check_zeropp
 
 from .carry import (carry_hooks, check_carryable, is_recompute_scoped, reapply_recompute, recompute_options,
@@ -111,9 +111,7 @@ def shard_network(network: nn.Cell, group: Optional[str] = None, parallel_module
             ([Note: gather units]); also before anything is modified.
     """
     check_reshard_after_forward("shard_network", reshard_after_forward)
-    if not isinstance(pad_uneven_params, bool):
-        raise TypeError(f"For 'shard_network', the argument 'pad_uneven_params' must be a bool, but got "
-                        f"{pad_uneven_params!r}.")
+    check_split_rule_flag("shard_network", "pad_uneven_params", pad_uneven_params)
     zeropp = check_zeropp("shard_network", zeropp, 3, group, reshard_after_forward)
     gather_units = check_gather_units("shard_network", gather_units, 3, zeropp)
     match = _check_args(network, group, parallel_modules, special_cases_parallel_module)
