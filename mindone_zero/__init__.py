@@ -1,13 +1,14 @@
 """mindone_zero: MindSpore-native ZeRO with MindOne's API (``mindone.trainers.zero``)."""
 from .checkpoint import (convert_checkpoints, gather_full_params, latest_checkpoint, load_train_state,
                          save_full_checkpoint, save_train_state)
-from .ema import EMA
-from .groups import create_hybrid_groups
-from .memory import estimate_model_states_memory, estimate_peak_memory
-from .prepare import prepare_ema, prepare_network, prepare_train_network
-from .train_step import TrainOneStepWrapper
-from .zero_helper import ZeroHelper
-from .zeropp import ZeroPPConfig
+from .train.ema import EMA
+from .core.groups import create_hybrid_groups
+from .memory.estimate import estimate_model_states_memory, estimate_peak_memory
+from .train.prepare import prepare_ema, prepare_network, prepare_train_network
+from .train.train_step import TrainOneStepWrapper
+from .train.zero_helper import ZeroHelper
+from .zero3.layers import PARALLEL_MODULES
+from .zero3.zeropp import ZeroPPConfig
 
 __all__ = [
     "prepare_train_network",
@@ -29,12 +30,3 @@ __all__ = [
     "create_hybrid_groups",
 ]
 
-
-def __getattr__(name):
-    # PARALLEL_MODULES is read lazily: parallel_modules imports mindone_zero's submodules, so an
-    # import here would fail whenever parallel_modules is imported first (a circular import).
-    if name == "PARALLEL_MODULES":
-        from parallel_modules import PARALLEL_MODULES
-
-        return PARALLEL_MODULES
-    raise AttributeError(f"module 'mindone_zero' has no attribute {name!r}")

@@ -6,7 +6,7 @@ and the step time of every stage on a stack of large Dense layers.
 One msrun job per world size (``tools/benchmark_worker.py``) runs every stage of both models,
 timing their steps in turns. For each (world size N, stage) the demo LM's report gives:
 
-* measured model-state bytes per rank (``mindone_zero.memory_measure.measure_model_states``)
+* measured model-state bytes per rank (``mindone_zero.memory.measure.measure_model_states``)
   and their ratio to ``estimate_model_states_memory`` with the config's bytes per parameter
   (default fp32 training with Adam: 4 B parameter, 4 B gradient, 8 B optimizer states, two
   fp32 moments). Gradients are held between micro-steps only as accumulation buffers, so the
@@ -55,8 +55,8 @@ REPO = Path(__file__).resolve().parents[1]
 if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
-from mindone_zero.memory import estimate_model_states_memory  # noqa: E402
-from mindone_zero.stage import STAGES, StagePolicy  # noqa: E402
+from mindone_zero.memory.estimate import estimate_model_states_memory  # noqa: E402
+from mindone_zero.core.stage import STAGES, StagePolicy  # noqa: E402
 from tools.train_config import build_config  # noqa: E402
 
 BENCH_DEFAULTS = {
@@ -216,7 +216,7 @@ def native_collectives(layout: List[dict], stage: int, accum: int, clip_grad: bo
     ``layout`` has, per parameter, ``shape`` (full), ``padded_shape``, ``itemsize`` and ``split``
     (as ``tools/benchmark_worker.py`` writes it) and ``regathered`` (stage 3 gathers it again in
     backward). Tensor bytes are the full (padded) tensor a
-    collective works on. Follows [Note: gradient reduction] in ``mindone_zero/zero_helper.py``:
+    collective works on. Follows [Note: gradient reduction] in ``mindone_zero/train/zero_helper.py``:
     one overflow-flag all-reduce per micro-step; gradients reduced every micro-step at stages 2-3
     (and whenever ``accum == 1``), else once per optimizer step; stages 1-2 reduce-scatter sharded
     gradients and all-gather the updated shards once per step; stage 3 all-gathers each sharded
@@ -225,7 +225,7 @@ def native_collectives(layout: List[dict], stage: int, accum: int, clip_grad: bo
     replicated parameters are all-reduced; one global-norm all-reduce per step when clipping at
     stages >= 1. At stage 3 the parameters with the same ``coalesced`` index (not None) share each
     collective, recorded once with their summed bytes ([Note: coalesced gathers] in
-    ``parallel_modules/coalesce.py``). Pure arithmetic on ``StagePolicy``'s answers.
+    ``mindone_zero/zero3/coalesce.py``). Pure arithmetic on ``StagePolicy``'s answers.
     """
     policy = StagePolicy(stage)
     entries = [("all_reduce", 4)] * accum
@@ -436,7 +436,7 @@ def _notes(rows: List[dict]) -> List[str]:
     if units:
         notes.append(f"- \"3 (units)\": stage 3 with gather_units=({'; '.join(units)}): each unit's parameters in one "
                      f"all-gather (again in backward's recompute) and one reduce-scatter ([Note: gather units] in "
-                     f"parallel_modules/units.py); \"3 (units, keep)\" the same units with "
+                     f"mindone_zero/zero3/units.py); \"3 (units, keep)\" the same units with "
                      f"reshard_after_forward=False.")
     idle = sorted({r["idle"] for r in rows if r.get("idle")})
     if idle:

@@ -146,7 +146,7 @@ def sweep_chunk_sizes(numel: int, chunk_sizes, folder: str, repeats: int = 3) ->
     update and the peak RSS growth over the updates (``measure_peak_memory``). What ``chunk_size``
     trades: fewer, larger reads and writes against larger buffers."""
     import numpy as np
-    from mindone_zero.memory_measure import measure_peak_memory
+    from mindone_zero.memory.measure import measure_peak_memory
     from mindone_zero.offload import FileStore, HostRule, StepHyper
     from mindone_zero.offload.nnacl import adam_weight_decay_kernel
 

@@ -40,7 +40,7 @@ REPO = Path(__file__).resolve().parents[1]
 if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
-from mindone_zero.memory import estimate_model_states_memory, estimate_peak_memory  # noqa: E402
+from mindone_zero.memory.estimate import estimate_model_states_memory, estimate_peak_memory  # noqa: E402
 from tools.benchmark import _free_port  # noqa: E402
 
 PEAK_DEFAULTS = {

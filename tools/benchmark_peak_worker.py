@@ -2,7 +2,7 @@
 
 Builds ``layers`` x ``nn.Dense(width, width)`` under a mean-squared-error loss, AdamWeightDecay,
 wraps it with ``prepare_train_network(zero_stage, reshard_after_forward)``, then measures this
-rank's peak memory over ``steps`` training steps (``mindone_zero.memory_measure.measure_peak_memory``,
+rank's peak memory over ``steps`` training steps (``mindone_zero.memory.measure.measure_peak_memory``,
 first step's compilation included), above the memory in use just before the steps and above the
 memory in use before the network was built (``memory_in_use``), and
 writes ``<out>/<name>_rank{r}.json``: baseline/peak/growth bytes, model-state bytes by kind (and
@@ -37,8 +37,8 @@ import mindspore as ms  # noqa: E402
 from mindspore import Tensor, nn  # noqa: E402
 
 from mindone_zero import prepare_network, prepare_train_network  # noqa: E402
-from mindone_zero.comm import init_data_parallel  # noqa: E402
-from mindone_zero.memory_measure import measure_model_states, measure_peak_memory, memory_in_use  # noqa: E402
+from mindone_zero.core.comm import init_data_parallel  # noqa: E402
+from mindone_zero.memory.measure import measure_model_states, measure_peak_memory, memory_in_use  # noqa: E402
 
 
 class MSELoss(nn.Cell):

@@ -7,7 +7,7 @@ One msrun job of ``--world_size`` CPU workers (default 4) builds the demo LM (``
 ``--config``, default ``configs/train_lm.yaml``) at stage 3 with ``reshard_after_forward=True``
 once per combination and reads ``train_net.comm_plan``: the collectives of one optimizer step with
 the bytes the native path moves (int8 values at 1 byte, float32 scales; see [Note: int8 on CPU] in
-``mindone_zero/comm.py``). hpZ's secondary group is each half of the ranks (a "node" of N/2).
+``mindone_zero/core/comm.py``). hpZ's secondary group is each half of the ranks (a "node" of N/2).
 Nothing is trained: the plan is fixed when the network is built.
 
 Per combination the table gives the ring volume a rank sends per step, in all and outside the
@@ -41,7 +41,7 @@ def worker(config: str, out: Path) -> None:
     from mindspore import nn
 
     from mindone_zero import create_hybrid_groups, prepare_train_network
-    from mindone_zero.comm import init_data_parallel
+    from mindone_zero.core.comm import init_data_parallel
     from tools.lm_model import LMLoss, build_lm, init_lm_weights
 
     rank, world = init_data_parallel("CPU")
@@ -64,7 +64,7 @@ def worker(config: str, out: Path) -> None:
 def volumes(entries, secondary: str):
     """(ring volume per rank, the part outside the group named ``secondary``) of plan entries,
     without the overflow-flag and clipping all-reduces (4-byte scalars)."""
-    from mindone_zero.comm import CommPlan
+    from mindone_zero.core.comm import CommPlan
 
     plan = CommPlan([tuple(e) for e in entries if not (e[0] == "all_reduce" and e[2] == 4)])
     return plan.volume(), plan.volume_outside({secondary})

@@ -37,10 +37,10 @@ import mindspore as ms  # noqa: E402
 from mindspore import Tensor, nn, ops  # noqa: E402
 
 from mindone_zero import gather_full_params, prepare_train_network  # noqa: E402
-from mindone_zero.backend import device_target  # noqa: E402
-from mindone_zero.comm import GroupComm, backend_has_native, group_size_and_rank, world_group  # noqa: E402
-from mindone_zero.memory_measure import measure_model_states, memory_in_use  # noqa: E402
-from mindone_zero.quantize import QMAX, block_layout  # noqa: E402
+from mindone_zero.core.backend import device_target  # noqa: E402
+from mindone_zero.core.comm import GroupComm, backend_has_native, group_size_and_rank, world_group  # noqa: E402
+from mindone_zero.memory.measure import measure_model_states, memory_in_use  # noqa: E402
+from mindone_zero.core.quantize import QMAX, block_layout  # noqa: E402
 
 FEATURES, HIDDEN, CLASSES, BATCH = 13, 10, 7, 4  # a mix: 10 rows divide by 2, 7 rows by no N > 1
 STEPS = 3
@@ -358,7 +358,7 @@ def main(argv=None) -> int:
     distributed = "MS_WORKER_NUM" in os.environ or "RANK_TABLE_FILE" in os.environ
     world, rank = 1, 0
     if distributed:
-        from mindone_zero.comm import init_data_parallel
+        from mindone_zero.core.comm import init_data_parallel
 
         rank, world = init_data_parallel(device_target())
     report = Reporter(rank)

@@ -26,7 +26,7 @@ if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
 from mindone_zero.checkpoint import atomic_save_checkpoint, write_split_info  # noqa: E402
-from mindone_zero.partition import ShardSpec, row_range  # noqa: E402
+from mindone_zero.core.partition import ShardSpec, row_range  # noqa: E402
 
 _COLS = 1000
 _PEAK_SCRIPT = """

@@ -15,7 +15,7 @@ from the latest complete checkpoint in ``<output_dir>/ckpt``.
 
 What the job does: rank 0 logs each optimizer step (loss averaged over the global batch, step
 time, samples/s, a progress bar); every rank logs its model-state bytes at the start
-(``mindone_zero.memory_measure.measure_model_states``); per-rank checkpoints are saved every
+(``mindone_zero.memory.measure.measure_model_states``); per-rank checkpoints are saved every
 ``ckpt_interval`` steps and at the end; finally the last checkpoint is combined into one file,
 loaded into an unsharded model in one process, and its evaluation loss is checked against the
 distributed model's. Outputs (``history.jsonl``, ``summary.json``, checkpoints) go to
@@ -202,7 +202,7 @@ class Job:
         from mindspore import nn
 
         from mindone_zero import EMA, prepare_train_network
-        from mindone_zero.comm import GroupComm
+        from mindone_zero.core.comm import GroupComm
         from tools import lm_model
         from tools.lm_model import LMLoss, build_lm, init_lm_weights
         from tools.train_config import per_rank_batch, unit_names
@@ -288,8 +288,8 @@ def evaluate_loss(loss_net, cfg) -> float:
 
 def report_memory(job) -> dict:
     """Log this rank's model-state bytes (every rank) and, on rank 0, the paper's estimate."""
-    from mindone_zero.memory import estimate_model_states_memory
-    from mindone_zero.memory_measure import KINDS, measure_model_states
+    from mindone_zero.memory.estimate import estimate_model_states_memory
+    from mindone_zero.memory.measure import KINDS, measure_model_states
 
     measured = measure_model_states(job.train_net)
     parts = ", ".join(f"{k} {format_bytes(measured[k])}" for k in KINDS if measured[k])
@@ -307,7 +307,7 @@ def report_memory(job) -> dict:
 
 def _full_size(param) -> int:
     """Elements of ``param`` before ZeRO-3 sharding (its recorded full shape when sharded)."""
-    from mindone_zero.partition import zero_spec_of
+    from mindone_zero.core.partition import zero_spec_of
 
     spec = zero_spec_of(param)
     if spec is None:
@@ -402,7 +402,7 @@ def finish(job, losses, times, memory, last_ckpt) -> dict:
 def run(args, cfg) -> dict:
     """The training job on this rank (under msrun). Collective throughout."""
     import mindspore as ms
-    from mindone_zero.comm import init_data_parallel
+    from mindone_zero.core.comm import init_data_parallel
 
     train = cfg["train"]
     rank, world = init_data_parallel(train["device"])

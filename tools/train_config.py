@@ -146,7 +146,7 @@ def check_config(cfg: Dict[str, Dict[str, Any]]) -> None:
              model["max_len"])
     _require(data["eval_batch_size"] >= 1, "eval_batch_size", ">= 1", data["eval_batch_size"])
     _require(train["world_size"] >= 1, "world_size", ">= 1", train["world_size"])
-    from mindone_zero.stage import STAGES
+    from mindone_zero.core.stage import STAGES
 
     _require(train["zero_stage"] in STAGES, "zero_stage", f"one of {list(STAGES)}", train["zero_stage"])
     _require(train["mode"] in MODES, "mode", f"one of {list(MODES)}", train["mode"])

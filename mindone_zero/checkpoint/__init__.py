@@ -14,13 +14,14 @@ online         ``gather_full_params`` / ``save_full_checkpoint`` (collective)
 convert        ``convert_checkpoints``, the offline combine (one process)
 ============== ==========================================================================
 """
-from .atomic import atomic_save_checkpoint, atomic_write_json
+from ..core.atomic_files import atomic_write_json
+from .atomic import atomic_save_checkpoint
 from .convert import OPTIMIZER_SCALAR_NAMES, OPTIMIZER_STATE_PREFIXES, convert_checkpoints
 from .naming import latest_checkpoint, step_dir_name
 from .online import gather_full_params, save_full_checkpoint
 from .readers import FORMATS, open_checkpoint
 from .resume import load_train_state, save_train_state
-from .split_info import read_split_info, write_split_info
+from ..core.split_info import read_split_info, write_split_info
 
 __all__ = [
     "save_train_state",

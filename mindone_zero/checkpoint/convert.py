@@ -6,9 +6,9 @@ from typing import Callable, Dict, List, Optional, Tuple
 
 import numpy as np
 
-from ..partition import merge_arrays
+from ..core.partition import merge_arrays
 from .readers import FORMATS, format_of_path, open_checkpoint
-from .split_info import full_shape_of, read_split_infos
+from ..core.split_info import full_shape_of, read_split_infos
 from .writers import TensorEntry, stream_checkpoint
 
 __all__ = ["convert_checkpoints", "OPTIMIZER_STATE_PREFIXES", "OPTIMIZER_SCALAR_NAMES"]

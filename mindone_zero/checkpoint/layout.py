@@ -52,8 +52,8 @@ from typing import Dict, List, Optional
 
 from mindspore.communication import GlobalComm, get_group_size, get_rank
 
-from ..comm import group_size_and_rank
-from ..inventory import Held, inventory
+from ..core.comm import group_size_and_rank
+from ..train.inventory import Held, inventory
 from .naming import KINDS, file_names, per_rank_kind
 
 __all__ = ["KINDS", "Layout", "build_layout", "world_and_rank", "is_accum"]

@@ -8,12 +8,12 @@ from typing import List
 
 import numpy as np
 
-from ..inventory import Held
-from ..partition import merge_arrays, split_array
+from ..train.inventory import Held
+from ..core.partition import merge_arrays, split_array
 from .layout import KINDS, Layout, is_accum
 from .naming import META, is_complete, latest_checkpoint, per_rank_kind, step_dir_name
 from .readers import open_checkpoint
-from .split_info import full_shape_of, read_split_infos
+from ..core.split_info import full_shape_of, read_split_infos
 
 __all__ = ["LOAD", "resolve_step_dir", "read_meta", "SavedCheckpoint", "plan_load"]
 

@@ -8,7 +8,7 @@ from typing import List, Optional
 
 import numpy as np
 
-from ..stage import StagePolicy
+from ..core.stage import StagePolicy
 
 __all__ = ["KINDS", "META", "LATEST", "SPLIT_INFO_DIR", "per_rank_kind", "file_names", "rank_pattern", "split_info_pattern", "check_dir",
            "check_step", "step_dir_name", "is_complete", "latest_checkpoint"]

@@ -5,7 +5,7 @@ from typing import Dict
 
 import numpy as np
 
-from ..comm import eager_mode
+from ..core.comm import eager_mode
 from .atomic import atomic_save_checkpoint
 from .layout import build_layout, world_and_rank
 from .naming import check_dir

@@ -21,15 +21,16 @@ from typing import Optional
 import numpy as np
 from mindspore import Tensor
 
-from ..comm import GroupComm, eager_mode
-from ..train_step import TrainOneStepWrapper
-from .atomic import atomic_save_checkpoint, atomic_write_json
+from ..core.comm import GroupComm, eager_mode
+from ..train.train_step import TrainOneStepWrapper
+from ..core.atomic_files import atomic_write_json
+from .atomic import atomic_save_checkpoint
 from .layout import KINDS, Layout, build_layout, world_and_rank
 from .load_plan import LOAD, SavedCheckpoint, plan_load, resolve_step_dir
 from .naming import (LATEST, META, SPLIT_INFO_DIR, check_dir, check_step, is_complete, split_info_pattern,
                      step_dir_name)
 from .readers import FORMATS
-from .split_info import write_split_info
+from ..core.split_info import write_split_info
 
 __all__ = ["save_train_state", "load_train_state"]
 

@@ -29,7 +29,7 @@ from typing import List, Sequence, Tuple, Union
 
 import numpy as np
 
-from .atomic import atomic_file
+from ..core.atomic_files import atomic_file
 from .readers import CKPT_DTYPES, SAFETENSORS_DTYPES
 
 __all__ = ["TensorEntry", "CkptWriter", "SafetensorsWriter", "stream_checkpoint", "ckpt_type_name"]

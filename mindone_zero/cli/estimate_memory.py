@@ -19,7 +19,7 @@ from pathlib import Path
 
 import yaml
 
-from ..memory import estimate_model_states_memory, estimate_peak_memory
+from ..memory.estimate import estimate_model_states_memory, estimate_peak_memory
 
 _MODEL_KEYS = ("vocab_size", "d_model", "n_layers", "d_ff", "max_len")
 _STAGE_NAMES = {

@@ -54,7 +54,7 @@ import numpy as np
 from mindspore import Parameter, Tensor, nn, ops
 from mindspore.communication import GlobalComm, get_group_size, get_rank
 
-from ..backend import host_updates_in_place
+from ..core.backend import host_updates_in_place
 from .config import OffloadConfig
 from .file_store import FileStore, MemoryStore
 from .host_optimizer import StepHyper, host_rule_for

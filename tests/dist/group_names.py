@@ -2,7 +2,7 @@
 
 Each file is one rank's {group name: world ranks of that group, as the backend reports them}. HCCL
 and NCCL identify a group by its name across the job ([Note: group names] in
-mindone_zero/groups.py), which the CPU backend does not check; this reads what every rank created.
+mindone_zero/core/groups.py), which the CPU backend does not check; this reads what every rank created.
 """
 import json
 

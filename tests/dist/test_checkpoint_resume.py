@@ -29,7 +29,7 @@ import pytest
 from msrun_harness import run_msrun
 from mindone_zero.checkpoint import latest_checkpoint, step_dir_name
 from mindone_zero.checkpoint import atomic_save_checkpoint, convert_checkpoints, open_checkpoint
-from mindone_zero.partition import padding_rows
+from mindone_zero.core.partition import padding_rows
 
 WORKER = "tests/dist/workers/checkpoint_worker.py"
 EVAL_SEED = 99  # checkpoint_worker.EVAL_SEED

@@ -1,4 +1,4 @@
-"""GroupComm (mindone_zero/comm.py) across processes, against numpy references.
+"""GroupComm (mindone_zero/core/comm.py) across processes, against numpy references.
 
 One msrun job per world size N in {2, 4} runs tests/dist/workers/comm_worker.py: in GRAPH_MODE
 and PYNATIVE_MODE, on the world group and on a named sub-group (N=4: {0,1} and {2,3}; N=2:

@@ -1,4 +1,4 @@
-"""ZeRO-3 gather units ([Note: gather units] in parallel_modules/units.py) in real multi-process runs.
+"""ZeRO-3 gather units ([Note: gather units] in mindone_zero/zero3/units.py) in real multi-process runs.
 
 One msrun job at N=2 (``workers/units_worker.py``) trains each case twice with
 ``prepare_train_network`` at stage 3, 2 micro-steps per optimizer step and gradient clipping:

@@ -9,7 +9,7 @@ import pytest
 
 from group_names import job_groups
 from msrun_harness import run_msrun
-from mindone_zero.groups import hybrid_group_names
+from mindone_zero.core.groups import hybrid_group_names
 
 WORLD = 4
 

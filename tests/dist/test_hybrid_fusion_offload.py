@@ -11,7 +11,7 @@ import pytest
 
 from parity_cases import STAGES, world_cases
 from zero_results import load_case
-from mindone_zero.groups import hybrid_group_names
+from mindone_zero.core.groups import hybrid_group_names
 
 
 def _plan_counts(rank_result):

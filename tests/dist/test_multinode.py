@@ -11,7 +11,7 @@ from group_names import job_groups
 from msrun_harness import run_msrun_nodes
 from parity_cases import _case, reference_spec_of
 from zero_results import compute_references, gathered_params, load_case, mean_losses, reference
-from mindone_zero.groups import hybrid_group_names
+from mindone_zero.core.groups import hybrid_group_names
 
 CASES = [_case(f"s{stage}_nodes_hybrid", stage, accum=2, clip=True, optimizer="momentum", hybrid=True, steps=5)
          for stage in (1, 2, 3)]

@@ -11,8 +11,8 @@ import pytest
 
 from group_names import job_groups
 from parity_cases import CASES, OVERFLOW_STEP, STAGES, reference_spec_of, world_cases
-from mindone_zero.groups import hybrid_group_names
-from mindone_zero.partition import split_array
+from mindone_zero.core.groups import hybrid_group_names
+from mindone_zero.core.partition import split_array
 from zero_results import gathered_params, load_case, mean_losses, reference
 
 RTOL, ATOL = 1e-5, 1e-6

@@ -1,4 +1,4 @@
-"""ZeRO++ (qwZ, hpZ, qgZ; mindone_zero/zeropp.py) in real multi-process runs, GRAPH_MODE, stage 3.
+"""ZeRO++ (qwZ, hpZ, qgZ; mindone_zero/zero3/zeropp.py) in real multi-process runs, GRAPH_MODE, stage 3.
 
 Two msrun jobs (tests/dist/workers/zeropp_worker.py), each running several cases:
 

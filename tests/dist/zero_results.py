@@ -7,7 +7,7 @@ from pathlib import Path
 
 import numpy as np
 
-from mindone_zero.partition import merge_arrays
+from mindone_zero.core.partition import merge_arrays
 
 WORKERS = Path(__file__).resolve().parent / "workers"
 REPO = WORKERS.parents[2]

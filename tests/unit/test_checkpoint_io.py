@@ -24,7 +24,7 @@ from mindone_zero.checkpoint import (
     write_split_info,
 )
 from mindone_zero.checkpoint import writers as checkpoint_writers
-from mindone_zero.partition import ShardSpec, merge_arrays, split_all
+from mindone_zero.core.partition import ShardSpec, merge_arrays, split_all
 
 ms.set_device("CPU")
 BF16 = np.dtype("bfloat16")  # registered by mindspore

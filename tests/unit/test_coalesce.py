@@ -7,8 +7,8 @@ import mindspore as ms
 import pytest
 from mindspore import Tensor
 
-from mindone_zero.partition import ShardSpec, split_array
-from parallel_modules.coalesce import (COALESCE_MAX_BYTES, build_gather_group, pack_grads, pack_shards,
+from mindone_zero.core.partition import ShardSpec, split_array
+from mindone_zero.zero3.coalesce import (COALESCE_MAX_BYTES, build_gather_group, pack_grads, pack_shards,
                                        offsets_of, unpack_gathered, unpack_grad_shards)
 
 SHAPES = [(7, 15), (15, 3), (5,), (8, 2), (1, 4)]

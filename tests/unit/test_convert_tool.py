@@ -9,7 +9,7 @@ import numpy as np
 
 from msrun_harness import REPO as ROOT
 from mindone_zero.checkpoint import atomic_save_checkpoint, write_split_info
-from mindone_zero.partition import ShardSpec, split_all
+from mindone_zero.core.partition import ShardSpec, split_all
 
 TOOL = str(ROOT / "tools" / "convert_checkpoints.py")
 N = 2

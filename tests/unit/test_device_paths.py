@@ -1,5 +1,5 @@
 """The code paths taken when the device target is not CPU (issue 21, review items 2a, 2c, 2d, 2g),
-tested in one CPU process by faking the target ([Note: device targets] in mindone_zero/backend.py):
+tested in one CPU process by faking the target ([Note: device targets] in mindone_zero/core/backend.py):
 each decision per faked target, and, where the path itself runs on CPU, its numbers."""
 import mindspore as ms
 import numpy as np
@@ -7,7 +7,8 @@ import pytest
 from mindspore import Parameter, Tensor, nn, ops
 
 from models import LossNet, TinyNet, init_weights, make_optimizer, micro_batch
-from mindone_zero import backend, prepare_train_network
+from mindone_zero import prepare_train_network
+from mindone_zero.core import backend
 from mindone_zero.offload import host_step
 
 ms.set_device("CPU")
@@ -156,7 +157,7 @@ COMM_CASES = {
 
 @pytest.mark.parametrize("target", TARGETS)
 def test_collective_choices_per_target(target, fake_target):
-    from mindone_zero.comm import GroupComm, backend_has_native
+    from mindone_zero.core.comm import GroupComm, backend_has_native
 
     fake_target(target)
     native_a2a, carrier, bf16 = COMM_CASES[target]

@@ -1,4 +1,4 @@
-"""[Note: Div on CPU] in mindone_zero/comm.py: ``divide`` (RealDiv) gives the same bits as ``x / n``
+"""[Note: Div on CPU] in mindone_zero/core/comm.py: ``divide`` (RealDiv) gives the same bits as ``x / n``
 (Div) in both modes, for float32 normals, zeros, infinities and NaN, and for float16 and bfloat16.
 Subnormal quotients are left out: they follow the thread's flush-to-zero state, which an earlier
 test in the same process may have set for one kernel's thread and not the other's."""
@@ -7,7 +7,7 @@ import mindspore as ms
 import pytest
 from mindspore import Tensor, nn
 
-from mindone_zero.comm import divide
+from mindone_zero.core.comm import divide
 
 
 class _Both(nn.Cell):

@@ -3,7 +3,7 @@ import numpy as np
 import pytest
 from mindspore import Tensor
 
-from mindone_zero.fusion import (DEFAULT_BUCKET_SIZE, LARGE_TENSOR_BYTES, BucketedComm, FusionConfig, plan_buckets,
+from mindone_zero.train.fusion import (DEFAULT_BUCKET_SIZE, LARGE_TENSOR_BYTES, BucketedComm, FusionConfig, plan_buckets,
                                  ring_chunks)
 
 

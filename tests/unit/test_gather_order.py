@@ -1,5 +1,5 @@
 """Review item 2f / Build 4: each stage-3 gather of a ``parallel_modules`` layer waits for the
-layer's input ([Note: gather order] in parallel_modules/param_wrapper.py), and so does each gather
+layer's input ([Note: gather order] in mindone_zero/zero3/param_wrapper.py), and so does each gather
 the generic rewrite puts in a ``construct``.
 
 Evidence from the compiled graph (one process, GRAPH_MODE, ``save_graphs``): in the final IR

@@ -1,4 +1,4 @@
-"""gather_units ([Note: gather units] in parallel_modules/units.py) in one process: bad values and
+"""gather_units ([Note: gather units] in mindone_zero/zero3/units.py) in one process: bad values and
 code that cannot be threaded raise before anything is modified, naming the argument and the value
 (or the Cell and method); in a group of one rank a unit computes what the unsharded network does."""
 import numpy as np

@@ -8,8 +8,8 @@ import numpy as np
 import pytest
 
 import mindone_zero
-from mindone_zero import groups
-from mindone_zero.comm import world_group
+from mindone_zero.core import groups
+from mindone_zero.core.comm import world_group
 
 SIZES = [(w, s) for w in (1, 2, 4, 6, 8, 12, 16, 64) for s in range(1, w + 1) if w % s == 0]
 

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 import yaml
 
-from mindone_zero.memory import estimate_model_states_memory
+from mindone_zero.memory.estimate import estimate_model_states_memory
 from tools.estimate_memory import count_params_from_config, format_gb, transformer_lm_params
 from tools.estimate_memory import main as estimate_memory_main
 

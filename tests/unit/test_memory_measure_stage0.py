@@ -6,7 +6,7 @@ from mindspore import nn
 
 from models import LossNet, TinyNet, init_weights, make_optimizer
 from mindone_zero import EMA, prepare_train_network
-from mindone_zero.memory_measure import KINDS, LOCATIONS, measure_model_states
+from mindone_zero.memory.measure import KINDS, LOCATIONS, measure_model_states
 
 ms.set_device("CPU")
 

@@ -9,7 +9,7 @@ from mindspore import Parameter, ParameterTuple, Tensor, mint, nn, ops
 
 from models import LossNet, TinyNet, init_weights, micro_batch
 from mindone_zero import EMA, prepare_ema, prepare_train_network
-from mindone_zero.partition import is_split_candidate, mark_shard_flag
+from mindone_zero.core.partition import is_split_candidate, mark_shard_flag
 
 ms.set_device("CPU")
 

@@ -12,7 +12,7 @@ from mindspore import Tensor, nn
 from models import GeluLoss, GeluNet, LossNet, TinyNet, adamw_groups, gelu_batch, init_weights, make_optimizer, \
     micro_batch
 from mindone_zero import EMA, prepare_train_network
-from mindone_zero.memory_measure import KINDS, LOCATIONS, measure_model_states
+from mindone_zero.memory.measure import KINDS, LOCATIONS, measure_model_states
 from mindone_zero.offload import OffloadConfig, StepHyper, host_rule_for, host_step, set_fault_hook
 
 ms.set_device("CPU")
@@ -285,7 +285,7 @@ def test_full_disk_during_a_step_raises_a_clear_error(tmp_path):
 
 
 def test_placement_estimate_moves_the_offloaded_bytes():
-    from mindone_zero.memory import estimate_model_states_memory, estimate_model_states_placement
+    from mindone_zero.memory.estimate import estimate_model_states_memory, estimate_model_states_placement
 
     p, n = 7.5e9, 64
     for stage in range(4):

@@ -18,8 +18,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "dist" / "workers")
 import zero3_models as zm  # noqa: E402
 
 import parallel_modules as pm  # noqa: E402
-from parallel_modules import param_wrapper  # noqa: E402
-from parallel_modules.param_wrapper import shard_parameter  # noqa: E402
+from mindone_zero.zero3 import param_wrapper  # noqa: E402
+from mindone_zero.zero3.param_wrapper import shard_parameter  # noqa: E402
 
 ms.set_device("CPU")
 

@@ -1,6 +1,6 @@
 """One-process tests of what ``shard_network`` keeps from the Cells it replaces or rewrites:
 user attributes, flags, buffers, hooks, ``parallel_optimizer = False`` and ``recompute()``
-([Note: carried state] in ``parallel_modules/carry.py``). The numerical proof of recompute over
+([Note: carried state] in ``mindone_zero/zero3/carry.py``). The numerical proof of recompute over
 2 and 4 ranks is in tests/dist/test_zero3_network.py (``*_recompute`` cases).
 """
 import numpy as np
@@ -15,7 +15,7 @@ from test_parallel_modules import GRAPH_AND_PYNATIVE, PYNATIVE, _SumLoss, zm
 mode = base.mode  # the fixture the mode markers use
 
 import parallel_modules as pm  # noqa: E402
-from parallel_modules.carry import is_recompute_scoped, recompute_options  # noqa: E402
+from mindone_zero.zero3.carry import is_recompute_scoped, recompute_options  # noqa: E402
 
 
 def _loss_and_grads(net, *inputs):

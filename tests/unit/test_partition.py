@@ -1,10 +1,10 @@
-"""Shard arithmetic of mindone_zero/partition.py: [Note: padding] on shapes that do not divide."""
+"""Shard arithmetic of mindone_zero/core/partition.py: [Note: padding] on shapes that do not divide."""
 import json
 
 import numpy as np
 import pytest
 
-from mindone_zero.partition import (
+from mindone_zero.core.partition import (
     ShardSpec,
     merge_arrays,
     pad_rows,
@@ -196,7 +196,7 @@ class _P:
 ])
 def test_split_rule_mindone_by_default_padded_on_request(shape, n, mindone, padded):
     """[Note: split rule]: by default only a dim 0 that divides by N is split (MindOne's rule)."""
-    from mindone_zero.partition import padded_split_rule, splits_over
+    from mindone_zero.core.partition import padded_split_rule, splits_over
 
     p = _P(shape)
     assert splits_over(p, n) is mindone
@@ -210,13 +210,13 @@ def test_split_rule_mindone_by_default_padded_on_request(shape, n, mindone, padd
 
 @pytest.mark.parametrize("p", [_P((8,), requires_grad=False), _P((8,), parallel_optimizer=False)])
 def test_split_rule_never_splits_frozen_or_opted_out(p):
-    from mindone_zero.partition import splits_over
+    from mindone_zero.core.partition import splits_over
 
     assert not splits_over(p, 2) and not splits_over(p, 2, pad_uneven=True)
 
 
 def test_uneven_split_names_lists_the_padded_shards():
-    from mindone_zero.partition import uneven_split_names
+    from mindone_zero.core.partition import uneven_split_names
 
     specs = [ShardSpec("a", (5, 3), 2, 0, True), ShardSpec("b", (4, 3), 2, 0, True), ShardSpec("c", (5,), 2, 0, False)]
     assert uneven_split_names(specs) == ["a"]

@@ -1,7 +1,7 @@
 """estimate_peak_memory: model states plus the full-layer term, against DeepSpeed's formula."""
 import pytest
 
-from mindone_zero.memory import estimate_model_states_memory, estimate_peak_memory
+from mindone_zero.memory.estimate import estimate_model_states_memory, estimate_peak_memory
 
 
 @pytest.mark.parametrize("params,layer,gpus", [(7.5e9, 2.6e8, 64), (1.3e9, 5e7, 8), (33.6e6, 4.2e6, 4)])

@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 from mindspore import Tensor, ops
 
-from mindone_zero.memory_measure import PeakMemory, measure_peak_memory, memory_in_use
+from mindone_zero.memory.measure import PeakMemory, measure_peak_memory, memory_in_use
 
 ms.set_device("CPU")
 MB = 1 << 20

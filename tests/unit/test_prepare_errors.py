@@ -12,7 +12,7 @@ from mindspore import Tensor, nn
 
 from models import FactoredOptimizer, LossNet, TinyNet, init_weights, make_optimizer
 from mindone_zero import EMA, ZeroHelper, prepare_ema, prepare_network, prepare_train_network
-from mindone_zero.optimizer_states import find_optimizer_states
+from mindone_zero.train.optimizer_states import find_optimizer_states
 
 ms.set_device("CPU")
 
@@ -87,7 +87,7 @@ def test_ema_decay_range(net, decay):
 
 
 def test_stage_falls_back_to_zero_outside_data_parallel(net, opt, caplog, tmp_path):
-    with caplog.at_level(logging.WARNING, logger="mindone_zero.zero_helper"):
+    with caplog.at_level(logging.WARNING, logger="mindone_zero.train.zero_helper"):
         train = prepare_train_network(net, opt, zero_stage=2, params_split_info=str(tmp_path / "info"))
     assert train.zero_helper.zero_stage == 0
     assert "falling back to stage 0" in caplog.text

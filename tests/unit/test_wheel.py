@@ -21,7 +21,7 @@ import pytest
 
 from msrun_harness import REPO as ROOT
 from mindone_zero.checkpoint import atomic_save_checkpoint, write_split_info
-from mindone_zero.partition import ShardSpec, split_all
+from mindone_zero.core.partition import ShardSpec, split_all
 
 pytestmark = pytest.mark.packaging
 

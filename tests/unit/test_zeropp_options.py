@@ -1,5 +1,5 @@
 """ZeRO++ in one process: blockwise int8 round trips ([Note: block quantization] in
-mindone_zero/quantize.py), the comm-plan arithmetic, and bad ``zeropp`` values rejected before
+mindone_zero/core/quantize.py), the comm-plan arithmetic, and bad ``zeropp`` values rejected before
 anything is modified. The multi-process runs are in tests/dist/test_zeropp.py."""
 import numpy as np
 import pytest
@@ -8,8 +8,8 @@ from mindspore import Tensor
 
 from models import LossNet, TinyNet, init_weights, make_optimizer
 from mindone_zero import ZeroPPConfig, estimate_peak_memory, prepare_network, prepare_train_network
-from mindone_zero.comm import CommPlan
-from mindone_zero.quantize import block_layout, dequantize_blocks, quantize_blocks, quantized_nbytes
+from mindone_zero.core.comm import CommPlan
+from mindone_zero.core.quantize import block_layout, dequantize_blocks, quantize_blocks, quantized_nbytes
 from parallel_modules import shard_network
 
 ms.set_device("CPU")

@@ -37,7 +37,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from models import LossNet, TinyNet, global_batch, init_weights, make_optimizer, micro_batch  # noqa: E402
 
 from mindone_zero import EMA, create_hybrid_groups, prepare_train_network  # noqa: E402
-from mindone_zero.comm import init_data_parallel  # noqa: E402
+from mindone_zero.core.comm import init_data_parallel  # noqa: E402
 from mindone_zero.offload import set_fault_hook  # noqa: E402
 from mindone_zero.checkpoint import resume as ckpt_mod  # noqa: E402  (save_train_state looks its writer up there)
 from mindone_zero.checkpoint import gather_full_params, load_train_state, save_full_checkpoint, save_train_state  # noqa: E402,E501

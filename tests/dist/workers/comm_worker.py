@@ -16,7 +16,7 @@ from mindspore import Tensor, nn  # noqa: E402
 from mindspore.communication import create_group, get_group_size, get_rank, init  # noqa: E402
 
 import comm_cases as cases  # noqa: E402
-from mindone_zero.comm import GroupComm  # noqa: E402
+from mindone_zero.core.comm import GroupComm  # noqa: E402
 
 
 class AllCollectives(nn.Cell):

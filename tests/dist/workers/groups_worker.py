@@ -18,8 +18,8 @@ from mindspore import Tensor  # noqa: E402
 
 from msrun_harness import worker_args  # noqa: E402
 from mindone_zero import create_hybrid_groups  # noqa: E402
-from mindone_zero.comm import GroupComm, check_hybrid_groups, group_members, init_data_parallel, world_group  # noqa: E402,E501
-from mindone_zero.groups import created_groups  # noqa: E402
+from mindone_zero.core.comm import GroupComm, check_hybrid_groups, group_members, init_data_parallel, world_group  # noqa: E402,E501
+from mindone_zero.core.groups import created_groups  # noqa: E402
 
 BAD_SIZES = (0, 3, 8, True, "2", 2.5)
 

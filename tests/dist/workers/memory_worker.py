@@ -17,8 +17,8 @@ sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", ".."))
 from models import LossNet, TinyNet, init_weights, make_optimizer  # noqa: E402
 
 from mindone_zero import EMA, prepare_train_network  # noqa: E402
-from mindone_zero.comm import init_data_parallel  # noqa: E402
-from mindone_zero.memory_measure import measure_model_states  # noqa: E402
+from mindone_zero.core.comm import init_data_parallel  # noqa: E402
+from mindone_zero.memory.measure import measure_model_states  # noqa: E402
 
 
 def main():

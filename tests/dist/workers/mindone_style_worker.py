@@ -27,7 +27,7 @@ from models import FactoredOptimizer, ScriptEMA, SparseCELoss as LossNet  # noqa
 
 from mindone_zero import prepare_train_network  # noqa: E402
 from mindone_zero.checkpoint import gather_full_params  # noqa: E402
-from mindone_zero.comm import init_data_parallel  # noqa: E402
+from mindone_zero.core.comm import init_data_parallel  # noqa: E402
 from parallel_modules import ZeroParamWrapper  # noqa: E402
 
 VOCAB, SEQ, EMB, CLASSES, CHANNELS = 11, 5, 6, 8, 3

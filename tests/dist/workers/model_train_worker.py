@@ -45,7 +45,7 @@ from models import ScriptEMA, SparseCELoss as LossNet  # noqa: E402
 
 from mindone_zero import convert_checkpoints, prepare_train_network  # noqa: E402
 from mindone_zero.checkpoint import gather_full_params  # noqa: E402
-from mindone_zero.comm import init_data_parallel  # noqa: E402
+from mindone_zero.core.comm import init_data_parallel  # noqa: E402
 
 BATCH, STEPS_PER_EPOCH, EPOCHS, STOP_AT, SAVE_EVERY = 4, 3, 3, 8, 3  # saves at steps 3 and 6
 CLASSES = 3

@@ -21,7 +21,7 @@ from models import GeluLoss, GeluNet, adamw_groups, gelu_batch, init_weights  # 
 
 from mindone_zero import prepare_train_network  # noqa: E402
 from mindone_zero.checkpoint import gather_full_params, load_train_state, save_train_state  # noqa: E402
-from mindone_zero.comm import init_data_parallel  # noqa: E402
+from mindone_zero.core.comm import init_data_parallel  # noqa: E402
 
 KEEP_ALIVE = []  # MindSpore caches compiled Cells by id
 

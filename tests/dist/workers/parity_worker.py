@@ -21,10 +21,10 @@ from msrun_harness import worker_args  # noqa: E402
 from models import FactoredOptimizer, LossNet, TinyNet, init_weights, make_optimizer, micro_batch  # noqa: E402
 
 from mindone_zero import ZeroHelper, create_hybrid_groups, prepare_network, prepare_train_network  # noqa: E402
-from mindone_zero.comm import GroupComm, group_members, init_data_parallel, world_group  # noqa: E402
-from mindone_zero.groups import created_groups  # noqa: E402
-from mindone_zero.memory_measure import measure_model_states  # noqa: E402
-from mindone_zero.optimizer_states import find_optimizer_states  # noqa: E402
+from mindone_zero.core.comm import GroupComm, group_members, init_data_parallel, world_group  # noqa: E402
+from mindone_zero.core.groups import created_groups  # noqa: E402
+from mindone_zero.memory.measure import measure_model_states  # noqa: E402
+from mindone_zero.train.optimizer_states import find_optimizer_states  # noqa: E402
 
 CLIP_NORM = 2.0
 

@@ -1,4 +1,4 @@
-"""msrun worker: ZeRO-3 gather units ([Note: gather units] in parallel_modules/units.py) against the
+"""msrun worker: ZeRO-3 gather units ([Note: gather units] in mindone_zero/zero3/units.py) against the
 same training without units, per rank.
 
 Each case trains one network twice with ``prepare_train_network`` at stage 3 (2 micro-steps per
@@ -22,8 +22,8 @@ REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.a
 sys.path.insert(0, REPO)
 
 from mindone_zero import prepare_train_network  # noqa: E402
-from mindone_zero.comm import CommPlan, init_data_parallel  # noqa: E402
-from parallel_modules.units import unit_gathers  # noqa: E402
+from mindone_zero.core.comm import CommPlan, init_data_parallel  # noqa: E402
+from mindone_zero.zero3.units import unit_gathers  # noqa: E402
 from tools.lm_model import Block, LMLoss, TransformerLM, build_lm, init_lm_weights, reversal_batch  # noqa: E402
 
 LM = {"vocab_size": 32, "d_model": 64, "n_layers": 1, "d_ff": 128, "max_len": 16, "n_heads": 4}

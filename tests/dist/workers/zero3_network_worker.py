@@ -11,7 +11,7 @@ whose Cells are marked with ``recompute()`` in both copies) it writes
 * parameter names before and after, and the type the user override produced;
 * the loss and gradients of the same network with coalesced gathers switched off (one collective
   per parameter), which must equal the coalesced ones bit for bit ([Note: coalesced gathers] in
-  ``parallel_modules/coalesce.py``), and how many coalesced groups the network has;
+  ``mindone_zero/zero3/coalesce.py``), and how many coalesced groups the network has;
 * for ``pynative_recompute``, how many times each parameter's gather ran in one forward and
   backward (twice under a recomputed Cell: forward, then again when backward recomputes it).
 
@@ -30,12 +30,12 @@ import mindspore as ms
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import zero3_models as zm  # noqa: E402
 
-from mindone_zero.comm import init_data_parallel  # noqa: E402
-from mindone_zero.partition import split_array  # noqa: E402
+from mindone_zero.core.comm import init_data_parallel  # noqa: E402
+from mindone_zero.core.partition import split_array  # noqa: E402
 from parallel_modules import shard_network  # noqa: E402
-from parallel_modules.coalesce import _CoalescedGather  # noqa: E402
-from parallel_modules.param_wrapper import _GatherShard  # noqa: E402
-from parallel_modules.reshard import coalesced_groups  # noqa: E402
+from mindone_zero.zero3.coalesce import _CoalescedGather  # noqa: E402
+from mindone_zero.zero3.param_wrapper import _GatherShard  # noqa: E402
+from mindone_zero.zero3.reshard import coalesced_groups  # noqa: E402
 
 SEED = 7
 # Cases that also run the network with one collective per parameter ([Note: coalesced gathers]): the

@@ -31,10 +31,10 @@ from mindspore import Tensor, nn  # noqa: E402
 from mindspore.communication import create_group  # noqa: E402
 
 from mindone_zero import create_hybrid_groups, gather_full_params, prepare_train_network  # noqa: E402
-from mindone_zero.comm import init_data_parallel, world_group  # noqa: E402
-from mindone_zero.memory_measure import hpz_secondary_bytes  # noqa: E402
-from mindone_zero.quantize import quantize_blocks  # noqa: E402
-from parallel_modules.reshard import zeropp_wrappers  # noqa: E402
+from mindone_zero.core.comm import init_data_parallel, world_group  # noqa: E402
+from mindone_zero.memory.measure import hpz_secondary_bytes  # noqa: E402
+from mindone_zero.core.quantize import quantize_blocks  # noqa: E402
+from mindone_zero.zero3.reshard import zeropp_wrappers  # noqa: E402
 from tests.models import LossNet, TinyNet, init_weights, micro_batch  # noqa: E402
 from tests.msrun_harness import worker_args  # noqa: E402
 from tools.lm_model import LMLoss, build_lm, init_lm_weights, reversal_batch  # noqa: E402

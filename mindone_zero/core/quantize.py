@@ -15,7 +15,7 @@ holding an inf or a NaN gets a NaN scale, and every element of that block dequan
 
 Functions here are pure MindSpore ops on static shapes (usable in GRAPH_MODE ``construct`` and in
 PYNATIVE_MODE); they never communicate. The collectives that move the results are in
-``mindone_zero/comm.py``. ``carrier`` is the dtype the int8 values are held in: ``mindspore.int8``
+``mindone_zero/core/comm.py``. ``carrier`` is the dtype the int8 values are held in: ``mindspore.int8``
 natively; float16 where a backend's collectives lack int8 (MindSpore's CPU backend), which holds
 every integer in [-127, 127] exactly, so sums with zeros (the all-gather emulation) stay exact.
 """

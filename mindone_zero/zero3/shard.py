@@ -5,9 +5,9 @@ from mindspore import nn
 
 from mindspore.communication import GlobalComm
 
-from mindone_zero.comm import group_size_and_rank, world_group
-from mindone_zero.partition import check_split_rule_flag, padded_split_rule, splits_over
-from mindone_zero.zeropp import check_zeropp
+from ..core.comm import group_size_and_rank, world_group
+from ..core.partition import check_split_rule_flag, padded_split_rule, splits_over
+from .zeropp import check_zeropp
 
 from .carry import (carry_hooks, check_carryable, is_recompute_scoped, reapply_recompute, recompute_options,
                     spread_recompute_scope)
@@ -28,7 +28,7 @@ def shard_network(network: nn.Cell, group: Optional[str] = None, parallel_module
     After the call every trainable Parameter with ``ndim >= 1`` not marked
     ``param.parallel_optimizer = False`` whose dim 0 divides by the group size (every such
     Parameter with ``pad_uneven_params=True``, zero-padded per [Note: padding]; [Note: split rule]
-    in ``mindone_zero/partition.py``) holds only this rank's block, is the same Parameter object
+    in ``mindone_zero/core/partition.py``) holds only this rank's block, is the same Parameter object
     with the same name, and has ``param.zero_spec`` (a ``ShardSpec`` with ``split=True``). The
     other trainable parameters (0-d, opted out, dim 0 not dividing) stay whole with
     ``zero_spec.split == False``; their gradients stay local (a train wrapper all-reduces them).
@@ -85,7 +85,7 @@ def shard_network(network: nn.Cell, group: Optional[str] = None, parallel_module
         reshard_after_forward: free each gathered parameter after its forward use and gather it
             again for backward (True, 3Φ traffic), or keep it until its backward (False, 2Φ).
         zeropp: ZeRO++ options, a ``mindone_zero.ZeroPPConfig`` or a dict of its fields (qwZ, qgZ,
-            hpZ; see ``mindone_zero/zeropp.py``); None: none.
+            hpZ; see ``mindone_zero/zero3/zeropp.py``); None: none.
         gather_units: a tuple of Cell classes (FSDP's ``transformer_layer_cls``): each instance is a
             unit whose split parameters are all-gathered in one collective when its forward starts
             and reduce-scattered in one (per gather setting); with ``reshard_after_forward`` the unit

@@ -7,16 +7,19 @@ import logging
 
 from mindspore import nn
 
-from .comm import check_hybrid_groups, is_data_parallel, world_group
+from ..core.comm import check_hybrid_groups, is_data_parallel, world_group
 from .ema import bind_ema_to_zero, check_ema, ema_entries
 from .fusion import FusionConfig
-from .offload import OffloadConfig, host_rule_for
+from ..offload import OffloadConfig, host_rule_for
+from ..zero3.reshard import check_reshard_after_forward
+from ..zero3.shard import shard_network
+from ..zero3.units import check_gather_units
 from .optimizer_states import check_optimizer, find_optimizer_states, optimizer_parameters
-from .partition import check_split_rule_flag, mark_shard_flag, uneven_split_names, zero_spec_of
-from .stage import StagePolicy, check_stage
+from ..core.partition import check_split_rule_flag, mark_shard_flag, uneven_split_names, zero_spec_of
+from ..core.stage import StagePolicy, check_stage
 from .train_step import TrainOneStepWrapper, _check_step_args
 from .zero_helper import ZeroHelper
-from .zeropp import check_zeropp
+from ..zero3.zeropp import check_zeropp
 
 __all__ = ["prepare_train_network", "prepare_network", "prepare_ema"]
 
@@ -59,18 +62,18 @@ def prepare_network(network, zero_stage=0, optimizer_parallel_group=None, parall
             each gathered parameter after its use in forward and gather it again for backward
             (3Φ traffic, peak memory about one layer's weights above the shards); False: keep it
             until its backward (2Φ, the whole model's weights gathered during backward). See
-            [Note: reshard after forward] in ``parallel_modules/reshard.py``.
+            [Note: reshard after forward] in ``mindone_zero/zero3/reshard.py``.
         zeropp (ZeroPPConfig | dict): stage 3 only, ZeRO++ (off by default): int8 weight all-gather
             (``quantize_weights``), int8 gradient reduce-scatter (``quantize_gradients``), backward
             re-gather in a secondary group (``hpz_group``), ``block_size`` elements per scale. See
-            ``mindone_zero/zeropp.py``.
+            ``mindone_zero/zero3/zeropp.py``.
         gather_units (tuple): stage 3 only, FSDP-style units: a tuple of Cell classes; each instance
             gathers the split parameters of its subtree in one all-gather when its forward starts and
             reduce-scatters their gradients in one (per gather setting); with
             ``reshard_after_forward`` it is the recomputed region. None (default): each Cell gathers
             its own. Not with ``zeropp``. The whole unit is then full at once: for
             ``estimate_peak_memory`` the largest layer is the largest unit. See [Note: gather units]
-            in ``parallel_modules/units.py``.
+            in ``mindone_zero/zero3/units.py``.
         pad_uneven_params (bool): stage 3 only. False (default, MindOne's rule): a parameter is split
             only when its dim 0 divides by the group size; the others stay whole on every rank and
             their gradients are all-reduced. True: split those too, zero-padded, so per-rank memory
@@ -98,8 +101,6 @@ def prepare_network(network, zero_stage=0, optimizer_parallel_group=None, parall
                        special_cases_parallel_module=special_cases_parallel_module)
     if not StagePolicy.of(zero_stage, is_data_parallel(), "prepare_network").shards_params:
         return network
-    from parallel_modules import shard_network
-
     return shard_network(network, group=optimizer_parallel_group, parallel_modules=parallel_modules,
                          special_cases_parallel_module=special_cases_parallel_module,
                          reshard_after_forward=reshard_after_forward, zeropp=zeropp, gather_units=gather_units,
@@ -107,14 +108,10 @@ def prepare_network(network, zero_stage=0, optimizer_parallel_group=None, parall
 
 
 def _check_units(where, value, zero_stage, zeropp):
-    from parallel_modules.units import check_gather_units  # parallel_modules imports mindone_zero
-
     return check_gather_units(where, value, zero_stage, zeropp)
 
 
 def _check_reshard(where, value):
-    from parallel_modules.reshard import check_reshard_after_forward  # parallel_modules imports mindone_zero
-
     check_reshard_after_forward(where, value)
 
 

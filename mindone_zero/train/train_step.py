@@ -10,8 +10,9 @@ import logging
 import mindspore as ms
 from mindspore import Parameter, Tensor, nn, ops
 
-from .backend import overflow_uses_float_status
-from .comm import divide
+from ..core.backend import overflow_uses_float_status
+from ..core.comm import divide
+from ..zero3.reshard import coalesced_groups, regathered_param_names, zeropp_wrappers
 from .ema import check_ema
 from .zero_helper import ZeroHelper
 
@@ -93,8 +94,6 @@ def _regathered(network, policy):
     """Stage 3: the parameters gathered again in backward ([Note: reshard after forward])."""
     if not policy.shards_params:
         return ()
-    from parallel_modules.reshard import regathered_param_names  # parallel_modules imports mindone_zero
-
     return regathered_param_names(network)
 
 
@@ -102,17 +101,13 @@ def _zeropp_wrappers(network, policy):
     """Stage 3: ``{name: gather wrapper}`` of the parameters gathered with ZeRO++ options."""
     if not policy.shards_params:
         return {}
-    from parallel_modules.reshard import zeropp_wrappers  # parallel_modules imports mindone_zero
-
     return zeropp_wrappers(network)
 
 
 def _coalesced(network, policy):
-    """Stage 3: the enabled coalesced gathers ([Note: coalesced gathers] in parallel_modules/coalesce.py)."""
+    """Stage 3: the enabled coalesced gathers ([Note: coalesced gathers] in mindone_zero/zero3/coalesce.py)."""
     if not policy.shards_params:
         return []
-    from parallel_modules.reshard import coalesced_groups  # parallel_modules imports mindone_zero
-
     return coalesced_groups(network)
 
 

@@ -50,8 +50,8 @@ import mindspore as ms
 import numpy as np
 from mindspore import Parameter, ParameterTuple, Tensor, nn, ops
 
-from .comm import eager_mode
-from .partition import ShardSpec, split_array
+from ..core.comm import eager_mode
+from ..core.partition import ShardSpec, split_array
 
 __all__ = ["EMA", "check_ema", "bind_ema_to_zero", "ema_entries", "EMA_ATTRIBUTES", "EMA_METHODS"]
 

@@ -37,13 +37,13 @@ from typing import List, Optional, Sequence, Tuple
 import numpy as np
 from mindspore import nn, ops
 
-from .comm import CommPlan, GroupComm
+from ..core.comm import CommPlan, GroupComm
+from ..core.packing import LARGE_TENSOR_BYTES
 
 __all__ = ["DEFAULT_BUCKET_SIZE", "LARGE_TENSOR_BYTES", "FusionConfig", "plan_buckets", "ring_chunks", "BucketedComm"]
 
 _KINDS = ("allreduce", "reduce_scatter", "allgather")
 DEFAULT_BUCKET_SIZE = 25 * 1024 * 1024
-LARGE_TENSOR_BYTES = 1024 * 1024
 
 
 @dataclass(frozen=True)

@@ -9,8 +9,8 @@ import json
 import os
 from typing import Dict, List, Optional, Sequence, Tuple
 
-from ..partition import ShardSpec, is_int, padding_rows, shard_rows
-from .atomic import atomic_write_json
+from .partition import ShardSpec, is_int, padding_rows, shard_rows
+from .atomic_files import atomic_write_json
 
 __all__ = ["write_split_info", "read_split_info", "read_split_infos", "full_shape_of"]
 

@@ -3,13 +3,13 @@
 ``shard_parameter`` cuts a Parameter down to this rank's block (it does not communicate).
 ``ZeroParamWrapper`` is the Cell that a ZeRO-3 ``construct`` calls on the shard: it all-gathers
 the full tensor in forward and, in its custom ``bprop``, reduce-scatters the gradient back to the
-shard's shape (mean over the group). All communication goes through ``mindone_zero.comm``.
+shard's shape (mean over the group). All communication goes through ``mindone_zero.core.comm``.
 
 Which parameters are sharded (DESIGN section 3):
 
 * trainable (``requires_grad``), ``ndim >= 1`` and not opted out with
   ``param.parallel_optimizer = False``: split along dim 0, zero-padded per [Note: padding] in
-  ``mindone_zero/partition.py``; ``param.zero_spec`` is a ``ShardSpec`` with ``split=True``;
+  ``mindone_zero/core/partition.py``; ``param.zero_spec`` is a ``ShardSpec`` with ``split=True``;
 * trainable but 0-d or opted out: kept whole; ``param.zero_spec`` has ``split=False`` and the
   gradient the network produces for it is local (the train wrapper all-reduces it);
 * not trainable (``requires_grad=False``, e.g. BatchNorm moving statistics, which the forward
@@ -33,10 +33,11 @@ import numpy as np
 import mindspore as ms
 from mindspore import Parameter, Tensor, nn, ops
 
-from mindone_zero.comm import GroupComm, divide, group_size_and_rank, pad_dim0, world_group
-from mindone_zero.quantize import block_layout
-from mindone_zero.partition import ShardSpec, set_zero_spec, split_array, splits_over, zero_spec_of
-from mindone_zero.stage import StagePolicy, check_stage
+from ..core.comm import GroupComm, divide, group_size_and_rank, pad_dim0, world_group
+from ..core.quantize import block_layout
+from ..core.packing import ITEMSIZE, itemsize_of
+from ..core.partition import ShardSpec, set_zero_spec, split_array, splits_over, zero_spec_of
+from ..core.stage import StagePolicy, check_stage
 
 __all__ = [
     "ZeroParamWrapper", "shard_parameter", "compute_dtype_of", "gather_attr_name",
@@ -61,7 +62,7 @@ def _to_numpy(param: Parameter) -> np.ndarray:
 
 def shard_parameter(param: Parameter, group: Optional[str] = None) -> ShardSpec:
     """Shard ``param`` in place over ``group`` (if the split rule in scope splits it: [Note: split
-    rule] in ``mindone_zero/partition.py``) and return its layout.
+    rule] in ``mindone_zero/core/partition.py``) and return its layout.
 
     The same Parameter object keeps its name; its data becomes this rank's padded block
     (``ShardSpec.shard_shape``) and ``param.zero_spec`` records the layout. A trainable parameter
@@ -105,7 +106,6 @@ def shard_parameter(param: Parameter, group: Optional[str] = None) -> ShardSpec:
     return spec
 
 
-_ITEMSIZE = {ms.float16: 2, ms.bfloat16: 2, ms.float32: 4, ms.float64: 8}
 _FLAG_DTYPES = (("fp16", ms.float16), ("bf16", ms.bfloat16), ("fp32", ms.float32))
 
 
@@ -159,7 +159,7 @@ def check_group(owner: str, name: str, group) -> None:
 
 def check_compute_dtype(owner: str, name: str, dtype) -> None:
     """Raise TypeError naming ``owner`` and ``name`` unless ``dtype`` is None or a MindSpore float type."""
-    if dtype is not None and dtype not in _ITEMSIZE:
+    if dtype is not None and dtype not in ITEMSIZE:
         raise TypeError(f"For '{owner}', the argument '{name}' must be None or a float dtype, but got {dtype!r}.")
 
 
@@ -273,7 +273,7 @@ class _GatherShard(nn.Cell):
         self.gathers = spec.split and spec.group_size > 1
         self.quantize_weights = self.gathers and zeropp is not None and zeropp.quantize_weights
         self.quantize_grads = self.gathers and zeropp is not None and zeropp.quantize_gradients
-        narrower = _ITEMSIZE.get(self.compute_dtype, 4) < _ITEMSIZE.get(param_dtype, 4)
+        narrower = itemsize_of(self.compute_dtype) < itemsize_of(param_dtype)
         self.cast_before_gather = narrower and not self.quantize_weights
         self.cast_after_gather = not self.cast_before_gather and self.compute_dtype != param_dtype
         self.comm = GroupComm(group) if self.gathers else None
@@ -317,7 +317,7 @@ class _GatherShard(nn.Cell):
                 grad = self.comm.reduce_scatter_quantized(grad, self.block, self.blocks).astype(self.param_dtype)
             else:
                 grad = self.comm.reduce_scatter(grad)
-            grad = divide(grad, self.group_size)  # [Note: Div on CPU] in mindone_zero/comm.py
+            grad = divide(grad, self.group_size)  # [Note: Div on CPU] in mindone_zero/core/comm.py
         return grad
 
     def bprop(self, x, out, dout):
@@ -340,14 +340,14 @@ class _GatherShard(nn.Cell):
             plan.add_quantized("all_to_all", op, n, n * self.block * self.blocks, n * self.blocks, times)
         else:
             numel = int(np.prod(self.spec.padded_shape))
-            plan.add("reduce_scatter", op, numel * _ITEMSIZE.get(self.param_dtype, 4), n, times=times)
+            plan.add("reduce_scatter", op, numel * itemsize_of(self.param_dtype), n, times=times)
 
     def _record_gather(self, plan, times: int) -> None:
         n, op = self.group_size, self.comm.group
         if self.quantize_weights:
             plan.add_quantized("all_gather", op, n, n * self.block * self.blocks, n * self.blocks, times)
         else:
-            itemsize = _ITEMSIZE.get(self.compute_dtype if self.cast_before_gather else self.param_dtype, 4)
+            itemsize = itemsize_of(self.compute_dtype if self.cast_before_gather else self.param_dtype)
             plan.add("all_gather", op, int(np.prod(self.spec.padded_shape)) * itemsize, n, times=times)
 
     def extend_repr(self):
@@ -391,7 +391,7 @@ class _HpzPrimary(nn.Cell):
         self.begin = (sec_rank * rows,) + (0,) * (len(padded) - 1)
         self.size = (rows,) + tuple(padded[1:])
         self.cast_dtype = base.compute_dtype if base.quantize_weights or base.cast_after_gather else None
-        self.nbytes = int(np.prod(self.size)) * _ITEMSIZE.get(base.compute_dtype, 4)  # the secondary shard
+        self.nbytes = int(np.prod(self.size)) * itemsize_of(base.compute_dtype)  # the secondary shard
 
     def construct(self, x):
         full = self.base.gather_padded(x)
@@ -425,5 +425,5 @@ class _HpzSecondary(nn.Cell):
 
     def record(self, plan, times: int) -> None:
         """The secondary all-gathers of ``times`` micro-steps: in forward and again in backward."""
-        nbytes = int(np.prod(self.base.spec.padded_shape)) * _ITEMSIZE.get(self.base.compute_dtype, 4)
+        nbytes = int(np.prod(self.base.spec.padded_shape)) * itemsize_of(self.base.compute_dtype)
         plan.add("all_gather", self.comm.group, nbytes, self.comm.size, times=2 * times)  # forward and backward

@@ -25,7 +25,7 @@ to ``host`` or ``file``, at 1/N from stage 1 on, and the rest stays on the ``dev
 the model states because parameters and gradients exist in full for a while (DeepSpeed's
 "largest layer" term). With ``L`` the parameters of the largest layer (the most gathered at once;
 with stage 3's ``gather_units`` a unit's parameters are all gathered together, so ``L`` is the
-largest unit, e.g. a whole Transformer block; [Note: gather units] in ``parallel_modules/units.py``):
+largest unit, e.g. a whole Transformer block; [Note: gather units] in ``mindone_zero/zero3/units.py``):
 
 =====================================  ==============================================================
 stage                                  added to the model states
@@ -44,7 +44,7 @@ import math
 import numbers
 from fractions import Fraction
 
-from .stage import StagePolicy, check_stage
+from ..core.stage import StagePolicy, check_stage
 
 __all__ = ["estimate_model_states_memory", "estimate_peak_memory", "estimate_model_states_placement"]
 

@@ -22,7 +22,7 @@ from mindspore import Parameter
 
 from .ema import ema_entries
 from .optimizer_states import find_optimizer_states
-from .partition import ShardSpec, zero_spec_of
+from ..core.partition import ShardSpec, zero_spec_of
 
 __all__ = ["KINDS", "Held", "inventory"]
 

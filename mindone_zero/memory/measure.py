@@ -22,7 +22,7 @@ from typing import Callable, Dict, Optional
 
 import mindspore as ms
 
-from .inventory import inventory
+from ..train.inventory import inventory
 
 __all__ = ["measure_model_states", "KINDS", "measure_peak_memory", "memory_in_use", "PeakMemory", "hpz_secondary_bytes"]
 _STATUS = "/proc/self/status"
@@ -194,7 +194,7 @@ def _run(step, steps):
 def hpz_secondary_bytes(train_net) -> int:
     """Bytes of ZeRO++ hpZ secondary shards this rank holds from forward to backward (one per
     gathered parameter read in a recomputed Cell: its padded size / the hpZ group's size, in the
-    compute dtype; [Note: hpZ] in ``parallel_modules/param_wrapper.py``). 0 without hpZ; the
+    compute dtype; [Note: hpZ] in ``mindone_zero/zero3/param_wrapper.py``). 0 without hpZ; the
     counterpart of ``estimate_peak_memory(..., hpz_group_size=K)``'s term. Not collective.
     """
     total = 0

@@ -148,5 +148,5 @@ def unreached_note(network, units: dict, missing: list) -> str:
     where = "; ".join(f"unit {u}: Cells {sorted(set(c))}" for u, c in owners.items())
     return (f". Inside gather units ({where}) a Cell's code runs only when the unit's code calls it as "
             f"self.<attribute>(...) (a loop over a CellList or SequentialCell, or getattr with a computed name, "
-            f"cannot be given the unit's gathered parameters; [Note: gather units] in parallel_modules/units.py): "
+            f"cannot be given the unit's gathered parameters; [Note: gather units] in mindone_zero/zero3/units.py): "
             f"make such Cells units themselves or keep them out of units")

@@ -22,8 +22,8 @@ from typing import Optional
 
 from mindspore import mint, nn, ops
 
-from mindone_zero.partition import zero_spec_of
-from mindone_zero.stage import StagePolicy, check_stage
+from ..core.partition import zero_spec_of
+from ..core.stage import StagePolicy, check_stage
 
 from .coalesce import build_gather_group
 from .carry import carry_cell_state, check_carryable, is_recompute_scoped, reapply_recompute, recompute_options

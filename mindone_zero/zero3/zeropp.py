@@ -14,13 +14,16 @@ only; the fp32 master shards and the optimizer step are exact whatever is chosen
 * ``hpz_group`` (hpZ): a communication group inside the shard group (for example the ranks of one
   node). After the forward all-gather each rank keeps a secondary shard, its 1/K of the weights for
   the K ranks of that group, and the backward re-gather of ``reshard_after_forward=True`` runs in
-  that group only ([Note: hpZ] in ``parallel_modules/param_wrapper.py``). Exact: the numbers are
+  that group only ([Note: hpZ] in ``mindone_zero/zero3/param_wrapper.py``). Exact: the numbers are
   those without it.
 """
 from dataclasses import dataclass
 from typing import Optional
 
-from .quantize import check_block_size
+import mindspore as ms
+
+from ..core.comm import group_members, world_group
+from ..core.quantize import check_block_size
 
 __all__ = ["ZeroPPConfig", "check_zeropp", "DEFAULT_BLOCK_SIZE"]
 
@@ -96,10 +99,6 @@ def check_zeropp(where: str, value, zero_stage: int, optimizer_parallel_group: O
 
 
 def _check_hpz(where: str, hpz_group: str, op_group: Optional[str], reshard_after_forward: bool) -> None:
-    import mindspore as ms
-
-    from .comm import group_members, world_group
-
     if reshard_after_forward is not True:
         raise ValueError(f"For '{where}', the argument 'zeropp.hpz_group' ({hpz_group!r}) needs "
                          f"reshard_after_forward=True (it shortens the backward re-gather), but got "

@@ -28,13 +28,14 @@ from typing import List, Optional
 import mindspore as ms
 import numpy as np
 from mindspore import Parameter, ParameterTuple, Tensor, nn, ops
-from .comm import (CommPlan, GroupComm, check_hybrid_groups, divide, group_size_and_rank, is_data_parallel, pad_dim0,
+from ..core.comm import (CommPlan, GroupComm, check_hybrid_groups, divide, group_size_and_rank, is_data_parallel, pad_dim0,
                    world_group)
 from .fusion import BucketedComm, FusionConfig
-from .offload import HostOffload, OffloadConfig, host_rule_for
+from ..offload import HostOffload, OffloadConfig, host_rule_for
 from .optimizer_states import check_optimizer, find_optimizer_states, optimizer_parameters, repoint_optimizer
-from .partition import ShardSpec, check_split_rule_flag, split_array, splits_over, zero_spec_of
-from .stage import StagePolicy
+from ..core.partition import ShardSpec, check_split_rule_flag, split_array, splits_over, zero_spec_of
+from ..core.split_info import write_split_info
+from ..core.stage import StagePolicy
 
 __all__ = ["ZeroHelper"]
 
@@ -198,7 +199,7 @@ class ZeroHelper(nn.Cell):
             zeropp_wrappers: stage 3: ``{name: gather wrapper}`` of the parameters gathered with
                 ZeRO++ options; each records its own (quantized, hpZ) collectives.
             coalesced: stage 3: the ``ZeroGatherGroup`` Cells gathering several parameters in one
-                collective ([Note: coalesced gathers] in parallel_modules/coalesce.py); each records
+                collective ([Note: coalesced gathers] in mindone_zero/zero3/coalesce.py); each records
                 one entry per collective with the total bytes.
         """
         plan = CommPlan()
@@ -251,8 +252,6 @@ class ZeroHelper(nn.Cell):
     def dump_params_split_info(self, folder: Optional[str] = None) -> None:
         """Write ``params_split_info_{op rank}.json`` into ``folder`` (default: the constructor's
         ``params_split_info``), MindOne's name for it. Not collective; file I/O only."""
-        from .checkpoint.split_info import write_split_info  # file I/O lives with the checkpoint code
-
         write_split_info(self.split_info_entries(), folder or self.params_split_info, self.op_rank)
 
     # ------------------------------------------------------------- construct-time

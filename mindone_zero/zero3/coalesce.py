@@ -8,7 +8,7 @@ one collective (DeepSpeed's ``all_gather_coalesced`` per module, FSDP's per unit
 * forward: each padded shard is flattened and the pieces are concatenated into one flat buffer of
   S elements (``pack_shards``); the all-gather gives N * S elements, viewed (N, S): row r is rank
   r's buffer, so the columns of parameter i, (N, s_i), reshape to its padded full tensor; padding
-  rows are dropped only where there are some ([Note: slices] in ``mindone_zero/comm.py``), with a
+  rows are dropped only where there are some ([Note: slices] in ``mindone_zero/core/comm.py``), with a
   copying slice as the per-parameter gather does ([Note: a view keeps its base]);
 * backward: each gradient is padded and viewed (N, s_i), the views are concatenated along axis 1
   into (N, S) and flattened (``pack_grads``); one reduce-scatter gives this rank's S elements,
@@ -19,7 +19,7 @@ one collective (DeepSpeed's ``all_gather_coalesced`` per module, FSDP's per unit
 Which parameters are coalesced: the split ones a ZeRO-3 layer Cell gathers (``layers.py``), when
 at least two have identical gather settings (group, parameter dtype, compute dtype) and each
 padded tensor is at most ``COALESCE_MAX_BYTES``, the size from which buckets send a tensor alone
-too (``mindone_zero.fusion.LARGE_TENSOR_BYTES``): a large tensor gains nothing from sharing a
+too (``mindone_zero.core.packing.LARGE_TENSOR_BYTES``): a large tensor gains nothing from sharing a
 launch and would pay a copy into and out of the buffer. ZeRO++ (qwZ, qgZ, hpZ) gathers are not
 coalesced: ``apply_zeropp`` switches every group off (``ZeroGatherGroup.enabled``) and the Cell
 falls back to its per-parameter wrappers, which carry the quantization and hpZ logic.
@@ -29,8 +29,8 @@ from typing import List, Optional, Sequence
 import numpy as np
 from mindspore import nn, ops
 
-from mindone_zero.comm import GroupComm, divide, pad_dim0
-from mindone_zero.fusion import LARGE_TENSOR_BYTES
+from ..core.comm import GroupComm, divide, pad_dim0
+from ..core.packing import LARGE_TENSOR_BYTES, itemsize_of
 
 __all__ = ["ZeroGatherGroup", "COALESCE_MAX_BYTES", "pack_shards", "unpack_gathered", "pack_grads",
            "unpack_grad_shards", "build_gather_group", "offsets_of"]
@@ -154,13 +154,11 @@ class ZeroGatherGroup(nn.Cell):
     def record(self, plan, times: int, regathered: bool) -> None:
         """Add this group's collectives of ``times`` micro-steps to ``plan`` (native bytes): one
         all-gather in forward (and again in backward when ``regathered``), one reduce-scatter."""
-        from .param_wrapper import _ITEMSIZE
-
         g = self.gather
         gathered = g.compute_dtype if g.cast_before_gather else g.param_dtype
         times_ag = 2 * times if regathered else times
-        plan.add("all_gather", g.comm.group, g.nbytes(_ITEMSIZE.get(gathered, 4)), g.group_size, times=times_ag)
-        plan.add("reduce_scatter", g.comm.group, g.nbytes(_ITEMSIZE.get(g.param_dtype, 4)), g.group_size,
+        plan.add("all_gather", g.comm.group, g.nbytes(itemsize_of(gathered)), g.group_size, times=times_ag)
+        plan.add("reduce_scatter", g.comm.group, g.nbytes(itemsize_of(g.param_dtype)), g.group_size,
                  times=times)
 
 
@@ -170,10 +168,8 @@ def _settings(gather) -> tuple:
 
 def gathered_nbytes(gather) -> int:
     """Bytes of one parameter's gathered (padded) tensor, in the dtype it is all-gathered in."""
-    from .param_wrapper import _ITEMSIZE
-
     dtype = gather.compute_dtype if gather.cast_before_gather else gather.param_dtype
-    return int(np.prod(gather.spec.padded_shape)) * _ITEMSIZE.get(dtype, 4)
+    return int(np.prod(gather.spec.padded_shape)) * itemsize_of(dtype)
 
 
 def build_gather_group(wrappers: Sequence, max_bytes: int = COALESCE_MAX_BYTES) -> Optional[ZeroGatherGroup]:
