@@ -26,6 +26,8 @@ REPO = Path(__file__).resolve().parents[1]
 if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
+from tools.launch import run_msrun  # noqa: E402
+
 COMBOS = [dict(zip(("qwZ", "hpZ", "qgZ"), bits)) for bits in itertools.product((False, True), repeat=3)]
 
 
@@ -103,9 +105,8 @@ def main(argv=None) -> int:
     if args.world_size < 2 or args.world_size % 2:
         parser.error(f"the argument '--world_size' must be an even integer >= 2, but got {args.world_size}")
     out.mkdir(parents=True, exist_ok=True)
-    from tests.msrun_harness import run_msrun  # one launcher for the tools and the tests
-
-    run_msrun(__file__, args.world_size, out, ["--config", args.config, "--as_worker"], timeout=600)
+    run_msrun(__file__, args.world_size, out, ["--config", str(Path(args.config).resolve()), "--as_worker"],
+              timeout=600, caller="benchmark_zeropp")
     report = render(json.loads((out / "plans.json").read_text()))
     (out / "zeropp.md").write_text(report + "\n")
     print(report)

@@ -24,7 +24,6 @@ distributed model's. Outputs (``history.jsonl``, ``summary.json``, checkpoints) 
 import argparse
 import json
 import os
-import socket
 import subprocess
 import sys
 import time
@@ -35,6 +34,7 @@ REPO = Path(__file__).resolve().parents[1]
 if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
+from tools.launch import msrun_command, msrun_env  # noqa: E402
 from tools.train_config import add_override_flags, load_config, overrides_from_args  # noqa: E402
 
 EVAL_STREAM = 10**9  # data "step" of the evaluation batch: never a training step
@@ -66,18 +66,15 @@ def under_msrun() -> bool:
 
 
 def launch_msrun(argv, cfg) -> int:
-    """Run this script under msrun with ``train.world_size`` workers; returns msrun's exit code."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    world = cfg["train"]["world_size"]
-    log_dir = Path(cfg["train"]["output_dir"]) / "msrun_logs"
-    cmd = ["msrun", f"--worker_num={world}", f"--local_worker_num={world}", f"--master_port={port}",
-           f"--log_dir={log_dir}", "--join=True", "--tail_worker_log=0", str(Path(__file__).resolve()), *argv]
+    """Run this script under msrun with ``train.world_size`` workers (``tools/launch.py`` picks
+    the port and the environment); waits as long as the job runs and returns msrun's exit code."""
     if os.environ.get(_LAUNCHED):
         raise RuntimeError("For 'tools/train.py', msrun started this script without setting MS_ROLE; not relaunching.")
+    world = cfg["train"]["world_size"]
+    log_dir = Path(cfg["train"]["output_dir"]) / "msrun_logs"
+    cmd = msrun_command(Path(__file__).resolve(), world, log_dir, argv, ["--tail_worker_log=0"])
     print("launching:", " ".join(cmd), flush=True)
-    return subprocess.call(cmd, env=dict(os.environ, **{_LAUNCHED: "1"}))
+    return subprocess.call(cmd, env=msrun_env({_LAUNCHED: "1"}))
 
 
 # ----------------------------------------------------------------------------- progress display

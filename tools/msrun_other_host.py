@@ -4,7 +4,8 @@ msrun starts the scheduler when ``--master_addr`` is one of this machine's addre
 "nodes" on one host both see 127.0.0.1 as theirs, so the second would also try to start a
 scheduler on the taken port and exit non-zero. On a real second machine the master address
 is remote; this launcher makes msrun see it that way and changes nothing else.
-Usage: python msrun_other_host.py <msrun arguments>
+Usage: python tools/msrun_other_host.py <msrun arguments> (``tools/launch.py``, ``run_msrun_nodes``,
+starts every node but the first this way)
 """
 import sys
 
