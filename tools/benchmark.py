@@ -38,12 +38,8 @@ adds ZeRO++'s bytes per step for every combination of qwZ, hpZ and qgZ against p
 (``tools/benchmark_zeropp.py``, into ``<out>/zeropp``).
 """
 import argparse
-import copy
 import json
 import os
-import signal
-import socket
-import subprocess
 import sys
 from pathlib import Path
 from statistics import median
@@ -56,150 +52,14 @@ if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
 from mindone_zero.memory.estimate import estimate_model_states_memory  # noqa: E402
-from mindone_zero.core.stage import STAGES, StagePolicy  # noqa: E402
-from tools.train_config import build_config  # noqa: E402
+from mindone_zero.core.stage import StagePolicy  # noqa: E402
+from tools import benchmark_offload, benchmark_peak, benchmark_zeropp  # noqa: E402
+from tools.bench_common import (check_bench, load_benchmark_config, run_world, setting_label,  # noqa: E402
+                                setting_name, settings_of)
 
-BENCH_DEFAULTS = {
-    "world_sizes": [2, 4],
-    "stages": [0, 1, 2, 3],
-    "mode": "graph",
-    "warmup_steps": 2,
-    "timed_steps": 6,
-    "global_batch_size": 16,
-    "gradient_accumulation_steps": 2,
-    "learning_rate": 1.0e-3,
-    "clip_grad": True,
-    "init_seed": 0,
-    "timeout_s": 600,
-    "param_bytes": 4,
-    "grad_bytes": 4,
-    "optimizer_bytes": 8,
-    "stage3_keep": True,  # also time stage 3 with reshard_after_forward=False (2Φ) next to the default (3Φ)
-    # also time stage 3 with these gather units (class names in tools/lm_model.py), "3 (units)"; []: not
-    "stage3_units": [],
-    # also time stage 0 of the demo LM with k extra 4-byte all-reduces per optimizer step for each k here,
-    # "0 (+k idle collectives)": what synchronisation alone costs next to stage 0; [] to skip
-    "idle_collectives": [],
-    # bind each rank's threads to one core (rank mod cores), as each rank has a device of its own on a
-    # cluster; False lets the ranks' threads share all cores, competing with each other
-    "pin_ranks": False,
-}
 RING = {"all_reduce": 2.0, "reduce_scatter": 1.0, "all_gather": 1.0, "broadcast": 1.0}
 PAPER_FACTOR = {0: 2, 1: 2, 2: 2, 3: 3}
 MEMORY_KINDS = ("params", "master_shards", "optimizer_states", "accumulation", "ema", "other")
-# The Dense stack (tools/dense_model.py), issue 11's 4 x Dense(1024, 1024) with AdamWeightDecay.
-DENSE_DEFAULTS = {"world_sizes": [2], "layers": 4, "width": 1024, "batch_per_rank": 32,
-                  "gradient_accumulation_steps": 1,
-                  # the "3 (units)" run's gather units for the Dense stack (tools/dense_model.py, then mindspore.nn)
-                  "stage3_units": ["Dense"]}
-
-
-def _fail(key, what, value):
-    raise ValueError(f"For 'load_benchmark_config', the argument '{key}' must be {what}, but got {value!r}.")
-
-
-def load_benchmark_config(path: str) -> dict:
-    """Sections ``model`` and ``data`` (as in ``configs/train_lm.yaml``), ``benchmark`` and
-    ``dense`` (the Dense stack; ``DENSE_DEFAULTS`` when absent, ``world_sizes: []`` to skip it).
-
-    Raises:
-        ValueError: unknown key or bad value, naming it. OSError: unreadable file.
-    """
-    with open(path, encoding="utf-8") as f:
-        loaded = yaml.safe_load(f) or {}
-    if not isinstance(loaded, dict):
-        _fail("config", "a mapping", loaded)
-    loaded = dict(loaded)
-    bench = copy.deepcopy(BENCH_DEFAULTS)
-    for key, value in (loaded.pop("benchmark", None) or {}).items():
-        if key not in bench:
-            _fail(f"benchmark.{key}", f"one of {sorted(bench)}", key)
-        bench[key] = value
-    dense = dict(DENSE_DEFAULTS)
-    for key, value in (loaded.pop("dense", None) or {}).items():
-        if key not in dense:
-            _fail(f"dense.{key}", f"one of {sorted(dense)}", key)
-        dense[key] = value
-    _check_dense(dense)
-    if "train" in loaded:
-        _fail("train", "absent (the benchmark has its own 'benchmark' section)", loaded["train"])
-    cfg = build_config(loaded, {}, f"the file '{path}'")
-    _check_bench(bench)
-    return {"model": cfg["model"], "data": cfg["data"], "benchmark": bench, "dense": dense}
-
-
-def _check_dense(dense: dict) -> None:
-    sizes = dense["world_sizes"]
-    if not isinstance(sizes, list) or any(not isinstance(n, int) or n < 1 for n in sizes):
-        _fail("dense.world_sizes", "a list of integers >= 1", sizes)
-    for key in ("layers", "width", "batch_per_rank", "gradient_accumulation_steps"):
-        if not isinstance(dense[key], int) or isinstance(dense[key], bool) or dense[key] < 1:
-            _fail(f"dense.{key}", "an integer >= 1", dense[key])
-    _check_names("dense.stage3_units", dense["stage3_units"])
-
-
-def _check_names(key: str, names) -> None:
-    if not isinstance(names, list) or any(not isinstance(n, str) or not n.isidentifier() for n in names):
-        _fail(key, "a list of Cell class names", names)
-
-
-def _check_bench(bench: dict) -> None:
-    sizes, stages = bench["world_sizes"], bench["stages"]
-    if not isinstance(sizes, list) or not sizes or any(not isinstance(n, int) or n < 1 for n in sizes):
-        _fail("benchmark.world_sizes", "a non-empty list of integers >= 1", sizes)
-    if not isinstance(stages, list) or 0 not in stages or any(s not in STAGES for s in stages):
-        _fail("benchmark.stages", f"a list of stages from {list(STAGES)} including 0 (the baseline)", stages)
-    if bench["mode"] not in ("graph", "pynative"):
-        _fail("benchmark.mode", "'graph' or 'pynative'", bench["mode"])
-    for key in ("stage3_keep", "pin_ranks"):
-        if not isinstance(bench[key], bool):
-            _fail(f"benchmark.{key}", "a bool", bench[key])
-    _check_names("benchmark.stage3_units", bench["stage3_units"])
-    for key in ("timed_steps", "global_batch_size", "gradient_accumulation_steps", "timeout_s"):
-        if not isinstance(bench[key], int) or bench[key] < 1:
-            _fail(f"benchmark.{key}", "an integer >= 1", bench[key])
-    idle, per_step = bench["idle_collectives"], 2 * bench["gradient_accumulation_steps"]
-    if not isinstance(idle, list) or any(not isinstance(k, int) or isinstance(k, bool) or k < 1 or k % per_step
-                                         for k in idle):
-        _fail("benchmark.idle_collectives", f"a list of positive multiples of 2 x gradient_accumulation_steps "
-              f"({per_step}: as many in forward as in backward at every micro-step)", idle)
-    for n in sizes:
-        if bench["global_batch_size"] % (n * bench["gradient_accumulation_steps"]):
-            _fail("benchmark.global_batch_size", f"a multiple of N x accumulation for N={n}",
-                  bench["global_batch_size"])
-
-
-def settings_of(bench: dict, idle: bool = True) -> List[Tuple[int, bool, bool, int]]:
-    """``(zero_stage, reshard_after_forward, gather units, idle collectives)`` of every run: each
-    stage of ``bench["stages"]`` with the default (True, no units, 0), then stage 3 keeping its
-    gathered weights when ``stage3_keep`` is set, then stage 3 with gather units when
-    ``stage3_units`` names some (both ways when ``stage3_keep`` is set too), then, when ``idle``
-    (the demo LM), stage 0 with each count of ``idle_collectives``."""
-    settings = [(stage, True, False, 0) for stage in bench["stages"]]
-    if 3 in bench["stages"]:
-        if bench["stage3_keep"]:
-            settings.append((3, False, False, 0))
-        if bench.get("stage3_units"):
-            settings.append((3, True, True, 0))
-            if bench["stage3_keep"]:
-                settings.append((3, False, True, 0))
-    if idle:
-        settings += [(0, True, False, k) for k in bench.get("idle_collectives") or []]
-    return settings
-
-
-def setting_name(stage: int, reshard: bool, units: bool = False, idle: int = 0) -> str:
-    """File stem of a setting: ``stage3``; at stage 3 keeping gathered weights ``stage3_keep``, with
-    gather units ``stage3_units``; with idle collectives ``stage0_idle8``."""
-    return (f"stage{stage}" + ("_keep" if stage == 3 and not reshard else "") + ("_units" if units else "")
-            + (f"_idle{idle}" if idle else ""))
-
-
-def setting_label(stage: int, reshard: bool, units: bool = False, idle: int = 0) -> str:
-    """Row label of a setting: ``3``, ``3 (keep)``, ``3 (units)``, ``3 (units, keep)``, ``0 (+8 idle collectives)``."""
-    marks = (["units"] if units else []) + (["keep"] if stage == 3 and not reshard else [])
-    marks += [f"+{idle} idle collectives"] if idle else []
-    return str(stage) + (f" ({', '.join(marks)})" if marks else "")
 
 
 # ----------------------------------------------------------------------------- communication model
@@ -261,48 +121,7 @@ def ring_volume(entries: Sequence[Sequence], world: int) -> float:
     return sum(RING[e[0]] * (world - 1) / world * e[1] for e in entries)
 
 
-# ----------------------------------------------------------------------------- running the jobs
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def run_world(config_path: str, world: int, out: Path, timeout_s: int, worker: str = "benchmark_worker.py",
-              worker_args: Sequence[str] = (), what: str = "benchmark") -> None:
-    """One msrun job with ``world`` CPU workers running ``tools/<worker>`` (by default every stage
-    of the benchmark) with ``--config``, ``--out`` and ``worker_args``; results in ``out``.
-
-    Raises:
-        RuntimeError: the job failed or timed out (with the tail of the worker logs).
-    """
-    out.mkdir(parents=True, exist_ok=True)
-    for stale in out.glob("*stage*_rank*.json"):
-        stale.unlink()  # never report an earlier run's numbers
-    log_dir = out / "msrun_logs"
-    cmd = ["msrun", f"--worker_num={world}", f"--local_worker_num={world}", f"--master_port={_free_port()}",
-           f"--log_dir={log_dir}", "--join=True", str(REPO / "tools" / worker),
-           "--config", str(Path(config_path).resolve()), "--out", str(out.resolve()), *worker_args]
-    env = dict(os.environ, GLOG_v=os.environ.get("GLOG_v", "3"))
-    env["PYTHONPATH"] = os.pathsep.join([str(REPO), env.get("PYTHONPATH", "")])
-    with open(out / "msrun.out", "w") as log:
-        proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True)
-        try:
-            code = proc.wait(timeout=timeout_s)
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
-            code = None
-    if code != 0:
-        tails = []
-        for path in sorted(log_dir.glob("worker_*.log")):
-            lines = [t for t in path.read_text(errors="replace").splitlines()
-                     if not t.startswith(("[WARNING]", "[INFO]"))]
-            tails.append(f"--- {path}\n" + "\n".join(lines[-30:]))
-        outcome = f"timed out after {timeout_s}s" if code is None else f"exited with {code}"
-        raise RuntimeError(f"For '{what}', the msrun job with N={world} {outcome}.\n" + "\n".join(tails))
-
-
+# ----------------------------------------------------------------------------- results
 def _load_ranks(out: Path, stem: str, world: int) -> List[dict]:
     ranks = []
     for r in range(world):
@@ -515,7 +334,7 @@ def main(argv=None) -> int:
         for key in ("world_sizes", "stages"):
             if getattr(args, key):
                 cfg["benchmark"][key] = getattr(args, key)
-        _check_bench(cfg["benchmark"])
+        check_bench(cfg["benchmark"])
     except (ValueError, OSError) as err:
         parser.error(str(err))
     out = Path(args.out)
@@ -542,17 +361,11 @@ def main(argv=None) -> int:
     print(f"tables: {out / 'benchmark.md'}")
     code = 0
     if args.peak_memory:
-        from tools.benchmark_peak import main as peak_main
-
-        code = peak_main(["--out", str(out / "peak")])
+        code = benchmark_peak.main(["--out", str(out / "peak")])
     if args.zeropp and code == 0:
-        from tools.benchmark_zeropp import main as zeropp_main
-
-        code = zeropp_main(["--out", str(out / "zeropp")])
+        code = benchmark_zeropp.main(["--out", str(out / "zeropp")])
     if args.offload_memory and code == 0:
-        from tools.benchmark_offload import main as offload_main
-
-        code = offload_main(["--out", str(out / "offload")])
+        code = benchmark_offload.main(["--out", str(out / "offload")])
     return code
 
 

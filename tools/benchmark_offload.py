@@ -24,7 +24,7 @@ REPO = Path(__file__).resolve().parents[1]
 if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
-from tools.benchmark_peak import MB, load_section, run_benchmark, run_setting  # noqa: E402
+from tools.bench_common import MB, load_section, run_section, run_setting  # noqa: E402
 
 SETTINGS = [[3, "none"], [3, "nvme"], [3, "cpu"], [2, "none"], [2, "nvme"]]
 DEFAULTS = {"world_size": 2, "steps": 6, "mode": "graph", "timeout_s": 600, "chunk_size": 2 ** 20,
@@ -198,7 +198,7 @@ def main(argv=None) -> int:
             rows = sweep_chunk_sizes(numel, [2 ** 18, 2 ** 20, 2 ** 22, 2 ** 24], folder)
         print(render_sweep(numel, rows))
         return 0
-    return run_benchmark(argv, __doc__, str(REPO / "configs" / "benchmark_offload.yaml"),
+    return run_section(argv, __doc__, str(REPO / "configs" / "benchmark_offload.yaml"),
                          "outputs/benchmark/offload", load_offload_config, _run_offload, "offload")
 
 

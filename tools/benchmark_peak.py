@@ -25,23 +25,16 @@ optimizer states are created at shard size). For each setting the table gives, p
 
 Writes ``peak.md`` and ``peak.json`` into ``--out`` and prints the table.
 """
-import argparse
-import json
-import os
-import signal
-import subprocess
 import sys
 from pathlib import Path
 from typing import List
-
-import yaml
 
 REPO = Path(__file__).resolve().parents[1]
 if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
 from mindone_zero.memory.estimate import estimate_model_states_memory, estimate_peak_memory  # noqa: E402
-from tools.benchmark import _free_port  # noqa: E402
+from tools.bench_common import MB, case_name, load_section, run_section, run_setting  # noqa: E402
 
 PEAK_DEFAULTS = {
     "world_size": 4,
@@ -57,20 +50,6 @@ PEAK_DEFAULTS = {
     "grad_bytes": 4,
     "optimizer_bytes": 8,
 }
-MB = 1e6
-
-
-def load_section(path: str, section: str, defaults: dict, caller: str) -> dict:
-    """The ``section`` of a YAML file over ``defaults``; raises ValueError naming an unknown key."""
-    with open(path, encoding="utf-8") as f:
-        loaded = (yaml.safe_load(f) or {}).get(section) or {}
-    cfg = dict(defaults)
-    for key, value in loaded.items():
-        if key not in cfg:
-            raise ValueError(f"For '{caller}', the argument '{section}.{key}' must be one of "
-                             f"{sorted(cfg)}, but got {key!r}.")
-        cfg[key] = value
-    return cfg
 
 
 def load_peak_config(path: str) -> dict:
@@ -90,51 +69,6 @@ def load_peak_config(path: str) -> dict:
         raise ValueError(f"For 'load_peak_config', the argument 'peak_memory.settings' must be [stage, bool] pairs "
                          f"including [0, true] (the baseline), but got {settings!r}.")
     return cfg
-
-
-def case_name(stage: int, reshard: bool, offload: str = "none") -> str:
-    name = f"stage{stage}" + (("_free" if reshard else "_keep") if stage == 3 else "")
-    return name if offload == "none" else f"{name}_offload_{offload}"
-
-
-def run_setting(cfg: dict, stage: int, reshard: bool, out: Path, offload: str = "none", model=None) -> List[dict]:
-    """One msrun job for one setting (``offload``: "none", "cpu" or "nvme", with
-    ``cfg["chunk_size"]``); returns every rank's result. ``model`` (a name and the worker's model
-    keys, see tools/benchmark_peak_worker.py) replaces the config's Dense stack.
-
-    Raises:
-        RuntimeError: the job failed or timed out (with the tail of the worker logs).
-    """
-    name, world = case_name(stage, reshard, offload), cfg["world_size"]
-    case = {k: cfg[k] for k in ("layers", "width", "micro_batch", "steps", "mode") if k in cfg}
-    if model is not None:
-        model = dict(model)
-        name = f"{model.pop('name')}_{name}"
-        case.update(model)
-    case.update(name=name, stage=stage, reshard_after_forward=reshard, offload=offload,
-                chunk_size=cfg.get("chunk_size", 0))
-    for stale in out.glob(f"{name}_rank*.json"):
-        stale.unlink()  # never report an earlier run's numbers
-    log_dir = out / "msrun_logs" / name
-    cmd = ["msrun", f"--worker_num={world}", f"--local_worker_num={world}", f"--master_port={_free_port()}",
-           f"--log_dir={log_dir}", "--join=True", str(REPO / "tools" / "benchmark_peak_worker.py"),
-           "--out", str(out.resolve()), "--case", json.dumps(case)]
-    env = dict(os.environ, GLOG_v=os.environ.get("GLOG_v", "3"))
-    env["PYTHONPATH"] = os.pathsep.join([str(REPO), env.get("PYTHONPATH", "")])
-    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT, env=env, start_new_session=True)
-    try:
-        code = proc.wait(timeout=cfg["timeout_s"])
-    except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)
-        proc.wait()
-        code = None
-    paths = [out / f"{name}_rank{r}.json" for r in range(world)]
-    if code != 0 or not all(p.exists() for p in paths):
-        tails = [f"--- {p}\n" + "\n".join(p.read_text(errors="replace").splitlines()[-20:])
-                 for p in sorted(log_dir.glob("worker_*.log"))]
-        raise RuntimeError(f"For 'benchmark_peak', the msrun job {name} (N={world}) exited with {code}.\n"
-                           + "\n".join(tails))
-    return [json.loads(p.read_text()) for p in paths]
 
 
 def summarize(cfg: dict, results: dict) -> List[dict]:
@@ -188,26 +122,6 @@ def render(cfg: dict, rows: List[dict]) -> str:
     return "\n".join(lines)
 
 
-def run_benchmark(argv, doc: str, default_config: str, default_out: str, load, run, stem: str) -> int:
-    """The CLI of a benchmark section: ``--config`` read by ``load``, ``run(cfg, out)`` giving
-    (rows, table), written to ``<out>/<stem>.md`` and ``.json`` and printed; returns 0."""
-    parser = argparse.ArgumentParser(description=doc.split("\n\n")[0])
-    parser.add_argument("--config", default=default_config)
-    parser.add_argument("--out", default=default_out)
-    args = parser.parse_args(argv)
-    try:
-        cfg = load(args.config)
-    except (ValueError, OSError) as err:
-        parser.error(str(err))
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
-    rows, table = run(cfg, out)
-    (out / f"{stem}.md").write_text(table + "\n")
-    (out / f"{stem}.json").write_text(json.dumps(rows, indent=1))
-    print(table)
-    return 0
-
-
 def _run_peak(cfg: dict, out: Path):
     results = {}
     for stage, reshard in cfg["settings"]:
@@ -219,7 +133,7 @@ def _run_peak(cfg: dict, out: Path):
 
 def main(argv=None) -> int:
     """Run one msrun job per setting, print and write the table; returns the exit code."""
-    return run_benchmark(argv, __doc__, str(REPO / "configs" / "benchmark_peak.yaml"), "outputs/benchmark/peak",
+    return run_section(argv, __doc__, str(REPO / "configs" / "benchmark_peak.yaml"), "outputs/benchmark/peak",
                          load_peak_config, _run_peak, "peak")
 
 

@@ -34,7 +34,7 @@ from mindone_zero.core.comm import init_data_parallel  # noqa: E402
 from mindone_zero.memory.measure import measure_model_states  # noqa: E402
 from mindone_zero.core.partition import zero_spec_of  # noqa: E402
 from mindone_zero.train.train_step import _coalesced, _regathered  # noqa: E402
-from tools.benchmark import load_benchmark_config, settings_of, setting_name  # noqa: E402
+from tools.bench_common import load_benchmark_config, settings_of, setting_name  # noqa: E402
 from tools import dense_model, lm_model  # noqa: E402
 from tools.dense_model import DenseLoss, build_dense, dense_batch  # noqa: E402
 from tools.lm_model import LMLoss, build_lm, init_lm_weights, reversal_batch  # noqa: E402

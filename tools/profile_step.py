@@ -32,7 +32,7 @@ REPO = Path(__file__).resolve().parents[1]
 if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
-from tools.benchmark import load_benchmark_config, run_world, setting_label, setting_name  # noqa: E402
+from tools.bench_common import load_benchmark_config, run_world, setting_label, setting_name  # noqa: E402
 
 COLLECTIVES = ("AllReduce", "AllGather", "ReduceScatter", "Broadcast", "AllToAll", "Send", "Receive")
 FLAGS = ("keep", "units")

@@ -6,8 +6,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from tools.benchmark import (load_benchmark_config, native_collectives, plot, render_dense_table, render_tables,
-                             ring_volume, setting_label, setting_name, settings_of, summarize)
+from tools.bench_common import load_benchmark_config, setting_label, setting_name, settings_of
+from tools.benchmark import native_collectives, plot, render_dense_table, render_tables, ring_volume, summarize
 
 ROOT = Path(__file__).resolve().parents[2]
 
