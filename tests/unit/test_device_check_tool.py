@@ -5,6 +5,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+from tools import device_check
+
 ROOT = Path(__file__).resolve().parents[2]
 TOOL = ROOT / "tools" / "device_check.py"
 ONE_PROCESS = ("offload_write_back", "step_float16", "overflow_detection", "memory_measure")
@@ -25,9 +27,6 @@ def test_device_check_passes_in_one_cpu_process(tmp_path):
 
 def test_a_failed_check_fails_the_run(monkeypatch, capsys, tmp_path):
     """One FAIL line per failed check and exit status 1 (a check forced to fail, in this process)."""
-    sys.path.insert(0, str(TOOL.parent))
-    import device_check
-
     def broken():
         raise AssertionError("forced")
 

@@ -6,20 +6,16 @@ code (in GRAPH_MODE and PYNATIVE_MODE) and numerics against the unwrapped layers
 collectives themselves are tested under msrun in tests/dist/test_zero3_network.py.
 """
 import inspect
-import sys
-from pathlib import Path
 
 import numpy as np
 import pytest
 import mindspore as ms
 from mindspore import Parameter, ParameterTuple, Tensor, mint, nn, ops
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "dist" / "workers"))
-import zero3_models as zm  # noqa: E402
-
-import parallel_modules as pm  # noqa: E402
-from mindone_zero.zero3 import param_wrapper  # noqa: E402
-from mindone_zero.zero3.param_wrapper import shard_parameter  # noqa: E402
+import parallel_modules as pm
+import zero3_models as zm
+from mindone_zero.zero3 import param_wrapper
+from mindone_zero.zero3.param_wrapper import shard_parameter
 
 ms.set_device("CPU")
 

@@ -27,7 +27,7 @@ import time
 import numpy as np
 import mindspore as ms
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", ".."))  # tests/: the shared models
 import zero3_models as zm  # noqa: E402
 
 from mindone_zero.core.comm import init_data_parallel  # noqa: E402
