@@ -95,8 +95,11 @@ def _wait_all(procs: List[subprocess.Popen], cmds: List[List[str]], timeout: flo
         except subprocess.TimeoutExpired:
             for p in procs:
                 if p.poll() is None:
-                    os.killpg(p.pid, signal.SIGKILL)
                     killed.add(p.pid)
+                    try:
+                        os.killpg(p.pid, signal.SIGKILL)
+                    except ProcessLookupError:  # the whole group ended meanwhile
+                        pass
             stdout, _ = proc.communicate()
         results.append(subprocess.CompletedProcess(cmd, None if proc.pid in killed else proc.returncode, stdout, ""))
     return results
