@@ -175,8 +175,19 @@ def import_each_first() -> List[str]:
     held = [m for m in sys.modules if m.split(".")[0] in PACKAGES]
     if held:
         raise RuntimeError(f"the parent already holds {held[:3]}")
-    failed = []
+    failed, running = [], {}  # pid -> (module, read end of its pipe)
+
+    def reap():
+        pid, status = os.wait()
+        name, read = running.pop(pid)
+        with os.fdopen(read, "rb") as f:
+            message = f.read().decode(errors="replace")
+        if os.waitstatus_to_exitcode(status) != 0:
+            failed.append(f"{name}: {message}")
+
     for name in sorted(MODULES):
+        if len(running) >= 2:  # two at a time: the machine's cores
+            reap()
         read, write = os.pipe()
         pid = os.fork()
         if pid == 0:  # the child: import, report, leave without running any exit handlers
@@ -189,11 +200,9 @@ def import_each_first() -> List[str]:
                 code = 1
             os._exit(code)
         os.close(write)
-        with os.fdopen(read, "rb") as f:
-            message = f.read().decode(errors="replace")
-        _, status = os.waitpid(pid, 0)
-        if os.waitstatus_to_exitcode(status) != 0:
-            failed.append(f"{name}: {message}")
+        running[pid] = (name, read)
+    while running:
+        reap()
     return failed
 
 
