@@ -356,7 +356,9 @@ class _GatherShard(nn.Cell):
             plan.add_quantized("all_gather", op, n, n * self.block * self.blocks, n * self.blocks, times)
         else:
             itemsize = itemsize_of(self.compute_dtype if self.cast_before_gather else self.param_dtype)
-            if self.zeropp is None:  # the plan's bytes before the recorders: the parameter's dtype
+            if self.zeropp is None:
+                # As the plan has always counted a plain per-parameter gather: in the parameter's dtype,
+                # although gather_padded casts to a narrower compute dtype first (then fewer bytes move).
                 itemsize = itemsize_of(self.param_dtype)
             plan.add("all_gather", op, int(np.prod(self.spec.padded_shape)) * itemsize, n, times=times)
 
