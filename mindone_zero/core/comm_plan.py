@@ -15,7 +15,8 @@ The recorders: the ZeRO-3 gathers (``ZeroParamWrapper`` with its qwZ/qgZ/hpZ opt
 per-parameter ``_GatherShard`` of a gather unit's large element), the coalesced gathers
 (``ZeroGatherGroup``, a gather unit's parts included), a ZeRO-3 layer Cell (its coalesced gather or
 its per-parameter ones, whichever its ``construct`` calls), the buckets (``BucketedComm``) and
-``ZeroHelper`` (overflow flags, gradient reductions, the clipping norm, the post-step all-gather).
+``ZeroHelper`` (overflow flags, gradient reductions, the clipping norm, the post-step all-gather)
+with its ``HostOffload`` (the ranks' agreement after a host step).
 ``TrainOneStepWrapper`` finds the network's recorders with ``comm_recorders`` (one walk) and asks
 them and its ``ZeroHelper`` to record; it adds no arithmetic of its own.
 

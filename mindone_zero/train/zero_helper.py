@@ -201,8 +201,9 @@ class ZeroHelper(nn.Cell):
 
     def record_comm(self, plan: CommPlan, ctx: PlanContext) -> None:
         """[Note: comm plan] in core/comm_plan.py: the overflow flag's all-reduce every micro-step, the
-        gradient reductions ([Note: gradient reduction]), the clipping norm's all-reduce (stages >= 1)
-        and the post-step all-gather (stages 1-2), as native collectives. Not collective."""
+        gradient reductions ([Note: gradient reduction]), the clipping norm's all-reduce (stages >= 1),
+        the post-step all-gather (stages 1-2) and, with ``optimizer_offload``, the host step's
+        agreement, as native collectives. Not collective."""
         if not self.is_parallel:
             return
         plan.add("all_reduce", world_group(), 4, self.op_size * self.dp_size, times=ctx.micro_steps)  # overflow flag
@@ -212,6 +213,8 @@ class ZeroHelper(nn.Cell):
         if ctx.clip_grad and self.policy.is_zero:
             plan.add("all_reduce", self.op_group, 4, self.op_size)
         self.param_ag.record_comm(plan, ctx)
+        if self.host_offload is not None:
+            self.host_offload.record_comm(plan, ctx)
 
     def split_info_entries(self) -> List[ShardSpec]:
         """One split-info entry per name: parameters, optimizer states, then registered extras."""
