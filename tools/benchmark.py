@@ -15,14 +15,14 @@ timing their steps in turns. For each (world size N, stage) the demo LM's report
 * the median optimizer-step time and its ratio to stage 0 at the same N. On the CPU backend
   ReduceScatter (and sub-group AllGather) are emulated with AllReduce, so stages 1-3 move more
   bytes than the native path would, and times are those of the emulation;
-* collectives and bytes per optimizer step per rank on the native path, counted from the shard
-  layout (``native_collectives``; ring algorithm: all-reduce sends 2(N-1)/N of the tensor,
-  reduce-scatter and all-gather (N-1)/N), next to the ZeRO paper's 2Φ (stages 0-2) and 3Φ
-  (stage 3), Φ = parameter bytes. With accumulation our stages 2-3 communicate every
-  micro-step, and stage 3 keeps the forward-gathered parameters for backward instead of
-  gathering them again, hence 2Φ per micro-step rather than the paper's 3Φ. When the train
-  network carries the library's ``CommPlan`` (``train_net.comm_plan``), its volume is checked
-  against this count.
+* collectives and bytes per optimizer step per rank on the native path, from the library's own
+  ``CommPlan`` (``train_net.comm_plan``, and ``train_net.plan_comm(1)`` for one micro-step;
+  [Note: comm plan] in ``mindone_zero/core/comm_plan.py``; ring algorithm: all-reduce sends
+  2(N-1)/N of the tensor, reduce-scatter and all-gather (N-1)/N), next to the ZeRO paper's 2Φ
+  (stages 0-2) and 3Φ (stage 3), Φ = parameter bytes. With accumulation our stages 2-3
+  communicate every micro-step, and stage 3 keeps the forward-gathered parameters for backward
+  instead of gathering them again, hence 2Φ per micro-step rather than the paper's 3Φ. Result
+  files without the plans are counted from the shard layout (``native_collectives``).
 
 The Dense stack (config section ``dense``, default 4 x Dense(1024, 1024), 4.2M parameters in 8
 tensors, AdamWeightDecay, batch 32 per rank, at N=2) gets a table of its own: the median step
@@ -71,7 +71,9 @@ def _prod(shape: Sequence[int]) -> int:
 
 
 def native_collectives(layout: List[dict], stage: int, accum: int, clip_grad: bool) -> List[Tuple[str, int]]:
-    """Collectives of one optimizer step on one rank, as native ops: ``[(kind, tensor bytes)]``.
+    """Collectives of one optimizer step on one rank, as native ops: ``[(kind, tensor bytes)]``,
+    one per tensor (no buckets), worked out from the shard layout for result files that do not
+    carry the library's ``CommPlan`` (``summarize`` reads the plan where there is one).
 
     ``layout`` has, per parameter, ``shape`` (full), ``padded_shape``, ``itemsize`` and ``split``
     (as ``tools/benchmark_worker.py`` writes it) and ``regathered`` (stage 3 gathers it again in
@@ -142,8 +144,11 @@ def summarize(cfg: dict, out: Path, world: int, prefix: str = "") -> List[dict]:
         phi = sum(_prod(p["shape"]) * p["itemsize"] for p in r0["layout"])
         estimate = estimate_model_states_memory(num_params, world, stage, bench["param_bytes"], bench["grad_bytes"],
                                                 bench["optimizer_bytes"])
-        ours = native_collectives(r0["layout"], stage, r0["accum"], r0["clip_grad"])
-        plan = [(e[0], e[2]) for e in r0["comm_plan"]]
+        # the library's plans ([Note: comm plan]); the layout's per-tensor count only for files without them
+        step = [(e[0], e[2]) for e in r0["comm_plan"]] or native_collectives(
+            r0["layout"], stage, r0["accum"], r0["clip_grad"])
+        step_a1 = [(e[0], e[2]) for e in r0.get("comm_plan_a1") or []] or native_collectives(
+            r0["layout"], stage, 1, r0["clip_grad"])
         rows.append({
             "model": prefix.rstrip("_") or "lm", "world": world, "stage": stage,
             "label": setting_label(stage, reshard, units, idle), "reshard_after_forward": reshard,
@@ -152,10 +157,8 @@ def summarize(cfg: dict, out: Path, world: int, prefix: str = "") -> List[dict]:
             "effective_stage": r0["effective_stage"], "num_params": num_params,
             "phi_bytes": phi, "memory": {k: max(r["memory"][k] for r in ranks) for k in r0["memory"]},
             "memory_equal_on_ranks": all(r["memory"] == r0["memory"] for r in ranks), "estimate": estimate,
-            "step_time": median(r0["step_times"]), "collectives": len(ours), "volume": ring_volume(ours, world),
-            "volume_a1": ring_volume(native_collectives(r0["layout"], stage, 1, r0["clip_grad"]), world),
-            "library_plan_volume": ring_volume(plan, world) if plan else None,
-            "library_plan_collectives": len(plan) if plan else None,
+            "step_time": median(r0["step_times"]), "collectives": len(step), "volume": ring_volume(step, world),
+            "volume_a1": ring_volume(step_a1, world),
             "paper_volume": PAPER_FACTOR[stage] * phi, "first_loss": r0["losses"][0], "last_loss": r0["losses"][-1],
         })
     stage0 = next(r for r in rows if r["stage"] == 0 and not r["idle"])
@@ -176,10 +179,9 @@ def _placement(bench: dict) -> str:
 
 
 def _calls(row: dict) -> int:
-    """Collectives per optimizer step: the library's ``CommPlan`` (buckets counted as one) when the
-    train network has one, else the per-tensor count of ``native_collectives``; idle all-reduces added."""
-    calls = row["library_plan_collectives"] if row["library_plan_collectives"] is not None else row["collectives"]
-    return calls + row["idle"]
+    """Collectives per optimizer step (the library's ``CommPlan``: buckets counted as one), idle
+    all-reduces added."""
+    return row["collectives"] + row["idle"]
 
 
 def _kib(n: float) -> str:
@@ -268,10 +270,6 @@ def _notes(rows: List[dict]) -> List[str]:
             notes.append(f"- N={r['world']} stage {r['label']} ran as stage {r['effective_stage']} (fallback).")
         if not r["memory_equal_on_ranks"]:
             notes.append(f"- N={r['world']} stage {r['label']}: ranks hold different bytes; the maximum is shown.")
-        plan = r["library_plan_volume"]
-        if plan is not None and abs(plan - r["volume"]) > 1e-6 * max(plan, 1.0):
-            notes.append(f"- N={r['world']} stage {r['label']}: the library's CommPlan gives {plan:.0f} B "
-                         f"({r['library_plan_collectives']} collectives), this count {r['volume']:.0f} B.")
     return notes
 
 

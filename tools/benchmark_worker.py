@@ -8,8 +8,8 @@ turns, and writes ``<out>/stage{s}_rank{r}.json`` (``stage3_keep_rank{r}.json`` 
 ``reshard_after_forward=False``, ``stage3_units_rank{r}.json`` with gather units,
 ``stage0_idle{k}_rank{r}.json`` for stage 0 with k idle all-reduces (``IdleCollectives``), ``dense_``
 in front for the Dense stack; each rank pinned to a core with ``pin_ranks``): the bytes by kind,
-the timed step durations, the shard layout of every parameter (for the communication model in
-``tools/benchmark.py``) and the library's own ``CommPlan`` when the train network has one.
+the timed step durations, the shard layout of every parameter, and the library's ``CommPlan`` of
+one optimizer step (``train_net.comm_plan``) and of one with a single micro-step (``plan_comm(1)``).
 
 Usage (launched by tools/benchmark.py): ``msrun ... tools/benchmark_worker.py --config C --out DIR``
 """
@@ -32,8 +32,6 @@ from mindspore import Tensor, nn, ops  # noqa: E402
 from mindone_zero import prepare_train_network  # noqa: E402
 from mindone_zero.core.comm import init_data_parallel  # noqa: E402
 from mindone_zero.memory.measure import measure_model_states  # noqa: E402
-from mindone_zero.core.partition import zero_spec_of  # noqa: E402
-from mindone_zero.train.train_step import _coalesced, _regathered  # noqa: E402
 from tools.bench_common import load_benchmark_config, settings_of, setting_name  # noqa: E402
 from tools import dense_model, lm_model  # noqa: E402
 from tools.dense_model import DenseLoss, build_dense, dense_batch  # noqa: E402
@@ -41,23 +39,20 @@ from tools.lm_model import LMLoss, build_lm, init_lm_weights, reversal_batch  # 
 
 
 def _layout(train_net) -> list:
-    """Per parameter: full shape, bytes per element, whether it is sharded, padded rows, and
-    whether stage 3 gathers it again in backward (``reshard_after_forward``)."""
+    """Per parameter: full shape, bytes per element, whether it is sharded, padded rows, whether
+    stage 3 gathers it again in backward (``reshard_after_forward``) and the coalesced gather it
+    shares (``TrainOneStepWrapper.param_gathers``)."""
     helper = train_net.zero_helper
-    regathered = set(_regathered(train_net.network, helper.policy))
-    coalesced = {name: i for i, group in enumerate(_coalesced(train_net.network, helper.policy))
-                 for name in group.param_names}
     return [{"name": p.name, "shape": list(s.shape), "itemsize": int(p.itemsize), "split": bool(s.split),
              "padded_shape": list(s.padded_shape) if s.shape else [],
-             "coalesced": coalesced.get(zero_spec_of(p).name) if zero_spec_of(p) is not None else None,
-             "regathered": bool(s.split and zero_spec_of(p) is not None and zero_spec_of(p).name in regathered)}
-            for s, p in zip(helper.specs, helper.params)]
+             "coalesced": g["coalesced"], "regathered": g["regathered"]}
+            for s, p, g in zip(helper.specs, helper.params, train_net.param_gathers())]
 
 
-def _plan_entries(train_net) -> list:
-    plan = getattr(train_net, "comm_plan", None)
-    entries = getattr(plan, "entries", None) or []
-    return [list(e) for e in entries]
+def _plan_entries(train_net, micro_steps=None) -> list:
+    """The library's ``CommPlan`` entries: of the train network's step, or of one of ``micro_steps``."""
+    plan = train_net.comm_plan if micro_steps is None else train_net.plan_comm(micro_steps)
+    return [list(e) for e in plan.entries]
 
 
 def _classes(names, *modules) -> tuple:
@@ -215,7 +210,8 @@ class StageRun:
                   "world": self.world,
                   "rank": self.rank, "memory": self.memory,
                   "step_times": self.times, "losses": self.losses, "layout": _layout(self.train_net),
-                  "comm_plan": _plan_entries(self.train_net), "accum": self.workload.accum,
+                  "comm_plan": _plan_entries(self.train_net), "comm_plan_a1": _plan_entries(self.train_net, 1),
+                  "accum": self.workload.accum,
                   "clip_grad": self.workload.clip_grad, "effective_stage": int(helper.zero_stage)}
         path = out / f"{self.name}_rank{self.rank}.json"
         tmp = path.with_suffix(".json.tmp")

@@ -25,7 +25,7 @@ Select has no bfloat16 kernel) it is cast to float32 around every collective: ex
 and broadcasts, summed in float32 and rounded once for reductions.
 
 The emulations give the same numbers as the native ops (additions of exact zeros), but move
-more bytes. ``CommPlan`` therefore records what the *native* path would move, which is what
+more bytes. ``CommPlan`` (comm_plan.py) therefore records what the *native* path would move, which is what
 the ZeRO paper's 2Φ / 3Φ volumes refer to.
 
 [Note: slices]
@@ -60,7 +60,6 @@ kernel's thread and not the other's (seen in PYNATIVE_MODE after other tests in 
 RealDiv takes no bfloat16 scalar on CPU, so a bfloat16 tensor keeps ``/``.
 """
 from contextlib import contextmanager
-from dataclasses import dataclass, field
 from typing import List, Optional, Tuple
 
 import mindspore as ms
@@ -69,7 +68,8 @@ from mindspore import Tensor, nn, ops
 from mindspore.communication import GlobalComm, get_group_size, get_rank
 
 from . import backend
-from .quantize import SCALE_BYTES, dequantize_blocks, quantize_blocks
+from .comm_plan import CommPlan
+from .quantize import dequantize_blocks, quantize_blocks
 
 __all__ = [
     "GroupComm",
@@ -137,61 +137,6 @@ def group_size_and_rank(group: Optional[str]) -> Tuple[int, int]:
         return 1, 0
     group = group or world_group()
     return get_group_size(group), get_rank(group)
-
-
-_RING_FACTOR = {"all_reduce": 2.0, "reduce_scatter": 1.0, "all_gather": 1.0, "broadcast": 1.0, "all_to_all": 1.0}
-
-
-@dataclass
-class CommPlan:
-    """What one optimizer step communicates per rank, as the native collectives would.
-
-    Filled at build time (graph-mode code is traced once, so calls cannot be counted at run
-    time). Each entry is ``(kind, group, nbytes, group_size)``: ``nbytes`` is the size of the
-    full tensor the collective works on (the all-reduced tensor, the padded input of a
-    reduce-scatter, the output of an all-gather). ``volume`` turns that into the bytes a rank
-    sends with a ring algorithm: ``2 (n-1)/n`` of it for all-reduce, ``(n-1)/n`` for
-    reduce-scatter, all-gather and all-to-all, the terms of the ZeRO paper's 2Φ / 3Φ. ZeRO++'s
-    quantized collectives record int8 values and float32 scales as separate entries
-    (``GroupComm.all_gather_quantized``).
-    """
-
-    entries: List[Tuple[str, str, int, int]] = field(default_factory=list)
-
-    def add(self, kind: str, group: str, nbytes: int, group_size: int, times: int = 1) -> None:
-        if kind not in _RING_FACTOR:
-            raise ValueError(f"For 'CommPlan.add', the argument 'kind' must be one of {sorted(_RING_FACTOR)}, but got {kind!r}.")
-        self.entries.extend([(kind, group, int(nbytes), int(group_size))] * times)
-
-    def add_quantized(self, kind: str, group: str, group_size: int, numel: int, blocks: int, times: int = 1) -> None:
-        """A ZeRO++ quantized collective on a tensor of ``numel`` int8 values in ``blocks`` blocks: one
-        entry for the int8 values (1 byte each, natively; see [Note: int8 on CPU]), one for the
-        float32 scales."""
-        self.add(kind, group, numel, group_size, times)
-        self.add(kind, group, blocks * SCALE_BYTES, group_size, times)
-
-    def count(self, kind: Optional[str] = None) -> int:
-        """Number of collectives (of ``kind`` if given)."""
-        return sum(1 for e in self.entries if kind is None or e[0] == kind)
-
-    def bytes(self, kind: Optional[str] = None) -> int:
-        """Full-tensor bytes over all collectives (of ``kind`` if given)."""
-        return sum(e[2] for e in self.entries if kind is None or e[0] == kind)
-
-    def volume(self, kind: Optional[str] = None) -> float:
-        """Bytes each rank sends with ring algorithms (of ``kind`` if given)."""
-        return sum(_RING_FACTOR[k] * (n - 1) / n * b for k, _, b, n in self.entries if kind is None or k == kind)
-
-    def volume_outside(self, groups) -> float:
-        """Ring volume per rank of the collectives whose group is not in ``groups`` (ZeRO++: the
-        traffic that leaves hpZ's secondary group, the paper's cross-node volume)."""
-        return sum(_RING_FACTOR[k] * (n - 1) / n * b for k, g, b, n in self.entries if g not in groups)
-
-    def summary(self) -> str:
-        """One line per kind: calls, full-tensor bytes, ring volume per rank."""
-        kinds = sorted({e[0] for e in self.entries})
-        parts = [f"{k}: {self.count(k)} calls, {self.bytes(k)} B, {self.volume(k):.0f} B sent per rank" for k in kinds]
-        return "; ".join(parts) if parts else "no collectives"
 
 
 class GroupComm(nn.Cell):

@@ -55,6 +55,8 @@ from mindspore import Parameter, Tensor, nn, ops
 from mindspore.communication import GlobalComm, get_group_size, get_rank
 
 from ..core.backend import host_updates_in_place
+from ..core.comm import world_group
+from ..core.comm_plan import CommPlan, PlanContext
 from .config import OffloadConfig
 from .file_store import FileStore, MemoryStore
 from .host_optimizer import StepHyper, host_rule_for
@@ -186,6 +188,14 @@ class HostOffload:
             p.set_data(Tensor(np.zeros((1,), np.float32), p.dtype))
             self.placeholders.append(p)
         return out
+
+    def record_comm(self, plan: CommPlan, ctx: PlanContext) -> None:
+        """[Note: comm plan] in core/comm_plan.py: the ranks' agreement after each host step, an
+        all-reduce of one float32 flag per global rank (the all-gather that follows is the
+        helper's). Not collective."""
+        if self.helper.is_parallel:
+            world = get_group_size()
+            plan.add("all_reduce", world_group(), 4 * world, world)
 
     def bind_after_step(self, ema) -> None:
         """Build the graph that follows each host step (called by ``TrainOneStepWrapper``)."""

@@ -37,13 +37,15 @@ from typing import List, Optional, Sequence, Tuple
 import numpy as np
 from mindspore import nn, ops
 
-from ..core.comm import CommPlan, GroupComm
+from ..core.comm import GroupComm
+from ..core.comm_plan import CommPlan, PlanContext
 from ..core.packing import LARGE_TENSOR_BYTES
 
 __all__ = ["DEFAULT_BUCKET_SIZE", "LARGE_TENSOR_BYTES", "FusionConfig", "plan_buckets", "ring_chunks", "BucketedComm"]
 
 _KINDS = ("allreduce", "reduce_scatter", "allgather")
 DEFAULT_BUCKET_SIZE = 25 * 1024 * 1024
+_PER_STEP = {"all_reduce": False, "reduce_scatter": False, "all_gather": True}  # else once per gradient reduction
 
 
 @dataclass(frozen=True)
@@ -120,8 +122,8 @@ class BucketedComm(nn.Cell):
     """Fused collectives over one group for a fixed list of tensor shapes.
 
     Built once on every rank (not collective); its methods are collective over the group and
-    take or return tuples in the order of ``shapes``. ``plan`` records each collective a call
-    issues (see ``CommPlan``).
+    take or return tuples in the order of ``shapes``. ``record_comm`` records the collectives of
+    one optimizer step ([Note: comm plan] in core/comm_plan.py).
 
     Args:
         comm: the group's ``GroupComm``.
@@ -130,10 +132,21 @@ class BucketedComm(nn.Cell):
         templates: Parameters (or Tensors) with the dtype of each tensor; tensors of different
             dtypes never share a bucket.
         bucket_size: bytes per bucket, or None for one collective per tensor.
+        kind: the collective it is used for, as ``record_comm`` counts it: ``"all_reduce"`` and
+            ``"reduce_scatter"`` carry gradients (once per gradient reduction), ``"all_gather"``
+            updated shards (once per optimizer step).
+
+    Raises:
+        ValueError: ``kind`` is not one of those three.
     """
 
-    def __init__(self, comm: GroupComm, shapes: Sequence[Tuple[int, ...]], templates, bucket_size: Optional[int]):
+    def __init__(self, comm: GroupComm, shapes: Sequence[Tuple[int, ...]], templates, bucket_size: Optional[int],
+                 kind: str = "all_reduce"):
         super().__init__(auto_prefix=False)
+        if kind not in _PER_STEP:
+            raise ValueError(f"For 'BucketedComm', the argument 'kind' must be one of {list(_PER_STEP)}, but got "
+                             f"{kind!r}.")
+        self.kind = kind
         self.comm = comm
         self.shapes = tuple(tuple(int(d) for d in s) for s in shapes)
         self.numels = tuple(int(np.prod(s)) for s in self.shapes)
@@ -144,10 +157,14 @@ class BucketedComm(nn.Cell):
         self.chunks = tuple(ring_chunks(k, comm.size) for k in self.numels)
         self.bucket_bytes = tuple(sum(nbytes[i] for i in b) for b in self.buckets)
 
-    def record(self, plan: CommPlan, kind: str, scale: float = 1.0) -> None:
-        """Add one entry per bucket to ``plan``; ``scale`` turns shard bytes into full bytes."""
-        for size in self.bucket_bytes:
-            plan.add(kind, self.comm.group, int(size * scale), self.comm.size)
+    def record_comm(self, plan: CommPlan, ctx: PlanContext) -> None:
+        """One entry per bucket and call of one optimizer step; an all-gather's entry has the full
+        (gathered) bytes. Not collective."""
+        scale = self.comm.size if self.kind == "all_gather" else 1
+        times = 1 if _PER_STEP[self.kind] else ctx.reductions
+        for _ in range(times):
+            for size in self.bucket_bytes:
+                plan.add(self.kind, self.comm.group, int(size * scale), self.comm.size)
 
     def all_reduce_mean(self, tensors):
         """Mean over the group of every tensor, one all-reduce per bucket."""

@@ -12,7 +12,9 @@ from mindspore import Parameter, Tensor, nn, ops
 
 from ..core.backend import overflow_uses_float_status
 from ..core.comm import divide
-from ..zero3.reshard import coalesced_groups, regathered_param_names, zeropp_wrappers
+from ..core.comm_plan import CommPlan, PlanContext, comm_recorders
+from ..core.partition import zero_spec_of
+from ..zero3.reshard import coalesced_groups, regathered_param_names
 from .ema import check_ema
 from .zero_helper import ZeroHelper
 
@@ -90,27 +92,6 @@ class _FloatStatus(nn.Cell):
         return ops.reduce_sum(ops.cast(self.get_status(status), ms.float32)) > 0
 
 
-def _regathered(network, policy):
-    """Stage 3: the parameters gathered again in backward ([Note: reshard after forward])."""
-    if not policy.shards_params:
-        return ()
-    return regathered_param_names(network)
-
-
-def _zeropp_wrappers(network, policy):
-    """Stage 3: ``{name: gather wrapper}`` of the parameters gathered with ZeRO++ options."""
-    if not policy.shards_params:
-        return {}
-    return zeropp_wrappers(network)
-
-
-def _coalesced(network, policy):
-    """Stage 3: the enabled coalesced gathers ([Note: coalesced gathers] in mindone_zero/zero3/coalesce.py)."""
-    if not policy.shards_params:
-        return []
-    return coalesced_groups(network)
-
-
 class TrainOneStepWrapper(nn.Cell):
     """One training step with ZeRO; returns ``(loss, overflow, loss_scale)`` like MindOne's.
 
@@ -167,10 +148,8 @@ class TrainOneStepWrapper(nn.Cell):
             self.zero_helper.host_offload.bind_after_step(ema)
         # [Note: gradient reduction] in zero_helper.py: stages 0/1 reduce once per optimizer step.
         self.reduce_each_micro_step = self.zero_helper.policy.reduce_each_micro_step(self.accum_steps)
-        self.comm_plan = self.zero_helper.comm_plan(self.accum_steps, self.reduce_each_micro_step, clip_grad,
-                                                    _regathered(network, self.zero_helper.policy),
-                                                    _zeropp_wrappers(network, self.zero_helper.policy),
-                                                    _coalesced(network, self.zero_helper.policy))
+        self._regathered = frozenset(regathered_param_names(network))
+        self._comm_plan = self.plan_comm(self.accum_steps)
         if self.accum_steps > 1:
             like = self.zero_helper.opt_params if self.reduce_each_micro_step else self.weights
             self.accum_grads = like.clone(prefix="accum_grad", init="zeros")
@@ -181,6 +160,48 @@ class TrainOneStepWrapper(nn.Cell):
                 "TrainOneStepWrapper: ZeRO stage %d, accumulation %d, clip_grad %s (%.3g), drop_overflow_update %s",
                 self.zero_stage, self.accum_steps, clip_grad, self.clip_norm, drop_overflow_update,
             )
+
+    # ------------------------------------------------------------ communication accounting
+    @property
+    def comm_plan(self) -> CommPlan:
+        """The collectives of one optimizer step on this rank, as the native path runs them
+        (``CommPlan``, built with the wrapper; [Note: comm plan] in core/comm_plan.py)."""
+        return self._comm_plan
+
+    def plan_comm(self, micro_steps: int) -> CommPlan:
+        """The collectives of one optimizer step of ``micro_steps`` micro-steps on this rank: what
+        the network's communicating Cells (``comm_recorders``) and the ``ZeroHelper`` record, with
+        gradients reduced as this stage reduces them at that accumulation. ``comm_plan`` is this at
+        ``gradient_accumulation_steps``. Not collective.
+
+        Raises:
+            ValueError: ``micro_steps`` is not an integer >= 1.
+        """
+        if isinstance(micro_steps, bool) or not isinstance(micro_steps, int) or micro_steps < 1:
+            raise ValueError(f"For 'plan_comm', the argument 'micro_steps' must be an integer >= 1, but got "
+                             f"{micro_steps!r}.")
+        ctx = PlanContext(micro_steps, self.zero_helper.policy.reduce_each_micro_step(micro_steps), self.clip_grad,
+                          self._regathered)
+        plan = CommPlan()
+        self.zero_helper.record_comm(plan, ctx)
+        for recorder in comm_recorders([self.network]):
+            recorder.record_comm(plan, ctx)
+        return plan
+
+    def param_gathers(self) -> list:
+        """How ZeRO-3 gathers each parameter the optimizer updates, in ``zero_helper.params`` order:
+        ``{"name", "regathered", "coalesced"}``, ``regathered`` whether backward gathers it again
+        ([Note: reshard after forward] in zero3/reshard.py) and ``coalesced`` the index of the
+        coalesced gather it shares a collective with ([Note: coalesced gathers] in
+        zero3/coalesce.py), or None. Parameters the network does not shard have False and None.
+        Not collective."""
+        groups = {name: i for i, group in enumerate(coalesced_groups(self.network)) for name in group.param_names}
+        out = []
+        for p, spec in zip(self.zero_helper.params, self.zero_helper.specs):
+            name = getattr(zero_spec_of(p), "name", None)
+            out.append({"name": p.name, "regathered": bool(spec.split and name in self._regathered),
+                        "coalesced": groups.get(name)})
+        return out
 
     def set_train(self, mode=True):
         self.network.set_train(mode)

@@ -26,10 +26,10 @@ import logging
 from typing import List, Optional
 
 import mindspore as ms
-import numpy as np
 from mindspore import Parameter, ParameterTuple, Tensor, nn, ops
-from ..core.comm import (CommPlan, GroupComm, check_hybrid_groups, divide, group_size_and_rank, is_data_parallel, pad_dim0,
+from ..core.comm import (GroupComm, check_hybrid_groups, divide, group_size_and_rank, is_data_parallel, pad_dim0,
                    world_group)
+from ..core.comm_plan import CommPlan, PlanContext
 from .fusion import BucketedComm, FusionConfig
 from ..offload import HostOffload, OffloadConfig, host_rule_for
 from .optimizer_states import check_optimizer, find_optimizer_states, optimizer_parameters, repoint_optimizer
@@ -176,67 +176,45 @@ class ZeroHelper(nn.Cell):
         self.ar_index = tuple(i for i in range(n) if not self.split[i])
         self.ag_index = tuple(i for i in range(n) if self.split[i] and self.use_masters)
         self.grad_rs = BucketedComm(self.op_comm, [self.specs[i].padded_shape for i in self.rs_index],
-                                    [self.params[i] for i in self.rs_index], fusion.reduce_scatter)
+                                    [self.params[i] for i in self.rs_index], fusion.reduce_scatter, kind="reduce_scatter")
         self.grad_ar = BucketedComm(self.op_comm, [tuple(self.params[i].shape) for i in self.ar_index],
-                                    [self.params[i] for i in self.ar_index], fusion.allreduce)
+                                    [self.params[i] for i in self.ar_index], fusion.allreduce, kind="all_reduce")
         self.param_ag = BucketedComm(self.op_comm, [self.specs[i].shard_shape for i in self.ag_index],
-                                     [self.opt_params[i] for i in self.ag_index], fusion.allgather)
+                                     [self.opt_params[i] for i in self.ag_index], fusion.allgather, kind="all_gather")
         self.dp_ar = None
         if self.dp_size > 1:
             self.dp_ar = BucketedComm(GroupComm(self.dp_group), [tuple(p.shape) for p in self.opt_params],
-                                      list(self.opt_params), fusion.allreduce)
+                                      list(self.opt_params), fusion.allreduce, kind="all_reduce")
 
-    def comm_plan(self, micro_steps: int = 1, reduce_each_micro_step: bool = True, clip_grad: bool = False,
-                  regathered=(), zeropp_wrappers=None, coalesced=()) -> CommPlan:
-        """The collectives of one optimizer step on this rank, as the native path runs them.
+    def comm_plan(self, micro_steps: int = 1, reduce_each_micro_step: bool = True, clip_grad: bool = False) -> CommPlan:
+        """This helper's collectives of one optimizer step on this rank (``record_comm``); the
+        network's ZeRO-3 gathers are not in it (``TrainOneStepWrapper.comm_plan`` has both).
 
         Args:
             micro_steps: forward/backward passes per optimizer step (gradient accumulation).
             reduce_each_micro_step: gradients are reduced every micro-step (else once per step).
             clip_grad: a global-norm all-reduce is added (stages >= 1).
-            regathered: stage 3: names (at sharding time, ``zero_spec.name``) of the parameters
-                gathered again in backward (``reshard_after_forward``; 3Φ instead of 2Φ).
-            zeropp_wrappers: stage 3: ``{name: gather wrapper}`` of the parameters gathered with
-                ZeRO++ options; each records its own (quantized, hpZ) collectives.
-            coalesced: stage 3: the ``ZeroGatherGroup`` Cells gathering several parameters in one
-                collective ([Note: coalesced gathers] in mindone_zero/zero3/coalesce.py); each records
-                one entry per collective with the total bytes.
         """
         plan = CommPlan()
-        if not self.is_parallel:
-            return plan
-        reduces = micro_steps if reduce_each_micro_step else 1
-        op, n = self.op_group, self.op_size
-        for _ in range(micro_steps):
-            plan.add("all_reduce", world_group(), 4, n * self.dp_size)  # overflow flag
-        if self.policy.shards_params:
-            zeropp_wrappers = zeropp_wrappers or {}
-            in_groups = set()
-            for group in coalesced:
-                group.record(plan, micro_steps, all(name in regathered for name in group.param_names))
-                in_groups.update(group.param_names)
-            for s, p in zip(self.specs, self.params):
-                wrapper = zeropp_wrappers.get(zero_spec_of(p).name)
-                if zero_spec_of(p).name in in_groups:
-                    continue
-                if wrapper is not None:
-                    hpz = wrapper.hpz_secondary if wrapper.hpz else None
-                    wrapper.gather.record(plan, micro_steps, zero_spec_of(p).name in regathered, hpz)
-                elif s.split:
-                    full = int(np.prod(s.padded_shape)) * p.itemsize
-                    plan.add("all_gather", op, full, n, times=micro_steps)  # forward
-                    if zero_spec_of(p).name in regathered:
-                        plan.add("all_gather", op, full, n, times=micro_steps)  # backward's recompute
-                    plan.add("reduce_scatter", op, full, n, times=micro_steps)  # backward
-        for _ in range(reduces):
-            self.grad_rs.record(plan, "reduce_scatter")
-            self.grad_ar.record(plan, "all_reduce")
-            if self.dp_ar is not None:
-                self.dp_ar.record(plan, "all_reduce")
-        if clip_grad and self.policy.is_zero:
-            plan.add("all_reduce", op, 4, n)
-        self.param_ag.record(plan, "all_gather", scale=n)
+        self.record_comm(plan, PlanContext(micro_steps, reduce_each_micro_step, clip_grad))
         return plan
+
+    def record_comm(self, plan: CommPlan, ctx: PlanContext) -> None:
+        """[Note: comm plan] in core/comm_plan.py: the overflow flag's all-reduce every micro-step, the
+        gradient reductions ([Note: gradient reduction]), the clipping norm's all-reduce (stages >= 1),
+        the post-step all-gather (stages 1-2) and, with ``optimizer_offload``, the host step's
+        agreement, as native collectives. Not collective."""
+        if not self.is_parallel:
+            return
+        plan.add("all_reduce", world_group(), 4, self.op_size * self.dp_size, times=ctx.micro_steps)  # overflow flag
+        for buckets in (self.grad_rs, self.grad_ar, self.dp_ar):
+            if buckets is not None:
+                buckets.record_comm(plan, ctx)
+        if ctx.clip_grad and self.policy.is_zero:
+            plan.add("all_reduce", self.op_group, 4, self.op_size)
+        self.param_ag.record_comm(plan, ctx)
+        if self.host_offload is not None:
+            self.host_offload.record_comm(plan, ctx)
 
     def split_info_entries(self) -> List[ShardSpec]:
         """One split-info entry per name: parameters, optimizer states, then registered extras."""

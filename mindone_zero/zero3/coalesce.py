@@ -30,6 +30,7 @@ import numpy as np
 from mindspore import nn, ops
 
 from ..core.comm import GroupComm, divide, pad_dim0
+from ..core.comm_plan import CommPlan, PlanContext
 from ..core.packing import LARGE_TENSOR_BYTES, itemsize_of
 
 __all__ = ["ZeroGatherGroup", "COALESCE_MAX_BYTES", "pack_shards", "unpack_gathered", "pack_grads",
@@ -151,15 +152,16 @@ class ZeroGatherGroup(nn.Cell):
             ys = ys + (x.reshape(x.shape),)
         return self.gather(ys)
 
-    def record(self, plan, times: int, regathered: bool) -> None:
-        """Add this group's collectives of ``times`` micro-steps to ``plan`` (native bytes): one
-        all-gather in forward (and again in backward when ``regathered``), one reduce-scatter."""
+    def record_comm(self, plan: CommPlan, ctx: PlanContext) -> None:
+        """[Note: comm plan]: this group's collectives of one optimizer step (native bytes): per
+        micro-step one all-gather in forward (and again in backward when ``ctx`` names all its
+        parameters regathered), one reduce-scatter. Not collective."""
         g = self.gather
         gathered = g.compute_dtype if g.cast_before_gather else g.param_dtype
-        times_ag = 2 * times if regathered else times
+        times_ag = 2 * ctx.micro_steps if ctx.regathers(self.param_names) else ctx.micro_steps
         plan.add("all_gather", g.comm.group, g.nbytes(itemsize_of(gathered)), g.group_size, times=times_ag)
         plan.add("reduce_scatter", g.comm.group, g.nbytes(itemsize_of(g.param_dtype)), g.group_size,
-                 times=times)
+                 times=ctx.micro_steps)
 
 
 def _settings(gather) -> tuple:

@@ -34,6 +34,7 @@ import mindspore as ms
 from mindspore import Parameter, Tensor, nn, ops
 
 from ..core.comm import GroupComm, divide, group_size_and_rank, pad_dim0, world_group
+from ..core.comm_plan import CommPlan, PlanContext
 from ..core.quantize import block_layout
 from ..core.packing import ITEMSIZE, itemsize_of
 from ..core.partition import ShardSpec, set_zero_spec, split_array, splits_over, zero_spec_of
@@ -236,6 +237,19 @@ class ZeroParamWrapper(nn.Cell):
             return self.hpz_secondary(self.hpz_primary(x), x)
         return self.gather(x)
 
+    def record_comm(self, plan: CommPlan, ctx: PlanContext) -> None:
+        """[Note: comm plan]: the collectives this wrapper issues in one optimizer step: its gather's
+        (``_GatherShard.record_comm``); with hpZ the backward re-gather runs in the secondary group
+        instead ([Note: hpZ]). Nothing below stage 3. Not collective."""
+        if not self.sharded:
+            return
+        if not self.hpz:
+            self.gather.record_comm(plan, ctx)
+            return
+        self.gather.record_gather(plan, ctx.micro_steps)
+        self.hpz_secondary.record_comm(plan, ctx)
+        self.gather.record_reduce_scatter(plan, ctx.micro_steps)
+
     def enable_zeropp(self, zeropp, hpz: bool) -> None:
         """Use ZeRO++ options ``zeropp`` (a ``ZeroPPConfig``) for this parameter; ``hpz``: split the
         gather for hpZ's secondary group ([Note: hpZ]). Only for a wrapper that gathers. Not collective."""
@@ -324,31 +338,38 @@ class _GatherShard(nn.Cell):
         """Gradient of the shard: this rank's block of the group mean, in the parameter's dtype."""
         return (self.shard_grad(dout),)
 
-    def record(self, plan, times: int, regathered: bool, hpz=None) -> None:
-        """Add this parameter's collectives of ``times`` micro-steps to ``plan`` (native bytes):
-        the forward gather, the backward re-gather (``regathered``; in hpZ's secondary group when
-        ``hpz``, the wrapper's ``_HpzSecondary``, is given) and the gradient reduce-scatter."""
+    def record_comm(self, plan: CommPlan, ctx: PlanContext) -> None:
+        """[Note: comm plan]: this parameter's collectives of one optimizer step (native bytes): per
+        micro-step the forward gather, the backward re-gather (when ``ctx`` names the parameter
+        regathered) and the gradient reduce-scatter. Not collective."""
         if not self.gathers:
             return
-        n, op = self.group_size, self.comm.group
-        self._record_gather(plan, times)
-        if hpz is not None:
-            hpz.record(plan, times)
-        elif regathered:
-            self._record_gather(plan, times)
-        if self.quantize_grads:
-            plan.add_quantized("all_to_all", op, n, n * self.block * self.blocks, n * self.blocks, times)
-        else:
-            numel = int(np.prod(self.spec.padded_shape))
-            plan.add("reduce_scatter", op, numel * itemsize_of(self.param_dtype), n, times=times)
+        self.record_gather(plan, ctx.micro_steps)
+        if ctx.regathers((self.param_name,)):
+            self.record_gather(plan, ctx.micro_steps)
+        self.record_reduce_scatter(plan, ctx.micro_steps)
 
-    def _record_gather(self, plan, times: int) -> None:
+    def record_gather(self, plan: CommPlan, times: int) -> None:
+        """``times`` all-gathers of this parameter (quantized with qwZ)."""
         n, op = self.group_size, self.comm.group
         if self.quantize_weights:
             plan.add_quantized("all_gather", op, n, n * self.block * self.blocks, n * self.blocks, times)
         else:
             itemsize = itemsize_of(self.compute_dtype if self.cast_before_gather else self.param_dtype)
+            if self.zeropp is None:
+                # As the plan has always counted a plain per-parameter gather: in the parameter's dtype,
+                # although gather_padded casts to a narrower compute dtype first (then fewer bytes move).
+                itemsize = itemsize_of(self.param_dtype)
             plan.add("all_gather", op, int(np.prod(self.spec.padded_shape)) * itemsize, n, times=times)
+
+    def record_reduce_scatter(self, plan: CommPlan, times: int) -> None:
+        """``times`` reduce-scatters of this parameter's gradient (qgZ: an all-to-all of int8 blocks)."""
+        n, op = self.group_size, self.comm.group
+        if self.quantize_grads:
+            plan.add_quantized("all_to_all", op, n, n * self.block * self.blocks, n * self.blocks, times)
+        else:
+            numel = int(np.prod(self.spec.padded_shape))
+            plan.add("reduce_scatter", op, numel * itemsize_of(self.param_dtype), n, times=times)
 
     def extend_repr(self):
         return (f"param={self.param_name}, full_shape={self.full_shape}, group_size={self.group_size}, "
@@ -423,7 +444,8 @@ class _HpzSecondary(nn.Cell):
     def bprop(self, sec, x, out, dout):
         return ops.zeros_like(sec), self.base.shard_grad(dout)
 
-    def record(self, plan, times: int) -> None:
-        """The secondary all-gathers of ``times`` micro-steps: in forward and again in backward."""
+    def record_comm(self, plan: CommPlan, ctx: PlanContext) -> None:
+        """The secondary all-gathers of one optimizer step: in forward and again in backward, every
+        micro-step ([Note: comm plan]). Not collective."""
         nbytes = int(np.prod(self.base.spec.padded_shape)) * itemsize_of(self.base.compute_dtype)
-        plan.add("all_gather", self.comm.group, nbytes, self.comm.size, times=2 * times)  # forward and backward
+        plan.add("all_gather", self.comm.group, nbytes, self.comm.size, times=2 * ctx.micro_steps)

@@ -23,6 +23,7 @@ sys.path.insert(0, REPO)
 
 from mindone_zero import prepare_train_network  # noqa: E402
 from mindone_zero.core.comm import CommPlan, init_data_parallel  # noqa: E402
+from mindone_zero.core.comm_plan import PlanContext  # noqa: E402
 from mindone_zero.zero3.units import unit_gathers  # noqa: E402
 from tools.lm_model import Block, LMLoss, TransformerLM, build_lm, init_lm_weights, reversal_batch  # noqa: E402
 
@@ -134,7 +135,7 @@ def _train(case, units, rank, world, out):
     for u in unit_gathers(train.network):
         for g in u.groups():
             part = CommPlan()
-            g.record(part, 1, False)
+            g.record_comm(part, PlanContext())
             unit_entries.append([list(e) for e in part.entries])
     return losses, shards, [list(e) for e in train.comm_plan.entries], unit_entries, train
 
