@@ -49,7 +49,7 @@ def _layout(train_net) -> list:
             for s, p, g in zip(helper.specs, helper.params, train_net.param_gathers())]
 
 
-def _plan_entries(train_net, micro_steps=None) -> list:
+def plan_entries(train_net, micro_steps=None) -> list:
     """The library's ``CommPlan`` entries: of the train network's step, or of one of ``micro_steps``."""
     plan = train_net.comm_plan if micro_steps is None else train_net.plan_comm(micro_steps)
     return [list(e) for e in plan.entries]
@@ -210,7 +210,7 @@ class StageRun:
                   "world": self.world,
                   "rank": self.rank, "memory": self.memory,
                   "step_times": self.times, "losses": self.losses, "layout": _layout(self.train_net),
-                  "comm_plan": _plan_entries(self.train_net), "comm_plan_a1": _plan_entries(self.train_net, 1),
+                  "comm_plan": plan_entries(self.train_net), "comm_plan_a1": plan_entries(self.train_net, 1),
                   "accum": self.workload.accum,
                   "clip_grad": self.workload.clip_grad, "effective_stage": int(helper.zero_stage)}
         path = out / f"{self.name}_rank{self.rank}.json"

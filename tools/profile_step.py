@@ -81,7 +81,7 @@ def worker(args) -> int:
     """One setting under msrun: warm up, profile ``--steps`` steps, write ``profile_rank<r>.json``."""
     from mindspore import Profiler
 
-    from tools.benchmark_worker import DenseWorkload, LMWorkload, StageRun, _plan_entries, start_worker
+    from tools.benchmark_worker import DenseWorkload, LMWorkload, StageRun, plan_entries, start_worker
 
     cfg, rank, world = start_worker(args.config)
     out = Path(args.out)
@@ -95,7 +95,7 @@ def worker(args) -> int:
         run.run_step(timed=True)
     profiler.stop()
     profiler.analyse()
-    plan = _plan_entries(run.train_net)
+    plan = plan_entries(run.train_net)
     result = {"ops": read_op_types(out / "profiler", rank, args.steps), "step_times": run.times,
               "planned_collectives": len(plan) if plan else None}
     tmp = out / f"profile_rank{rank}.json.tmp"
