@@ -38,15 +38,15 @@ def test_dtypes_never_share_a_bucket():
 def test_mindone_dict_is_parsed():
     cfg = FusionConfig.from_mindone({"allreduce": {"openstate": True, "bucket_size": 5e8},
                                      "reduce_scatter": {"openstate": False, "bucket_size": 10},
-                                     "allgather": {"bucket_size": 64}})
+                                     "allgather": {"bucket_size": 64}}, "ZeroHelper")
     assert cfg == FusionConfig(allreduce=500_000_000, reduce_scatter=None, allgather=64)
 
 
 def test_default_buckets_by_25_mib_and_empty_dict_turns_fusion_off():
     assert DEFAULT_BUCKET_SIZE == 25 * 1024 * 1024
-    assert FusionConfig.from_mindone(None) == FusionConfig(DEFAULT_BUCKET_SIZE, DEFAULT_BUCKET_SIZE, DEFAULT_BUCKET_SIZE)
-    assert FusionConfig.from_mindone({}) == FusionConfig(None, None, None)
-    assert FusionConfig.from_mindone({"allreduce": {"openstate": False}}) == FusionConfig(None, None, None)
+    assert FusionConfig.from_mindone(None, "ZeroHelper") == FusionConfig(DEFAULT_BUCKET_SIZE, DEFAULT_BUCKET_SIZE, DEFAULT_BUCKET_SIZE)
+    assert FusionConfig.from_mindone({}, "ZeroHelper") == FusionConfig(None, None, None)
+    assert FusionConfig.from_mindone({"allreduce": {"openstate": False}}, "ZeroHelper") == FusionConfig(None, None, None)
 
 
 @pytest.mark.parametrize("value, words", [
@@ -57,7 +57,7 @@ def test_default_buckets_by_25_mib_and_empty_dict_turns_fusion_off():
 ])
 def test_bad_fusion_dicts_name_key_and_value(value, words):
     with pytest.raises((TypeError, ValueError)) as info:
-        FusionConfig.from_mindone(value)
+        FusionConfig.from_mindone(value, "ZeroHelper")
     for word in words:
         assert word in str(info.value)
 
