@@ -29,6 +29,7 @@ __all__ = [
     "split_all",
     "merge_arrays",
     "is_int",
+    "user_opted_out",
     "is_split_candidate",
     "splits_over",
     "padded_split_rule",
@@ -191,11 +192,15 @@ def merge_arrays(blocks: Sequence[np.ndarray], full_d0: int) -> np.ndarray:
 # per-rank memory follows the ZeRO formulas for models whose big tensors do not divide. The rule
 # is chosen once per ``prepare_*`` call; ``padded_split_rule`` scopes it for the code that shards
 # (``shard_network`` and the ZeRO-3 Cells it builds, which may be a user's MindOne-style classes
-# calling ``ZeroParamWrapper`` without knowing of it). After ``prepare_train_network`` the flag
-# ``parallel_optimizer`` says instead whether this rank holds a shard of the Parameter (MindOne's
-# reading of it, used by its online-combine recipe), so the user's choice is remembered in
-# ``param.zero_opt_out`` the first time the flag is rewritten, and a later preparation of the same
-# Parameters still honours it.
+# calling ``ZeroParamWrapper`` without knowing of it).
+# ``parallel_optimizer`` has MindOne's two meanings, one before and one after
+# ``prepare_train_network``: before, the user's input (False: keep it whole); after, the output,
+# whether this rank holds a shard of the Parameter (MindOne's online-combine recipe all-gathers the
+# Parameters whose flag is True). The two are kept apart: ``mark_shard_flag``, the one writer of the
+# output, first saves the input in ``param.zero_opt_out``, and ``user_opted_out``, the one reader of
+# the input, reads that saved value once it exists. So a later preparation of the same Parameters
+# still honours the user's choice, not the flag the last one wrote (to change the choice after a
+# preparation, set ``param.zero_opt_out``).
 _PAD_UNEVEN = contextvars.ContextVar("mindone_zero_pad_uneven", default=False)
 _OPT_OUT_ATTR = "zero_opt_out"
 # A Parameter sharded by ZeRO-3's shard_network records its layout here (read it with zero_spec_of).
@@ -213,12 +218,18 @@ def set_zero_spec(param, spec: "ShardSpec") -> None:
     setattr(param, _SPEC_ATTR, spec)
 
 
-def is_split_candidate(param) -> bool:
-    """Whether ``param`` is a candidate for sharding ([Note: split rule]); reads attributes only."""
+def user_opted_out(param) -> bool:
+    """Whether the user opted ``param`` out of sharding: the input meaning of ``parallel_optimizer``,
+    as saved before ``mark_shard_flag`` first overwrote it ([Note: split rule])."""
     opted_out = getattr(param, _OPT_OUT_ATTR, None)
     if opted_out is None:
         opted_out = getattr(param, "parallel_optimizer", True) is False
-    return bool(param.requires_grad) and len(param.shape) >= 1 and not opted_out
+    return bool(opted_out)
+
+
+def is_split_candidate(param) -> bool:
+    """Whether ``param`` is a candidate for sharding ([Note: split rule]); reads attributes only."""
+    return bool(param.requires_grad) and len(param.shape) >= 1 and not user_opted_out(param)
 
 
 def splits_over(param, group_size: int, pad_uneven: Optional[bool] = None) -> bool:
@@ -260,8 +271,7 @@ def uneven_split_names(specs) -> List[str]:
 
 
 def mark_shard_flag(param, holds_shard: bool) -> None:
-    """Set ``param.parallel_optimizer`` to whether this rank holds a shard of it, remembering the
-    user's opt-out first ([Note: split rule])."""
-    if getattr(param, _OPT_OUT_ATTR, None) is None:
-        setattr(param, _OPT_OUT_ATTR, getattr(param, "parallel_optimizer", True) is False)
+    """Set ``param.parallel_optimizer`` (its output meaning) to whether this rank holds a shard of
+    it, saving the user's opt-out (its input meaning) first ([Note: split rule])."""
+    setattr(param, _OPT_OUT_ATTR, user_opted_out(param))
     param.parallel_optimizer = bool(holds_shard)

@@ -57,32 +57,32 @@ class FusionConfig:
     allgather: Optional[int] = None
 
     @classmethod
-    def from_mindone(cls, comm_fusion) -> "FusionConfig":
-        """Parse MindOne's ``comm_fusion`` dict; None buckets every kind by ``DEFAULT_BUCKET_SIZE``
-        and ``{}`` sends one collective per tensor (see [Note: buckets]).
+    def from_mindone(cls, comm_fusion, where: str) -> "FusionConfig":
+        """Parse MindOne's ``comm_fusion`` dict given to the entry point ``where``; None buckets every
+        kind by ``DEFAULT_BUCKET_SIZE`` and ``{}`` sends one collective per tensor (see [Note: buckets]).
 
         Raises:
-            TypeError / ValueError: naming the offending key and value.
+            TypeError / ValueError: naming ``where``, the offending key and value.
         """
         if comm_fusion is None:
             return cls(DEFAULT_BUCKET_SIZE, DEFAULT_BUCKET_SIZE, DEFAULT_BUCKET_SIZE)
         if not isinstance(comm_fusion, dict):
-            raise TypeError(f"For 'ZeroHelper', the argument 'comm_fusion' must be a dict or None, but got {comm_fusion!r}.")
+            raise TypeError(f"For '{where}', the argument 'comm_fusion' must be a dict or None, but got {comm_fusion!r}.")
         unknown = sorted(set(comm_fusion) - set(_KINDS))
         if unknown:
             raise ValueError(
-                f"For 'ZeroHelper', the argument 'comm_fusion' may only have the keys {list(_KINDS)}, but got {unknown}."
+                f"For '{where}', the argument 'comm_fusion' may only have the keys {list(_KINDS)}, but got {unknown}."
             )
         sizes = {}
         for kind, cfg in comm_fusion.items():
             if not isinstance(cfg, dict):
-                raise TypeError(f"For 'ZeroHelper', comm_fusion[{kind!r}] must be a dict, but got {cfg!r}.")
+                raise TypeError(f"For '{where}', comm_fusion[{kind!r}] must be a dict, but got {cfg!r}.")
             if not cfg.get("openstate", True):
                 continue
             size = cfg.get("bucket_size", 5e8)
             if isinstance(size, bool) or not isinstance(size, (int, float)) or size <= 0:
                 raise ValueError(
-                    f"For 'ZeroHelper', comm_fusion[{kind!r}]['bucket_size'] must be a positive number of bytes, "
+                    f"For '{where}', comm_fusion[{kind!r}]['bucket_size'] must be a positive number of bytes, "
                     f"but got {size!r}."
                 )
             sizes[kind] = int(size)

@@ -11,15 +11,13 @@ from ..core.comm import check_hybrid_groups, is_data_parallel, world_group
 from .ema import bind_ema_to_zero, check_ema, ema_entries
 from .fusion import FusionConfig
 from ..offload import OffloadConfig, host_rule_for
-from ..zero3.reshard import check_reshard_after_forward
-from ..zero3.shard import shard_network
-from ..zero3.units import check_gather_units
+from ..zero3.options import Stage3Options, options_of
+from ..zero3.shard import shard_with_options
 from .optimizer_states import check_optimizer, find_optimizer_states, optimizer_parameters
 from ..core.partition import check_split_rule_flag, mark_shard_flag, uneven_split_names, zero_spec_of
 from ..core.stage import StagePolicy, check_stage
 from .train_step import TrainOneStepWrapper, _check_step_args
 from .zero_helper import ZeroHelper
-from ..zero3.zeropp import check_zeropp
 
 __all__ = ["prepare_train_network", "prepare_network", "prepare_ema"]
 
@@ -29,15 +27,6 @@ _logger = logging.getLogger(__name__)
 def _check_groups(where, optimizer_parallel_group, dp_group):
     if is_data_parallel():
         check_hybrid_groups(where, optimizer_parallel_group or world_group(), dp_group)
-
-
-def _check_module_maps(where, **maps):
-    for name, value in maps.items():
-        if value is not None and not isinstance(value, dict):
-            raise TypeError(
-                f"For '{where}', the argument '{name}' must be None or a dict of Cell classes to ZeRO-3 Cell "
-                f"classes, but got {type(value).__name__}."
-            )
 
 
 def prepare_network(network, zero_stage=0, optimizer_parallel_group=None, parallel_modules=None,
@@ -82,37 +71,25 @@ def prepare_network(network, zero_stage=0, optimizer_parallel_group=None, parall
             partition.py.
 
     Returns:
-        The network (the top Cell itself may have been replaced by its ZeRO-3 version).
+        The network (the top Cell itself may have been replaced by its ZeRO-3 version); at stage 3
+        it carries these options, which ``prepare_train_network`` then keeps ([Note: stage-3
+        options] in ``mindone_zero/zero3/options.py``).
 
     Raises:
         TypeError / ValueError: naming the argument and the value, before anything is modified
             (``reshard_after_forward`` must be a bool; an int is not supported; ``zeropp`` as
-            ``check_zeropp`` says; ``gather_units`` a tuple of Cell classes with an instance in
+            ``Stage3Options.build`` says; ``gather_units`` a tuple of Cell classes with an instance in
             the network, at stage 3, without ``zeropp``).
     """
-    check_stage(zero_stage, "prepare_network")
-    _check_reshard("prepare_network", reshard_after_forward)
-    check_split_rule_flag("prepare_network", "pad_uneven_params", pad_uneven_params)
-    zeropp = check_zeropp("prepare_network", zeropp, zero_stage, optimizer_parallel_group, reshard_after_forward)
-    gather_units = _check_units("prepare_network", gather_units, zero_stage, zeropp)
+    where = "prepare_network"
+    check_stage(zero_stage, where)
+    options = Stage3Options.build(where, zero_stage, optimizer_parallel_group, reshard_after_forward, zeropp,
+                                  gather_units, parallel_modules, special_cases_parallel_module, pad_uneven_params)
     if not isinstance(network, nn.Cell):
-        raise TypeError(f"For 'prepare_network', the argument 'network' must be a Cell, but got {type(network).__name__}.")
-    _check_module_maps("prepare_network", parallel_modules=parallel_modules,
-                       special_cases_parallel_module=special_cases_parallel_module)
-    if not StagePolicy.of(zero_stage, is_data_parallel(), "prepare_network").shards_params:
+        raise TypeError(f"For '{where}', the argument 'network' must be a Cell, but got {type(network).__name__}.")
+    if not StagePolicy.of(zero_stage, is_data_parallel(), where).shards_params:
         return network
-    return shard_network(network, group=optimizer_parallel_group, parallel_modules=parallel_modules,
-                         special_cases_parallel_module=special_cases_parallel_module,
-                         reshard_after_forward=reshard_after_forward, zeropp=zeropp, gather_units=gather_units,
-                         pad_uneven_params=pad_uneven_params)
-
-
-def _check_units(where, value, zero_stage, zeropp):
-    return check_gather_units(where, value, zero_stage, zeropp)
-
-
-def _check_reshard(where, value):
-    check_reshard_after_forward(where, value)
+    return shard_with_options(network, optimizer_parallel_group, options)
 
 
 def prepare_ema(ema, zero_stage=0, optimizer_parallel_group=None):
@@ -143,9 +120,9 @@ def prepare_train_network(network, optimizer, scale_sense=1.0, ema=None, updates
     ``special_cases_parallel_module``, ``reshard_after_forward``, ``zeropp``, ``gather_units`` and
     ``pad_uneven_params`` (see ``prepare_network``; at stages 1-2 ``pad_uneven_params`` splits the
     optimizer's shards by the same rule), and ``shard_ema``. At stage 3 the network is sharded here
-    if ``prepare_network`` was not called before (if it was, the ``reshard_after_forward``,
-    ``zeropp``, ``gather_units`` and ``pad_uneven_params`` given to ``prepare_network`` hold; the
-    ones given here are checked only). ``ema`` may be any EMA with MindOne's interface ([Note: EMA
+    if ``prepare_network`` (or ``shard_network``) was not called before; if it was, the network's
+    options hold: leave these keywords out or pass the same values ([Note: stage-3 options] in
+    ``mindone_zero/zero3/options.py``). ``ema`` may be any EMA with MindOne's interface ([Note: EMA
     interface] in ema.py); it is bound to the train network at every stage ([Note: ZeRO EMA]): whole
     on every rank at stages 0-2, sharded at stage 3, and its swaps work in place ([Note: in-place
     swaps]); ``shard_ema=True`` shards it at stages 1-2 too (1/N of its memory; its
@@ -161,35 +138,34 @@ def prepare_train_network(network, optimizer, scale_sense=1.0, ema=None, updates
         TrainOneStepWrapper: call it with the network's inputs; returns (loss, overflow, loss_scale).
 
     Raises:
-        TypeError / ValueError: naming the argument and the value, before any work is done.
+        TypeError / ValueError: naming the argument and the value, before any work is done; a
+            ValueError naming the arguments and both values when the network was already sharded
+            with other options than the ones given.
     """
     where = "prepare_train_network"
     check_stage(zero_stage, where)
-    _check_reshard(where, reshard_after_forward)
-    check_split_rule_flag(where, "pad_uneven_params", pad_uneven_params)
     check_split_rule_flag(where, "shard_ema", shard_ema)
     if not isinstance(network, nn.Cell):
         raise TypeError(f"For '{where}', the argument 'network' must be a Cell, but got {type(network).__name__}.")
     check_optimizer(optimizer, where)
     _check_step_args(gradient_accumulation_steps, clip_grad, clip_norm, ema)
     _check_groups(where, optimizer_parallel_group, dp_group)
-    zeropp = check_zeropp(where, zeropp, zero_stage, optimizer_parallel_group, reshard_after_forward)
-    gather_units = _check_units(where, gather_units, zero_stage, zeropp)
-    _check_module_maps(where, parallel_modules=parallel_modules,
-                       special_cases_parallel_module=special_cases_parallel_module)
-    FusionConfig.from_mindone(comm_fusion)
+    options = Stage3Options.build(where, zero_stage, optimizer_parallel_group, reshard_after_forward, zeropp,
+                                  gather_units, parallel_modules, special_cases_parallel_module, pad_uneven_params)
+    fusion = FusionConfig.from_mindone(comm_fusion, where)
     offload = OffloadConfig.parse(optimizer_offload, where)  # [Note: offload argument]
     if offload.enabled:
         host_rule_for(optimizer, where)
     policy = StagePolicy.of(zero_stage, is_data_parallel(), where)  # stage 0 without data parallelism
+    sharded = policy.shards_params and any(zero_spec_of(p) is not None for p in network.get_parameters())
+    for prepared in options_of(network) if sharded else ():  # [Note: stage-3 options]
+        options.check_same_as(where, prepared)
     if policy.shards_optimizer:
         _check_shardable_optimizer(optimizer)
-    if policy.shards_params and not any(zero_spec_of(p) is not None for p in network.get_parameters()):
-        network = prepare_network(network, policy.stage, optimizer_parallel_group, parallel_modules,
-                                  special_cases_parallel_module, reshard_after_forward, zeropp, gather_units,
-                                  pad_uneven_params)
+    if policy.shards_params and not sharded:
+        network = shard_with_options(network, optimizer_parallel_group, options)
     helper = ZeroHelper(optimizer, policy.stage, optimizer_parallel_group, dp_group, offload,
-                        comm_fusion, params_split_info, pad_uneven_params)
+                        fusion, params_split_info, options.pad_uneven_params)
     _warn_padded(helper)
     if ema is not None:
         entries = bind_ema_to_zero(ema, helper, shard_ema)

@@ -75,7 +75,8 @@ class ZeroHelper(nn.Cell):
             offload/host_step.py). ``host_offload`` is then the host side, else None.
         comm_fusion (dict): MindOne's communication-fusion dict; None (the default) buckets by
             ``fusion.DEFAULT_BUCKET_SIZE`` (25 MiB), ``{}`` sends one collective per tensor (see
-            [Note: buckets] in fusion.py). ``comm_plan()`` shows the resulting collectives.
+            [Note: buckets] in fusion.py), or a ``FusionConfig`` already parsed by the caller.
+            ``comm_plan()`` shows the resulting collectives.
         params_split_info (str): folder for ``params_split_info_{rank}.json``, written by
             ``dump_params_split_info`` (``prepare_train_network`` calls it at stages >= 1).
         pad_uneven_params (bool): stages 1-2: also split parameters whose dim 0 does not divide
@@ -98,7 +99,9 @@ class ZeroHelper(nn.Cell):
         offload = OffloadConfig.parse(optimizer_offload, "ZeroHelper")
         if offload.enabled:
             host_rule_for(optimizer, "ZeroHelper")
-        fusion = FusionConfig.from_mindone(comm_fusion)
+        # An entry point that parsed comm_fusion already (prepare_train_network) hands its FusionConfig down.
+        fusion = comm_fusion if isinstance(comm_fusion, FusionConfig) else FusionConfig.from_mindone(comm_fusion,
+                                                                                                    "ZeroHelper")
         self.is_parallel = is_data_parallel()
         self.policy = StagePolicy.of(zero_stage, self.is_parallel)
         self.zero_stage = self.policy.stage

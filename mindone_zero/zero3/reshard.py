@@ -40,25 +40,8 @@ from .carry import is_recompute_scoped, spread_recompute_scope
 from .param_wrapper import ZeroParamWrapper
 from .units import ZeroUnitGather, unit_gathers
 
-__all__ = ["check_reshard_after_forward", "mark_reshard_after_forward", "regathered_param_names", "gathers_split",
+__all__ = ["mark_reshard_after_forward", "regathered_param_names", "gathers_split",
            "apply_zeropp", "zeropp_wrappers", "coalesced_groups"]
-
-
-def check_reshard_after_forward(where: str, value) -> None:
-    """Raise naming ``where`` unless ``value`` is a bool.
-
-    Raises:
-        ValueError: an int (FSDP2's "re-gather from a smaller group"; not supported, hpZ is ``zeropp``'s).
-        TypeError: any other non-bool value.
-    """
-    if isinstance(value, bool):
-        return
-    if isinstance(value, int):
-        raise ValueError(
-            f"For '{where}', the argument 'reshard_after_forward' must be a bool, but got {value!r}; an int (re-gather "
-            f"from a smaller group) is not supported: ZeRO++'s hpZ is zeropp={{'hpz_group': <group name>}}."
-        )
-    raise TypeError(f"For '{where}', the argument 'reshard_after_forward' must be a bool, but got {value!r}.")
 
 
 def gathers_split(cell: nn.Cell) -> bool:

@@ -6,18 +6,18 @@ from mindspore import nn
 from mindspore.communication import GlobalComm
 
 from ..core.comm import group_size_and_rank, world_group
-from ..core.partition import check_split_rule_flag, padded_split_rule, splits_over
-from .zeropp import check_zeropp
+from ..core.partition import padded_split_rule, splits_over
 
 from .carry import (carry_hooks, check_carryable, is_recompute_scoped, reapply_recompute, recompute_options,
                     spread_recompute_scope)
 from .layers import PARALLEL_MODULES, ZeroCell
 from .param_wrapper import ZeroParamWrapper, compute_dtype_of, shard_parameter
-from .reshard import apply_zeropp, check_reshard_after_forward, mark_reshard_after_forward
+from .options import Stage3Options, mark_options
+from .reshard import apply_zeropp, mark_reshard_after_forward
 from .rewrite import apply_rewrites, plan_rewrites
-from .units import attach_unit_gathers, check_gather_units, find_units
+from .units import attach_unit_gathers, find_units
 
-__all__ = ["shard_network"]
+__all__ = ["shard_network", "shard_with_options"]
 
 
 def shard_network(network: nn.Cell, group: Optional[str] = None, parallel_modules: Optional[Dict] = None,
@@ -96,7 +96,8 @@ def shard_network(network: nn.Cell, group: Optional[str] = None, parallel_module
             zero-padded (default False: they stay whole, as MindOne leaves them).
 
     Returns:
-        nn.Cell: the network (a new object only when the top Cell itself was replaced).
+        nn.Cell: the network (a new object only when the top Cell itself was replaced), carrying the
+        options it was sharded with ([Note: stage-3 options] in ``options.py``).
 
     Raises:
         TypeError: if an argument has the wrong type.
@@ -110,18 +111,30 @@ def shard_network(network: nn.Cell, group: Optional[str] = None, parallel_module
             ``zeropp``, naming a class with no instance, or a unit whose code cannot be threaded
             ([Note: gather units]); also before anything is modified.
     """
-    check_reshard_after_forward("shard_network", reshard_after_forward)
-    check_split_rule_flag("shard_network", "pad_uneven_params", pad_uneven_params)
-    zeropp = check_zeropp("shard_network", zeropp, 3, group, reshard_after_forward)
-    gather_units = check_gather_units("shard_network", gather_units, 3, zeropp)
-    match = _check_args(network, group, parallel_modules, special_cases_parallel_module)
-    with padded_split_rule(pad_uneven_params):
-        return _shard(network, group, match, reshard_after_forward, zeropp, gather_units)
+    options = Stage3Options.build("shard_network", 3, group, reshard_after_forward, zeropp, gather_units,
+                                  parallel_modules, special_cases_parallel_module, pad_uneven_params)
+    return shard_with_options(network, group, options)
 
 
-def _shard(network, group, match, reshard_after_forward, zeropp, gather_units):
+def shard_with_options(network: nn.Cell, group: Optional[str], options: Stage3Options) -> nn.Cell:
+    """``shard_network`` with its options already built (and checked) by an entry point
+    ([Note: stage-3 options] in ``options.py``). The returned network carries ``options``.
+
+    Raises:
+        TypeError / ValueError: as ``shard_network`` says of the network and ``group`` (the options
+            are not checked again).
+    """
+    match = _check_args(network, group, options)
+    with padded_split_rule(options.pad_uneven_params):
+        network = _shard(network, group, match, options)
+    mark_options(network, options)
+    return network
+
+
+def _shard(network, group, match, options: Stage3Options):
     """``shard_network`` after its checks, under the split rule in scope."""
-    units = find_units(network, gather_units) if gather_units else {}
+    reshard_after_forward = options.reshard_after_forward
+    units = find_units(network, options.gather_units) if options.gather_units else {}
     if units:
         match = _outside_units(match, units)
     replaced = {id(c) for _, c in network.cells_and_names() if match(c) is not None}
@@ -154,8 +167,8 @@ def _shard(network, group, match, reshard_after_forward, zeropp, gather_units):
     spread_recompute_scope(network)
     if reshard_after_forward:
         mark_reshard_after_forward(network)
-    if zeropp is not None:
-        apply_zeropp(network, zeropp)
+    if options.zeropp is not None:
+        apply_zeropp(network, options.zeropp)
     return network
 
 
@@ -190,21 +203,12 @@ def _restore_recompute(records: list, new_cells: dict) -> None:
             reapply_recompute(target, options)
 
 
-def _check_args(network, group, parallel_modules, special_cases):
-    """Validate the arguments; return ``match(cell) -> replacement class or None``."""
+def _check_args(network, group, options: Stage3Options):
+    """Validate the network and group; return ``match(cell) -> replacement class or None``."""
     if not isinstance(network, nn.Cell):
         raise TypeError(f"For 'shard_network', the argument 'network' must be a Cell, but got {type(network)}.")
     if group is not None and not isinstance(group, str):
         raise TypeError(f"For 'shard_network', the argument 'group' must be None or a str, but got {group!r}.")
-    for arg, value in (("parallel_modules", parallel_modules), ("special_cases_parallel_module", special_cases)):
-        if value is not None and not isinstance(value, dict):
-            raise TypeError(f"For 'shard_network', the argument '{arg}' must be None or a dict, but got {type(value)}.")
-        for key, cls in (value or {}).items():
-            if not (isinstance(key, type) and issubclass(key, nn.Cell)) or not callable(cls):
-                raise TypeError(
-                    f"For 'shard_network', the argument '{arg}' must map Cell classes to ZeRO-3 Cell classes, but "
-                    f"got {key!r}: {cls!r}."
-                )
     for name, cell in network.cells_and_names():
         if "zero3_original_class" in type(cell).__dict__:
             raise ValueError(
@@ -212,8 +216,8 @@ def _check_args(network, group, parallel_modules, special_cases):
                 f"was rewritten by an earlier call)."
             )
     mapping = dict(PARALLEL_MODULES)
-    mapping.update(parallel_modules or {})
-    special = list((special_cases or {}).items())
+    mapping.update(options.parallel_modules or {})
+    special = list((options.special_cases_parallel_module or {}).items())
 
     def match(cell):
         if type(cell) in mapping:

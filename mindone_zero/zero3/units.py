@@ -58,34 +58,11 @@ from mindspore import Parameter, nn, ops
 
 from .coalesce import COALESCE_MAX_BYTES, ZeroGatherGroup, _settings, gathered_nbytes
 
-__all__ = ["GatherUnit", "ZeroUnitGather", "UNIT_ARG", "UNIT_GATHER_ATTR", "check_gather_units", "find_units",
+__all__ = ["GatherUnit", "ZeroUnitGather", "UNIT_ARG", "UNIT_GATHER_ATTR", "find_units",
            "attach_unit_gathers", "unit_gathers"]
 
 UNIT_ARG = "zero3_unit"
 UNIT_GATHER_ATTR = "zero3_unit_gather"
-
-
-def check_gather_units(where: str, value, zero_stage: int = 3, zeropp=None) -> Optional[tuple]:
-    """Validate ``gather_units``; return it as a tuple of Cell classes, or None.
-
-    Raises:
-        TypeError: not None and not a non-empty tuple (or list) of ``nn.Cell`` subclasses.
-        ValueError: given with ``zero_stage`` below 3, or together with ZeRO++ options (``zeropp``).
-    """
-    if value is None:
-        return None
-    ok = isinstance(value, (tuple, list)) and len(value) > 0 and all(
-        isinstance(c, type) and issubclass(c, nn.Cell) for c in value)
-    if not ok:
-        raise TypeError(f"For '{where}', the argument 'gather_units' must be None or a non-empty tuple of Cell "
-                        f"classes, but got {value!r}.")
-    if zero_stage != 3:
-        raise ValueError(f"For '{where}', the argument 'gather_units' applies to zero_stage 3 only, but got "
-                         f"gather_units={value!r} with zero_stage={zero_stage}.")
-    if zeropp is not None:
-        raise ValueError(f"For '{where}', the argument 'gather_units' cannot be combined with ZeRO++ options "
-                         f"(zeropp={zeropp!r}): ZeRO++ gathers are per parameter; got gather_units={value!r}.")
-    return tuple(value)
 
 
 class GatherUnit:

@@ -1,10 +1,16 @@
-"""Bucket planning, MindOne's comm_fusion dict and the chunk-aligned all-reduce layout (one process)."""
+"""Bucket planning, MindOne's comm_fusion dict (its errors name the entry point called) and the
+chunk-aligned all-reduce layout (one process)."""
 import numpy as np
 import pytest
+import mindspore as ms
 from mindspore import Tensor
 
+from models import LossNet, TinyNet, init_weights, make_optimizer
+from mindone_zero import ZeroHelper, prepare_train_network
 from mindone_zero.train.fusion import (DEFAULT_BUCKET_SIZE, LARGE_TENSOR_BYTES, BucketedComm, FusionConfig, plan_buckets,
                                  ring_chunks)
+
+ms.set_device("CPU")
 
 
 def test_twenty_tensors_in_three_buckets():
@@ -38,15 +44,15 @@ def test_dtypes_never_share_a_bucket():
 def test_mindone_dict_is_parsed():
     cfg = FusionConfig.from_mindone({"allreduce": {"openstate": True, "bucket_size": 5e8},
                                      "reduce_scatter": {"openstate": False, "bucket_size": 10},
-                                     "allgather": {"bucket_size": 64}})
+                                     "allgather": {"bucket_size": 64}}, "ZeroHelper")
     assert cfg == FusionConfig(allreduce=500_000_000, reduce_scatter=None, allgather=64)
 
 
 def test_default_buckets_by_25_mib_and_empty_dict_turns_fusion_off():
     assert DEFAULT_BUCKET_SIZE == 25 * 1024 * 1024
-    assert FusionConfig.from_mindone(None) == FusionConfig(DEFAULT_BUCKET_SIZE, DEFAULT_BUCKET_SIZE, DEFAULT_BUCKET_SIZE)
-    assert FusionConfig.from_mindone({}) == FusionConfig(None, None, None)
-    assert FusionConfig.from_mindone({"allreduce": {"openstate": False}}) == FusionConfig(None, None, None)
+    assert FusionConfig.from_mindone(None, "ZeroHelper") == FusionConfig(DEFAULT_BUCKET_SIZE, DEFAULT_BUCKET_SIZE, DEFAULT_BUCKET_SIZE)
+    assert FusionConfig.from_mindone({}, "ZeroHelper") == FusionConfig(None, None, None)
+    assert FusionConfig.from_mindone({"allreduce": {"openstate": False}}, "ZeroHelper") == FusionConfig(None, None, None)
 
 
 @pytest.mark.parametrize("value, words", [
@@ -57,9 +63,28 @@ def test_default_buckets_by_25_mib_and_empty_dict_turns_fusion_off():
 ])
 def test_bad_fusion_dicts_name_key_and_value(value, words):
     with pytest.raises((TypeError, ValueError)) as info:
-        FusionConfig.from_mindone(value)
+        FusionConfig.from_mindone(value, "ZeroHelper")
     for word in words:
         assert word in str(info.value)
+
+
+@pytest.mark.parametrize("value", ["fuse", {"broadcast": {}}, {"allreduce": 5}, {"allgather": {"bucket_size": 0}}])
+def test_bad_fusion_dicts_name_the_entry_point_that_was_called(value, tmp_path):
+    net = LossNet(init_weights(TinyNet()))
+    with pytest.raises((TypeError, ValueError)) as info:
+        prepare_train_network(net, make_optimizer(net.trainable_params()), comm_fusion=value,
+                              params_split_info=str(tmp_path / "info"))
+    assert str(info.value).startswith("For 'prepare_train_network', ")
+    with pytest.raises((TypeError, ValueError)) as info:
+        ZeroHelper(make_optimizer(net.trainable_params()), comm_fusion=value)
+    assert str(info.value).startswith("For 'ZeroHelper', ")
+    assert not (tmp_path / "info").exists()
+
+
+def test_zero_helper_takes_a_parsed_config_as_it_is():
+    config = FusionConfig(allreduce=64)
+    helper = ZeroHelper(make_optimizer(TinyNet().trainable_params()), comm_fusion=config)
+    assert helper.zero_stage == 0  # one process: nothing to fuse, but the config is accepted unparsed
 
 
 class _EchoComm:

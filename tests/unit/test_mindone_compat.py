@@ -9,7 +9,7 @@ from mindspore import Parameter, ParameterTuple, Tensor, mint, nn, ops
 
 from models import LossNet, TinyNet, init_weights, micro_batch
 from mindone_zero import EMA, prepare_ema, prepare_train_network
-from mindone_zero.core.partition import is_split_candidate, mark_shard_flag
+from mindone_zero.core.partition import is_split_candidate, mark_shard_flag, user_opted_out
 
 ms.set_device("CPU")
 
@@ -202,3 +202,15 @@ def test_split_rule_remembers_the_users_opt_out():
     mark_shard_flag(plain, False)
     assert opted.parallel_optimizer is True and plain.parallel_optimizer is False
     assert not is_split_candidate(opted) and is_split_candidate(plain)
+
+
+def test_parallel_optimizer_input_and_output_stay_apart():
+    """The flag as output (holds a shard) never becomes the input of a later preparation."""
+    p = Parameter(Tensor(np.ones((4, 2), np.float32)), name="p")
+    mark_shard_flag(p, False)  # e.g. stage 0: not a shard, although the user did not opt out
+    mark_shard_flag(p, True)
+    assert p.parallel_optimizer is True and not user_opted_out(p) and is_split_candidate(p)
+    mark_shard_flag(p, False)
+    assert not user_opted_out(p)  # the output written last is not read back as an opt-out
+    p.zero_opt_out = True  # the documented way to change the choice after a preparation
+    assert user_opted_out(p) and not is_split_candidate(p)
