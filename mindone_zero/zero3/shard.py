@@ -12,7 +12,7 @@ from .zeropp import check_zeropp
 from .carry import (carry_hooks, check_carryable, is_recompute_scoped, reapply_recompute, recompute_options,
                     spread_recompute_scope)
 from .layers import PARALLEL_MODULES, ZeroCell
-from .param_wrapper import ZeroParamWrapper, compute_dtype_of, shard_parameter
+from .param_wrapper import ZeroParamWrapper, compute_dtype_of, shard_parameter, zeropp_scope
 from .reshard import apply_zeropp, check_reshard_after_forward, mark_reshard_after_forward
 from .rewrite import apply_rewrites, plan_rewrites
 from .units import attach_unit_gathers, check_gather_units, find_units
@@ -115,7 +115,7 @@ def shard_network(network: nn.Cell, group: Optional[str] = None, parallel_module
     zeropp = check_zeropp("shard_network", zeropp, 3, group, reshard_after_forward)
     gather_units = check_gather_units("shard_network", gather_units, 3, zeropp)
     match = _check_args(network, group, parallel_modules, special_cases_parallel_module)
-    with padded_split_rule(pad_uneven_params):
+    with padded_split_rule(pad_uneven_params), zeropp_scope(zeropp):  # [Note: ZeRO++ at build] in param_wrapper.py
         return _shard(network, group, match, reshard_after_forward, zeropp, gather_units)
 
 
