@@ -2,11 +2,15 @@
 test_packing.py ([Note: packed layout])."""
 from types import SimpleNamespace
 
+import numpy as np
 import mindspore as ms
 import pytest
+from mindspore import Parameter, Tensor
 
 from mindone_zero.core.partition import ShardSpec
 from mindone_zero.zero3.coalesce import COALESCE_MAX_BYTES, build_gather_group
+from mindone_zero.zero3.param_wrapper import ZeroParamWrapper, zeropp_scope
+from mindone_zero.zero3.zeropp import ZeroPPConfig
 
 
 def _wrapper(name="w", shape=(6, 4), gathers=True, dtype=ms.float32, zeropp=None, hpz=False):
@@ -27,3 +31,14 @@ def _wrapper(name="w", shape=(6, 4), gathers=True, dtype=ms.float32, zeropp=None
 ])
 def test_wrappers_that_cannot_share_a_collective_are_not_coalesced(wrappers):
     assert build_gather_group(wrappers) is None
+
+
+def test_wrappers_built_in_zeropp_scope_carry_the_options_from_the_start():
+    """[Note: ZeRO++ at build]: the gather is built with the options (so no group is built to be
+    switched off); outside the scope, and after it, wrappers have none."""
+    config = ZeroPPConfig(quantize_weights=True)
+    with zeropp_scope(config):
+        inside = ZeroParamWrapper(Parameter(Tensor(np.ones((4, 2), np.float32)), name="inside"))
+    after = ZeroParamWrapper(Parameter(Tensor(np.ones((4, 2), np.float32)), name="after"))
+    assert inside.gather.zeropp is config
+    assert after.gather.zeropp is None
