@@ -24,7 +24,7 @@ builds no group for them.
 from typing import List, Optional, Sequence
 
 import numpy as np
-from mindspore import nn, ops
+from mindspore import nn
 
 from ..core.comm import GroupComm, divide, pad_dim0
 from ..core.packing import LARGE_TENSOR_BYTES, PackedLayout, itemsize_of
