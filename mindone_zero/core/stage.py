@@ -73,14 +73,9 @@ class StagePolicy:
     @property
     def uses_masters(self) -> bool:
         """The optimizer updates fp32 master shards, all-gathered into the parameters after the
-        step (stages 1-2)."""
-        return self.stage in (1, 2)
-
-    @property
-    def splits_in_helper(self) -> bool:
-        """``ZeroHelper`` decides the split and reduce-scatters (stages 1-2); at stage 3 the
+        step (stages 1-2). So ``ZeroHelper`` decides the split and reduce-scatters; at stage 3 the
         network was sharded by ``shard_network`` and its gradients arrive reduce-scattered."""
-        return self.uses_masters
+        return self.stage in (1, 2)
 
     def reduce_each_micro_step(self, accum_steps: int) -> bool:
         """Whether gradients are reduced every micro-step (else once per optimizer step)."""

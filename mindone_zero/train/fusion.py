@@ -7,9 +7,12 @@ or more is never packed: it is sent alone, because packing copies it (and the un
 the whole packed buffer alive) to save one launch that costs little next to its transfer.
 Measured before this rule (stage 1, 8 x Dense(2048), N=4, each weight packed with its bias):
 peak +287 MB per rank against one collective per tensor. A bucket is flattened into one buffer,
-sent through one collective, and cut back into its tensors. For reduce-scatter the buffer is
-laid out rank-major, ``[rank 0's block of every tensor | rank 1's block | ...]``, so that one
-reduce-scatter leaves each rank exactly its own blocks; all-gather undoes the same layout.
+sent through one collective, and cut back into its tensors. Reduce-scatter and all-gather buckets
+use [Note: packed layout] (``mindone_zero/core/packing.py``), the layout of ZeRO-3's coalesced
+gathers: rank-major, ``[rank 0's block of every tensor | rank 1's block | ...]``, so that one
+reduce-scatter leaves each rank exactly its own blocks; all-gather undoes the same layout. Their
+pieces are cut as views (``ops.narrow``): each is used at once. All-reduce buckets have a layout of
+their own, [Note: chunk-aligned all-reduce], kept here: it follows the ring's chunks, not shards.
 A bucket of one tensor is sent as it is, with no copy, which is also what "fusion off" means.
 
 [Note: chunk-aligned all-reduce]
@@ -39,7 +42,7 @@ from mindspore import nn, ops
 
 from ..core.comm import GroupComm
 from ..core.comm_plan import CommPlan, PlanContext
-from ..core.packing import LARGE_TENSOR_BYTES
+from ..core.packing import LARGE_TENSOR_BYTES, PackedLayout
 
 __all__ = ["DEFAULT_BUCKET_SIZE", "LARGE_TENSOR_BYTES", "FusionConfig", "plan_buckets", "ring_chunks", "BucketedComm"]
 
@@ -156,6 +159,13 @@ class BucketedComm(nn.Cell):
         # [Note: chunk-aligned all-reduce]: (row width, rows of full width) of each tensor
         self.chunks = tuple(ring_chunks(k, comm.size) for k in self.numels)
         self.bucket_bytes = tuple(sum(nbytes[i] for i in b) for b in self.buckets)
+        # [Note: packed layout] of each bucket: for reduce-scatter (the tensors are full, blocks of
+        # numel / n) and for all-gather (the tensors are shards); an instance serves one kind and
+        # never calls the other's.
+        n = comm.size
+        self.scatter_layouts = nn.CellList([PackedLayout([self.numels[i] // n for i in b], n, True)
+                                            for b in self.buckets])
+        self.gather_layouts = nn.CellList([PackedLayout([self.numels[i] for i in b], n, True) for b in self.buckets])
 
     def record_comm(self, plan: CommPlan, ctx: PlanContext) -> None:
         """One entry per bucket and call of one optimizer step; an all-gather's entry has the full
@@ -223,34 +233,27 @@ class BucketedComm(nn.Cell):
         """Sum over the group, then this rank's dim-0 block of every (padded) tensor."""
         n = self.comm.size
         out = list(tensors)
-        for bucket in self.buckets:
+        for k, bucket in enumerate(self.buckets):
             if len(bucket) == 1:
                 out[bucket[0]] = self.comm.reduce_scatter(tensors[bucket[0]])
                 continue
-            # rank-major layout: row r of each (n, numel / n) view holds rank r's block
-            flat = ops.concat([tensors[i].reshape(n, -1) for i in bucket], 1).reshape(-1)
-            mine = self.comm.reduce_scatter(flat)
-            offset = 0
-            for i in bucket:
-                block = self.numels[i] // n
-                out[i] = ops.narrow(mine, 0, offset, block).reshape((self.shapes[i][0] // n,) + self.shapes[i][1:])
-                offset += block
+            layout = self.scatter_layouts[k]
+            mine = self.comm.reduce_scatter(layout.pack_rank_major([tensors[i] for i in bucket]))
+            blocks = layout.unpack_shards(mine)
+            for j, i in enumerate(bucket):
+                out[i] = blocks[j].reshape((self.shapes[i][0] // n,) + self.shapes[i][1:])
         return tuple(out)
 
     def all_gather(self, shards):
         """Every rank's shard of every tensor, concatenated along dim 0 in rank order."""
         n = self.comm.size
         out = list(shards)
-        for bucket in self.buckets:
+        for k, bucket in enumerate(self.buckets):
             if len(bucket) == 1:
                 out[bucket[0]] = self.comm.all_gather(shards[bucket[0]])
                 continue
-            flat = ops.concat([shards[i].reshape(-1) for i in bucket], 0)
-            full = self.comm.all_gather(flat).reshape(n, -1)
-            offset = 0
-            for i in bucket:
-                cols = ops.narrow(full, 1, offset, self.numels[i])
-                out[i] = cols.reshape((n * self.shapes[i][0],) + self.shapes[i][1:])
-                offset += self.numels[i]
+            layout = self.gather_layouts[k]
+            cols = layout.unpack_gathered(self.comm.all_gather(layout.pack([shards[i] for i in bucket])))
+            for j, i in enumerate(bucket):
+                out[i] = cols[j].reshape((n * self.shapes[i][0],) + self.shapes[i][1:])
         return tuple(out)
-

@@ -141,7 +141,7 @@ class ZeroHelper(nn.Cell):
                 # the name at sharding time may have gained a prefix since (a loss Cell around it)
                 specs.append(ShardSpec(p.name, spec.shape, spec.group_size, spec.rank, spec.split))
                 continue
-            split = self.policy.splits_in_helper and self.op_size > 1 and \
+            split = self.policy.uses_masters and self.op_size > 1 and \
                 splits_over(p, self.op_size, self.pad_uneven_params)
             specs.append(ShardSpec(p.name, tuple(p.shape), self.op_size, self.op_rank, split))
         return specs
@@ -174,7 +174,7 @@ class ZeroHelper(nn.Cell):
         self.op_comm = GroupComm(self.op_group)
         self.world_comm = GroupComm(world_group())
         n = len(self.params)
-        reduce_here = self.policy.splits_in_helper
+        reduce_here = self.policy.uses_masters
         self.rs_index = tuple(i for i in range(n) if self.split[i] and reduce_here)
         self.ar_index = tuple(i for i in range(n) if not self.split[i])
         self.ag_index = tuple(i for i in range(n) if self.split[i] and self.use_masters)

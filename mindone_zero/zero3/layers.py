@@ -119,7 +119,8 @@ class ZeroCell(nn.Cell):
         return group
 
     def _build_gather_group(self, param_attrs):
-        # [Note: coalesced gathers] in coalesce.py: all the split parameters in one all-gather, or none.
+        # [Note: coalesced gathers] in coalesce.py: all the split parameters in one all-gather, or none
+        # (none with ZeRO++ options: [Note: ZeRO++ at build] in param_wrapper.py).
         self.zero_gather_group = None
         self.zero_coalesce = False
         if self.coalesces and StagePolicy(self.zero_stage).shards_params:

@@ -26,7 +26,21 @@ backend runs the gathers in program order with or without it (tests/unit/test_ga
 shows the Depend in the compiled graph). A gather unit's ``ZeroUnitGather`` (units.py) ties every
 shard to the unit root's first input. Not tied: gathers the rewrite puts in methods other than
 ``construct`` (a helper's inputs are not known to be the layer's).
+
+[Note: ZeRO++ at build]
+ZeRO++'s qwZ and qgZ are options of each parameter's gather (``_GatherShard``), so a wrapper is
+built with them: ``shard_network`` builds every wrapper (those of the layer Cells it builds, of
+the generic rewrite, of a user's MindOne-style class calling ``ZeroParamWrapper`` without knowing
+of ZeRO++) inside ``zeropp_scope(zeropp)``, as it scopes the split rule (``padded_split_rule`` in
+``partition.py``). A gather with ZeRO++ options is never coalesced (``build_gather_group`` in
+``coalesce.py``), so a layer Cell built in the scope decides at build time to gather per
+parameter. hpZ is added afterwards (``enable_zeropp``), to the wrappers that end up in a recomputed
+region. A layer the user built before calling ``shard_network`` was built without the options:
+``apply_zeropp`` (``reshard.py``) gives its wrappers their ZeRO++ gather and turns its coalescing
+off.
 """
+import contextlib
+import contextvars
 from typing import Optional
 
 import numpy as np
@@ -42,10 +56,22 @@ from ..core.stage import StagePolicy, check_stage
 
 __all__ = [
     "ZeroParamWrapper", "shard_parameter", "compute_dtype_of", "gather_attr_name",
-    "check_group", "check_compute_dtype", "GATHER_SUFFIX",
+    "check_group", "check_compute_dtype", "GATHER_SUFFIX", "zeropp_scope",
 ]
 
 GATHER_SUFFIX = "_zero_gather"
+_ZEROPP = contextvars.ContextVar("mindone_zero_zeropp", default=None)
+
+
+@contextlib.contextmanager
+def zeropp_scope(zeropp):
+    """Build every ``ZeroParamWrapper`` of the block with the ZeRO++ options ``zeropp`` (a checked
+    ``ZeroPPConfig``, or None for none); see [Note: ZeRO++ at build]. Not collective."""
+    token = _ZEROPP.set(zeropp)
+    try:
+        yield
+    finally:
+        _ZEROPP.reset(token)
 
 
 def gather_attr_name(param_attr: str) -> str:
@@ -220,7 +246,7 @@ class ZeroParamWrapper(nn.Cell):
         if self.sharded:
             spec = shard_parameter(param, group)
             self.is_split = spec.split
-            self.gather = _GatherShard(spec, param.dtype, group, compute_dtype)
+            self.gather = _GatherShard(spec, param.dtype, group, compute_dtype, _ZEROPP.get())
 
     def construct(self, x, after=None):
         """The full tensor of shard ``x``, in the compute dtype (``x`` itself below stage 3).
@@ -251,12 +277,14 @@ class ZeroParamWrapper(nn.Cell):
         self.gather.record_reduce_scatter(plan, ctx.micro_steps)
 
     def enable_zeropp(self, zeropp, hpz: bool) -> None:
-        """Use ZeRO++ options ``zeropp`` (a ``ZeroPPConfig``) for this parameter; ``hpz``: split the
-        gather for hpZ's secondary group ([Note: hpZ]). Only for a wrapper that gathers. Not collective."""
-        old = self.gather
-        self.gather = old.with_zeropp(zeropp)
-        # MindSpore 2.10 keys parsed Cells by id: keep the replaced Cell alive so no new Cell reuses its id.
-        object.__setattr__(self, "_replaced_gather", old)
+        """Use ZeRO++ options ``zeropp`` (a ``ZeroPPConfig``) for this parameter, if it was built
+        without them ([Note: ZeRO++ at build]); ``hpz``: split the gather for hpZ's secondary group
+        ([Note: hpZ]). Only for a wrapper that gathers. Not collective."""
+        if self.gather.zeropp is None:
+            old = self.gather
+            self.gather = old.with_zeropp(zeropp)
+            # MindSpore 2.10 keys parsed Cells by id: keep the replaced Cell alive so no new Cell reuses its id.
+            object.__setattr__(self, "_replaced_gather", old)
         if hpz:
             size, rank = group_size_and_rank(zeropp.hpz_group)
             self.hpz_primary = _HpzPrimary(self.gather, size, rank)

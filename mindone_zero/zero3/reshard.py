@@ -95,15 +95,15 @@ def regathered_param_names(network: nn.Cell) -> List[str]:
 
 
 def apply_zeropp(network: nn.Cell, zeropp) -> None:
-    """Switch every gather wrapper that all-gathers to the ZeRO++ options ``zeropp`` (a checked
-    ``ZeroPPConfig``); with hpZ, the wrappers inside a recomputed region split their gather for the
-    secondary group ([Note: hpZ] in ``param_wrapper.py``). Call after ``mark_reshard_after_forward``.
-    Not collective."""
+    """Finish the ZeRO++ options ``zeropp`` (a checked ``ZeroPPConfig``) on every gather wrapper that
+    all-gathers: with hpZ, the wrappers inside a recomputed region split their gather for the
+    secondary group ([Note: hpZ] in ``param_wrapper.py``); wrappers and layer Cells built before
+    ``shard_network`` get the options now ([Note: ZeRO++ at build]). Call after
+    ``mark_reshard_after_forward``. Not collective."""
     seen = set()
     for _, cell in network.cells_and_names():
-        if getattr(cell, "zero_coalesce", False):  # ZeRO++ gathers are per parameter ([Note: coalesced gathers])
+        if getattr(cell, "zero_coalesce", False):  # a layer built outside zeropp_scope: gather per parameter
             cell.zero_coalesce = False
-            cell.zero_gather_group.enabled = False
         if gathers_split(cell) and id(cell) not in seen:
             seen.add(id(cell))
             cell.enable_zeropp(zeropp, hpz=zeropp.hpz_group is not None and is_recompute_scoped(cell))
@@ -120,13 +120,13 @@ def zeropp_wrappers(network: nn.Cell) -> dict:
 
 
 def coalesced_groups(network: nn.Cell) -> list:
-    """The enabled ``ZeroGatherGroup`` Cells of ``network`` ([Note: coalesced gathers] in
+    """The ``ZeroGatherGroup`` Cells ``network`` calls ([Note: coalesced gathers] in
     ``coalesce.py``), those of gather units included ([Note: gather units] in ``units.py``), each
     once. Not collective."""
     groups, seen = [], set()
     for _, cell in network.cells_and_names():
         group = getattr(cell, "zero_gather_group", None) if getattr(cell, "zero_coalesce", False) else None
-        if group is not None and group.enabled and id(group) not in seen:
+        if group is not None and id(group) not in seen:
             seen.add(id(group))
             groups.append(group)
     for unit in unit_gathers(network):  # [Note: gather units]: one group per gather setting

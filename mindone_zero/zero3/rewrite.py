@@ -39,6 +39,10 @@ initialisers) are not rewritten: outside the graph they see the shard.
 Unit mode ([Note: gather units] in ``units.py``): inside a gather unit a read becomes an element
 of the unit's gathered tuple instead of a wrapper call, the Cells of the unit are analysed only
 through the calls of the unit's code, and ``unit_threading.py`` passes the tuple along those calls.
+
+The plans (``rewrite_plan.py``) are the interface between the steps: analysis here fills them,
+``unit_threading.thread_units`` completes those of units from a ``RewriteAnalysis``, and
+``apply_rewrites`` applies them.
 """
 import ast
 import atexit
@@ -51,12 +55,12 @@ import shutil
 import tempfile
 import textwrap
 import types
-from dataclasses import dataclass, field
 from typing import Callable, Dict, List, Optional, Set, Tuple
 
 from mindspore import Parameter, ParameterTuple, nn
 
 from .param_wrapper import GATHER_SUFFIX, ZeroParamWrapper, compute_dtype_of
+from .rewrite_plan import MethodPlan, ParamRead, RewriteAnalysis, RewritePlan
 from .unit_threading import thread_units, unreached_note
 from .units import UNIT_ARG
 
@@ -72,46 +76,6 @@ class _Method:
 
     def __init__(self, cell, name):
         self.cell, self.name = cell, name
-
-
-@dataclass
-class ParamRead:
-    """One wrapper a rewritten Cell needs: attribute ``attr`` on the reader gathers ``param``."""
-
-    attr: str
-    param: Parameter
-    compute_dtype: object
-
-
-@dataclass
-class _MethodPlan:
-    key: str  # attribute on the dynamic class
-    func: types.FunctionType  # the original function
-    defining_cls: type
-    tree: Optional[ast.FunctionDef] = None  # the rewritten function, None when unreadable
-    has_reads: bool = False
-    super_keys: List[str] = field(default_factory=list)
-    emit: bool = False
-    # [Note: gather units]: reads of the unit's tensors, calls (node, callee cell id, callee key),
-    # whether the method takes `zero3_unit` (needs) or defines it (provides: the root's construct).
-    reads_unit: bool = False
-    calls: List[tuple] = field(default_factory=list)
-    needs_unit: bool = False
-    provides_unit: bool = False
-
-
-@dataclass
-class RewritePlan:
-    """What ``apply_rewrites`` will do to one Cell: its new methods and the wrappers they call."""
-
-    cell: nn.Cell
-    path: str
-    original_class: type
-    methods: Dict[str, _MethodPlan] = field(default_factory=dict)
-    reads: Dict[str, ParamRead] = field(default_factory=dict)
-
-    def emitted(self) -> List[_MethodPlan]:
-        return [m for m in self.methods.values() if m.emit]
 
 
 def _zero_error(msg: str) -> ValueError:
@@ -170,11 +134,11 @@ def _contains_split(obj, split_ids: Set[int]) -> bool:
 class _ChainRewriter(ast.NodeTransformer):
     """Rewrites one method body of one Cell instance; see [Note: generic rewrite]."""
 
-    def __init__(self, planner, plan: RewritePlan, mplan: _MethodPlan, self_name: str, after: Optional[str] = None):
+    def __init__(self, planner, plan: RewritePlan, mplan: MethodPlan, self_name: str, after: Optional[str] = None):
         self.planner, self.plan, self.mplan, self.self_name = planner, plan, mplan, self_name
         self.after = after  # construct's first input: each gather waits for it ([Note: gather order])
         self.unit = planner.units.get(id(plan.cell))
-        self.where = f"{plan.path or '<top>'} ({plan.original_class.__name__}.{mplan.func.__name__})"
+        self.where = plan.where(mplan)
 
     # -- chains --------------------------------------------------------------------------
     def _chain(self, node):
@@ -427,7 +391,7 @@ class _Planner:
         self.units = units or {}  # id(cell) -> GatherUnit ([Note: gather units])
         self.paths = {id(c): name for name, c in network.cells_and_names()}
         self.plans: Dict[int, RewritePlan] = {}
-        self.queue: List[Tuple[RewritePlan, _MethodPlan]] = []
+        self.queue: List[Tuple[RewritePlan, MethodPlan]] = []
         self.referenced: Set[int] = set()
         self.unreadable: List[str] = []
         self.split_attr_names = {
@@ -449,9 +413,9 @@ class _Planner:
             if start is not None:
                 # A super() target that is not user Python code (a Cell base method, a builtin):
                 # the alias keeps pointing at it unchanged.
-                plan.methods[key] = _MethodPlan(key, start.__dict__[method], start)
+                plan.methods[key] = MethodPlan(key, start.__dict__[method], start)
             return
-        plan.methods[key] = _MethodPlan(key, func, owner)
+        plan.methods[key] = MethodPlan(key, func, owner)
         self.queue.append((plan, plan.methods[key]))
 
     def run(self, network):
@@ -466,11 +430,11 @@ class _Planner:
         while self.queue:
             self._analyse(*self.queue.pop())
         if self.units:
-            thread_units(self)
+            thread_units(RewriteAnalysis(self.plans, self.units))
         self._decide_emission()
         return [p for p in self.plans.values() if p.emitted() or p.reads]
 
-    def _analyse(self, plan: RewritePlan, mplan: _MethodPlan):
+    def _analyse(self, plan: RewritePlan, mplan: MethodPlan):
         try:
             tree = _parse(mplan.func)
         except (OSError, TypeError, SyntaxError) as err:
@@ -554,7 +518,7 @@ def _source_dir() -> str:
     return _SOURCE_DIR[0]
 
 
-def _compile(plan: RewritePlan, mplan: _MethodPlan) -> types.FunctionType:
+def _compile(plan: RewritePlan, mplan: MethodPlan) -> types.FunctionType:
     """Step 3 of [Note: generic rewrite] for one method: a real file, the original globals."""
     func, tree = mplan.func, ast.fix_missing_locations(mplan.tree)
     code = func.__code__

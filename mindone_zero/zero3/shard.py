@@ -11,8 +11,8 @@ from ..core.partition import padded_split_rule, splits_over
 from .carry import (carry_hooks, check_carryable, is_recompute_scoped, reapply_recompute, recompute_options,
                     spread_recompute_scope)
 from .layers import PARALLEL_MODULES, ZeroCell
-from .param_wrapper import ZeroParamWrapper, compute_dtype_of, shard_parameter
 from .options import Stage3Options, mark_options
+from .param_wrapper import ZeroParamWrapper, compute_dtype_of, shard_parameter, zeropp_scope
 from .reshard import apply_zeropp, mark_reshard_after_forward
 from .rewrite import apply_rewrites, plan_rewrites
 from .units import attach_unit_gathers, find_units
@@ -125,7 +125,8 @@ def shard_with_options(network: nn.Cell, group: Optional[str], options: Stage3Op
             are not checked again).
     """
     match = _check_args(network, group, options)
-    with padded_split_rule(options.pad_uneven_params):
+    # [Note: ZeRO++ at build] in param_wrapper.py
+    with padded_split_rule(options.pad_uneven_params), zeropp_scope(options.zeropp):
         network = _shard(network, group, match, options)
     mark_options(network, options)
     return network

@@ -1,14 +1,15 @@
 """Threading a unit's gathered tensors through its code: the last step of planning in unit mode.
 
-See [Note: gather units] in ``units.py``. ``_Planner`` (``rewrite.py``) has analysed every method
-reached from the unit roots' ``construct`` and rewritten each read of a unit parameter to
-``zero3_unit[k]``, recording every call of a method or Cell; here the methods that need the tuple
-get it as a keyword-only parameter, their calls pass it, and each root's ``construct`` gathers it.
-Nothing is modified outside the planned syntax trees.
+See [Note: gather units] in ``units.py``. The analysis of ``rewrite.py`` hands over a
+``RewriteAnalysis`` (``rewrite_plan.py``): every method reached from the unit roots' ``construct``,
+each read of a unit parameter already rewritten to ``zero3_unit[k]``, every call of a method or Cell
+recorded. Here the methods that need the tuple get it as a keyword-only parameter, their calls pass
+it, and each root's ``construct`` gathers it. Nothing is modified outside the planned syntax trees.
 """
 import ast
 from typing import List, Optional
 
+from .rewrite_plan import RewriteAnalysis
 from .units import UNIT_ARG, UNIT_GATHER_ATTR, param_path
 
 __all__ = ["thread_units", "unreached_note"]
@@ -18,29 +19,20 @@ def _error(msg: str) -> ValueError:
     return ValueError(f"For 'shard_network', the argument 'gather_units' {msg}")
 
 
-def _method(planner, cell_id: int, key: str):
-    plan = planner.plans.get(cell_id)
-    return plan.methods.get(key) if plan is not None else None
-
-
-def _where(plan, m) -> str:
-    return f"{plan.path or '<top>'} ({plan.original_class.__name__}.{m.func.__name__})"
-
-
-def _needs_fixpoint(planner) -> None:
+def _needs_fixpoint(analysis: RewriteAnalysis) -> None:
     """``needs_unit``: the method reads a unit tensor or calls a method of its unit that needs one."""
     changed = True
     while changed:
         changed = False
-        for plan in planner.plans.values():
-            unit = planner.units.get(id(plan.cell))
+        for plan in analysis.plans.values():
+            unit = analysis.units.get(id(plan.cell))
             if unit is None:
                 continue
             for key, m in plan.methods.items():
                 if m.tree is None or m.needs_unit:
                     continue
                 uses = m.reads_unit or any(
-                    getattr(_method(planner, c, k), "needs_unit", False) and planner.units.get(c) is unit
+                    getattr(analysis.method(c, k), "needs_unit", False) and analysis.units.get(c) is unit
                     for _, c, k in m.calls)
                 if not uses:
                     continue
@@ -53,21 +45,21 @@ def _needs_fixpoint(planner) -> None:
 def _check_free_name(plan, m) -> None:
     code = m.func.__code__
     if UNIT_ARG in code.co_varnames or UNIT_ARG in code.co_names:
-        raise _error(f"cannot rewrite {_where(plan, m)}: it already uses the name {UNIT_ARG!r}.")
+        raise _error(f"cannot rewrite {plan.where(m)}: it already uses the name {UNIT_ARG!r}.")
 
 
-def _pass_tuple(planner, plan, m) -> None:
-    unit = planner.units.get(id(plan.cell))
+def _pass_tuple(analysis: RewriteAnalysis, plan, m) -> None:
+    unit = analysis.units.get(id(plan.cell))
     for node, cell_id, key in m.calls:
-        callee = _method(planner, cell_id, key)
+        callee = analysis.method(cell_id, key)
         if callee is None or not callee.needs_unit:
             continue
-        callee_unit = planner.units[cell_id]
+        callee_unit = analysis.units[cell_id]
         if unit is not callee_unit or not (m.needs_unit or m.provides_unit):
-            callee_plan = planner.plans[cell_id]
+            callee_plan = analysis.plans[cell_id]
             raise _error(
-                f"makes {_where(callee_plan, callee)} part of the unit {callee_unit.describe()}, but "
-                f"{_where(plan, m)} calls it from outside that unit, where the unit's gathered parameters do "
+                f"makes {callee_plan.where(callee)} part of the unit {callee_unit.describe()}, but "
+                f"{plan.where(m)} calls it from outside that unit, where the unit's gathered parameters do "
                 f"not exist. Call the unit's Cells only from the unit's own code, or leave them out of units."
             )
         node.keywords.append(ast.keyword(arg=UNIT_ARG, value=ast.Name(id=UNIT_ARG, ctx=ast.Load())))
@@ -111,7 +103,7 @@ def _prologue(unit, tree: ast.FunctionDef) -> None:
     body.insert(at, stmt)
 
 
-def thread_units(planner) -> None:
+def thread_units(analysis: RewriteAnalysis) -> None:
     """Give ``zero3_unit`` to the methods that need it, pass it at their calls, and gather it in each
     unit root's ``construct`` ([Note: gather units]). Modifies only the planned syntax trees.
 
@@ -119,19 +111,19 @@ def thread_units(planner) -> None:
         ValueError: naming the Cell and method, for a call into a unit's code from outside the unit,
             or a name the rewrite needs that the code already uses.
     """
-    _needs_fixpoint(planner)
-    for plan in list(planner.plans.values()):
+    _needs_fixpoint(analysis)
+    for plan in list(analysis.plans.values()):
         for m in plan.methods.values():
             if m.tree is None:
                 continue
-            _pass_tuple(planner, plan, m)
+            _pass_tuple(analysis, plan, m)
             if m.needs_unit or m.provides_unit:
                 _check_free_name(plan, m)
             if m.needs_unit:
                 m.tree.args.kwonlyargs.append(ast.arg(arg=UNIT_ARG))
                 m.tree.args.kw_defaults.append(None)
             if m.provides_unit:
-                _prologue(planner.units[id(plan.cell)], m.tree)
+                _prologue(analysis.units[id(plan.cell)], m.tree)
 
 
 def unreached_note(network, units: dict, missing: list) -> str:

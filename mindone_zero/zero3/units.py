@@ -34,9 +34,9 @@ rewritten as above): the unit gathers their parameters. With ``reshard_after_for
 root is the Cell marked with ``recompute()`` ([Note: reshard after forward]), so backward gathers
 each unit once more, in one collective.
 
-Bit-identical to per-parameter gathers: the unit's buffer has the layout of [Note: coalesced
-gathers] (block r of the buffer is block r of every parameter), so every element is summed with the
-same partners. One exception: a parameter read at several places of one unit with
+Bit-identical to per-parameter gathers: each part's buffer has [Note: packed layout]
+(``mindone_zero/core/packing.py``; block r of the buffer is block r of every parameter), so every
+element is summed with the same partners. One exception: a parameter read at several places of one unit with
 ``reshard_after_forward=True`` gets one gradient (summed by autodiff) reduce-scattered once, where
 per-reader wrappers reduce-scatter each reader's part and sum the shards: equal up to rounding.
 
@@ -56,7 +56,7 @@ from typing import Dict, List, Optional, Tuple
 
 from mindspore import Parameter, nn, ops
 
-from .coalesce import COALESCE_MAX_BYTES, ZeroGatherGroup, _settings, gathered_nbytes
+from .coalesce import COALESCE_MAX_BYTES, ZeroGatherGroup, gather_settings, gathered_nbytes
 
 __all__ = ["GatherUnit", "ZeroUnitGather", "UNIT_ARG", "UNIT_GATHER_ATTR", "find_units",
            "attach_unit_gathers", "unit_gathers"]
@@ -218,7 +218,7 @@ class ZeroUnitGather(nn.Cell):
                 parts.append(_UnitSingle(g, i))
                 flat.append(i)
             else:
-                keyed.setdefault(_settings(g) + (g.gathers,), []).append(i)
+                keyed.setdefault(gather_settings(g) + (g.gathers,), []).append(i)
         for key, idx in keyed.items():
             members = [gathers[i] for i in idx]
             if key[-1] and len(idx) == 1:

@@ -1,59 +1,16 @@
-"""[Note: coalesced gathers] in one process: the buffer layout (pack/unpack round trips with padding
-and mixed shapes, the reduce-scatter layout against the per-parameter one) and which wrappers coalesce."""
+"""[Note: coalesced gathers] in one process: which wrappers coalesce. The buffer layout is tested in
+test_packing.py ([Note: packed layout])."""
 from types import SimpleNamespace
 
 import numpy as np
 import mindspore as ms
 import pytest
-from mindspore import Tensor
+from mindspore import Parameter, Tensor
 
-from mindone_zero.core.partition import ShardSpec, split_array
-from mindone_zero.zero3.coalesce import (COALESCE_MAX_BYTES, build_gather_group, pack_grads, pack_shards,
-                                       offsets_of, unpack_gathered, unpack_grad_shards)
-
-SHAPES = [(7, 15), (15, 3), (5,), (8, 2), (1, 4)]
-
-
-def _layout(n):
-    specs = [ShardSpec(f"p{i}", shape, n, 0, True) for i, shape in enumerate(SHAPES)]
-    return (tuple(int(np.prod(s.shard_shape)) for s in specs), tuple(tuple(s.padded_shape) for s in specs),
-            tuple(s.shape[0] for s in specs), tuple(s.pad for s in specs), tuple(tuple(s.shard_shape) for s in specs))
-
-
-@pytest.mark.parametrize("n", [2, 3, 4])
-def test_all_gathered_buffer_unpacks_to_the_full_tensors(n):
-    rng = np.random.default_rng(n)
-    fulls = [rng.standard_normal(shape).astype(np.float32) for shape in SHAPES]
-    numels, padded, rows, pads, _ = _layout(n)
-    # the all-gather: every rank's flat buffer, concatenated in rank order
-    bufs = [pack_shards([Tensor(split_array(f, n, r)) for f in fulls]).asnumpy() for r in range(n)]
-    assert all(b.shape == (sum(numels),) for b in bufs)
-    out = unpack_gathered(Tensor(np.concatenate(bufs)), n, numels, offsets_of(numels), padded, rows, pads)
-    for got, want in zip(out, fulls):
-        assert got.shape == want.shape
-        assert np.array_equal(got.asnumpy(), want)
-
-
-@pytest.mark.parametrize("n", [2, 4])
-def test_reduce_scattered_buffer_holds_each_parameters_block_bitwise(n):
-    rng = np.random.default_rng(10 + n)
-    numels, _, _, pads, shard_shapes = _layout(n)
-    grads = [[rng.standard_normal(shape).astype(np.float32) for shape in SHAPES] for _ in range(n)]
-    packed = [pack_grads([Tensor(g) for g in grads[r]], n, numels, pads).asnumpy() for r in range(n)]
-    total = packed[0]
-    for buf in packed[1:]:
-        total = total + buf  # the same summation order as the per-parameter reference below
-    size = sum(numels)
-    for rank in range(n):
-        block = Tensor(total[rank * size:(rank + 1) * size] / n)
-        shards = unpack_grad_shards(block, numels, offsets_of(numels), shard_shapes)
-        for i, got in enumerate(shards):
-            summed = grads[0][i]
-            for r in range(1, n):
-                summed = summed + grads[r][i]
-            want = split_array(summed, n, rank) / n
-            assert got.shape == want.shape
-            assert np.array_equal(got.asnumpy(), want), (rank, SHAPES[i])
+from mindone_zero.core.partition import ShardSpec
+from mindone_zero.zero3.coalesce import COALESCE_MAX_BYTES, build_gather_group
+from mindone_zero.zero3.param_wrapper import ZeroParamWrapper, zeropp_scope
+from mindone_zero.zero3.zeropp import ZeroPPConfig
 
 
 def _wrapper(name="w", shape=(6, 4), gathers=True, dtype=ms.float32, zeropp=None, hpz=False):
@@ -74,3 +31,14 @@ def _wrapper(name="w", shape=(6, 4), gathers=True, dtype=ms.float32, zeropp=None
 ])
 def test_wrappers_that_cannot_share_a_collective_are_not_coalesced(wrappers):
     assert build_gather_group(wrappers) is None
+
+
+def test_wrappers_built_in_zeropp_scope_carry_the_options_from_the_start():
+    """[Note: ZeRO++ at build]: the gather is built with the options (so no group is built to be
+    switched off); outside the scope, and after it, wrappers have none."""
+    config = ZeroPPConfig(quantize_weights=True)
+    with zeropp_scope(config):
+        inside = ZeroParamWrapper(Parameter(Tensor(np.ones((4, 2), np.float32)), name="inside"))
+    after = ZeroParamWrapper(Parameter(Tensor(np.ones((4, 2), np.float32)), name="after"))
+    assert inside.gather.zeropp is config
+    assert after.gather.zeropp is None
