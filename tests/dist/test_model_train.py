@@ -17,6 +17,13 @@ SAVED_STEPS = ("3", "6")
 # the network's parameters whose dim 0 divides by 2 (MindOne's rule splits only these)
 EVEN = {"net.hidden.weight", "net.hidden.bias"}
 ALL = EVEN | {"net.conv.weight", "net.conv.bias", "net.norm.gamma", "net.norm.beta", "net.head.weight", "net.head.bias"}
+# The Conv computes in float16: its gradients carry float16 rounding (2**-10 relative). Stage 0 and a
+# ZeRO stage compile different graphs, and on some CPUs (not others) the two round the Conv's products
+# differently: its final weights then differ from stage 0's by a few float16 ulps of the gradient
+# (measured 3.2e-5 absolute, 3 of 135 elements, on the same code before and after the package move).
+# Every float32 parameter keeps RTOL/ATOL.
+FP16_COMPUTED = {"net.conv.weight", "net.conv.bias"}
+FP16_RTOL, FP16_ATOL = 1e-3, 1e-4
 
 
 def _case(name, mode, stage, **kw):
@@ -93,7 +100,8 @@ def test_final_weights_equal_stage_0_and_replicas_agree(job, name):
     ranks = [job(name, r)["full"] for r in range(WORLD)]
     assert sorted(ranks[0]) == sorted(ref)
     for key in ref:
-        np.testing.assert_allclose(ranks[0][key], ref[key], rtol=RTOL, atol=ATOL, err_msg=key)
+        rtol, atol = (FP16_RTOL, FP16_ATOL) if key in FP16_COMPUTED else (RTOL, ATOL)
+        np.testing.assert_allclose(ranks[0][key], ref[key], rtol=rtol, atol=atol, err_msg=key)
         assert ranks[1][key] == ranks[0][key], f"{key} differs between ranks"
 
 
