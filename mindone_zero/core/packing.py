@@ -77,11 +77,7 @@ class PackedLayout(nn.Cell):
         rows = buf.reshape((self.n, self.total))
         out = ()
         for i in range(len(self.blocks)):
-            start, width = self.offsets[i], self.blocks[i]
-            if self.views:
-                out = out + (ops.narrow(rows, 1, start, width),)
-            else:
-                out = out + (rows[:, start:start + width],)
+            out = out + (self._piece(rows, 1, i),)
         return out
 
     def pack_rank_major(self, fulls):
@@ -96,9 +92,14 @@ class PackedLayout(nn.Cell):
         """This rank's block of every tensor (flat, s_i elements) from its reduce-scattered S elements."""
         out = ()
         for i in range(len(self.blocks)):
-            start, width = self.offsets[i], self.blocks[i]
-            if self.views:
-                out = out + (ops.narrow(buf, 0, start, width),)
-            else:
-                out = out + (buf[start:start + width],)
+            out = out + (self._piece(buf, 0, i),)
         return out
+
+    def _piece(self, x, axis: int, i: int):
+        """Tensor ``i``'s piece of ``x`` along ``axis`` (0 or 1): a view (``ops.narrow``) or a copying slice."""
+        start, width = self.offsets[i], self.blocks[i]
+        if self.views:
+            return ops.narrow(x, axis, start, width)
+        if axis == 0:
+            return x[start:start + width]
+        return x[:, start:start + width]
