@@ -16,6 +16,9 @@ benchmark's "0 (+k idle collectives)" rows measure it). Time outside the kernels
 and scheduling) is not attributed, and the profiler's own cost grows with the number of kernels:
 compare kernel times across settings, not the profiled step times with the benchmark's.
 
+The table also gives the launches per step of the compute kernels (``COMPUTE``: matmuls,
+normalisations, activations): a layer recomputed in backward launches its forward kernels twice.
+
 Writes ``profile.md`` and ``profile.json`` into ``--out`` and prints the table.
 """
 import argparse
@@ -35,6 +38,10 @@ if str(REPO) not in sys.path:
 from tools.bench_common import load_benchmark_config, run_world, setting_label, setting_name  # noqa: E402
 
 COLLECTIVES = ("AllReduce", "AllGather", "ReduceScatter", "Broadcast", "AllToAll", "Send", "Receive")
+# The compute kernels whose launches per step show a recomputed forward ([Note: reshard after forward]):
+# matmuls, normalisations, activations, softmax and convolutions (forward kernels; "...Grad" are backward's).
+COMPUTE = ("MatMul", "BatchMatMul", "Dense", "LayerNorm", "RmsNorm", "GeLU", "FastGeLU", "ReLU", "SiLU", "Sigmoid",
+           "Tanh", "Softmax", "Conv2D", "Conv3D")
 FLAGS = ("keep", "units")
 
 
@@ -123,6 +130,8 @@ def render(model: str, world: int, steps: int, results: Dict[str, dict], top: in
                         f"{sum(v[1] for k, v in ops[l].items() if k in COLLECTIVES):.0f}" for l in labels])
     row("other kernels", [f"{split_collectives(ops[l])[1]:.1f} ms" for l in labels])
     row("collectives in the CommPlan", [str(results[l]["planned_collectives"]) for l in labels])
+    for kind in [k for k in COMPUTE if any(k in o for o in ops.values())]:
+        row(f"{kind} launches", [f"{ops[l][kind][1]:.0f}" if kind in ops[l] else "0" for l in labels])
     for kind in kinds[:top]:
         row(kind, [f"{ops[l][kind][0]:.2f} ms / {ops[l][kind][1]:.0f}" if kind in ops[l] else "-" for l in labels])
     return "\n".join(lines)

@@ -27,6 +27,7 @@ from ..core.partition import zero_spec_of
 from ..core.stage import StagePolicy, check_stage
 
 from .coalesce import build_gather_group
+from .direct_reads import source_indirect_reads
 from .carry import carry_cell_state, check_carryable, is_recompute_scoped, reapply_recompute, recompute_options
 from .param_wrapper import (ZeroParamWrapper, check_compute_dtype, check_group, compute_dtype_of,
                             gather_attr_name)
@@ -100,6 +101,14 @@ class ZeroCell(nn.Cell):
             reapply_recompute(self, options)
         elif is_recompute_scoped(self):
             self._recompute(False, True)
+
+    def zero3_indirect_reads_of_code(self) -> list:
+        """[Note: direct reads] of this layer's ``construct`` (empty: every gathered tensor goes
+        straight to its op, so ``reshard_after_forward`` re-gathers it without recomputing the layer)."""
+        attrs = [name for name, c in self._cells.items() if isinstance(c, ZeroParamWrapper) and c.sharded]
+        if getattr(self, "zero_gather_group", None) is not None:
+            attrs.append("zero_gather_group")
+        return source_indirect_reads(self, attrs)
 
     def _check_args(self, net, zero_stage, group, cell_type, op_group) -> Optional[str]:
         name = type(self).__name__
@@ -275,6 +284,12 @@ class Conv3d(_Conv):
     accepts = (nn.Conv3d, mint.nn.Conv3d)
     nn_attrs = ("conv3d", "bias_add", "has_bias", "group", "split_0", "split_1", "concat", "out_channels")
     mint_op = "conv3d"
+
+    def zero3_indirect_reads_of_code(self) -> list:
+        # [Note: direct reads]: only the grouped nn.Conv3d path transforms its gathered tensors.
+        if self.is_mint or self.group == 1:
+            return []
+        return [f"Conv3d(group={self.group}) splits the gathered weight by group and reshapes the gathered bias"]
 
     def construct(self, x):
         weight = self.weight_zero_gather(self.weight, x)

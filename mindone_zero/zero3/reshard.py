@@ -1,46 +1,69 @@
 """Free gathered parameters after forward: ``reshard_after_forward`` (FSDP2's name).
 
 [Note: reshard after forward]
-A ZeRO-3 gather (``ZeroParamWrapper``) returns the full tensor; the Cell that consumes it (the
+A ZeRO-3 gather (``ZeroParamWrapper``) returns the full tensor; the op that consumes it (the
 matmul of a Dense, the normalisation of a LayerNorm) keeps that tensor as an input of its own
 backward. Without more, every gathered parameter of the network is alive from its forward use
 until its backward: during backward each rank holds the whole model's weights again (2Φ traffic
 per step: one all-gather, one reduce-scatter).
 
-With ``reshard_after_forward=True`` (the default, as in DeepSpeed and FSDP2) ``shard_network``
-marks with ``Cell.recompute()`` every Cell that gathers a split parameter itself (the ZeRO-3 layer
-Cells, the Cells the generic path rewrote, a user's MindOne-style class), so that the gathered
-tensor is dropped after the Cell's forward and backward recomputes the Cell, gathering the
-parameter again (3Φ: two all-gathers and one reduce-scatter, as the ZeRO paper counts). The
-consumer must be inside the recomputed region: recomputing the gather alone saves nothing,
-because the consumer would still keep its input. The recomputed forward is the same code on the
-same inputs, so losses and gradients are those of ``reshard_after_forward=False`` (the parity
-tests check both against stage 0 and one process).
+With ``reshard_after_forward=True`` (the default, as in DeepSpeed and FSDP2) the gathered tensor is
+dropped after forward and gathered again for backward (3Φ: two all-gathers and one
+reduce-scatter, as the ZeRO paper counts). As FSDP2 and DeepSpeed do it, only the gather runs
+again, not the layers that read it: ``shard_network`` marks each gather Cell a reader calls (its
+per-parameter wrappers, its coalesced group, a gather unit's ``ZeroUnitGather``) with
+``recompute(output_recompute=True)``. In GRAPH_MODE MindSpore's recompute pass then gives every
+backward user of the gather's output a second copy of the gather, placed just before that user,
+and frees the forward copy after its last forward use; the readers' own ops (the LayerNorm, the
+MLP's matmuls, the GELU) run once, and their saved activations are used as without ZeRO. (Plain
+``recompute()`` would not do: it excludes a Cell's outputs, and the gather's output is exactly
+what must not be kept.) Evidence: on blocks of LayerNorm + Dense + GELU + Dense, MindSpore's
+profiler counts as many MatMul, LayerNorm and GeLU kernels per step as at stage 0, with units and
+per layer, and the AllGather count shows the backward re-gathers
+(tests/dist/test_profile_collectives.py); the peak-memory benchmark's freeing row stays where
+recomputing the readers put it (README).
 
-Which Cells are marked, walking from the top Cell:
+A reader is recomputed whole instead (the fallback: ``Cell.recompute()`` as before, which holds the
+re-gathered tensor inside the recomputed region) when re-gathering alone would not free the
+tensor, and ``shard_network`` names it in a warning and in ``recomputed_cells(network)``:
+
+* its code transforms a gathered tensor before the op that consumes it ([Note: direct reads] in
+  ``direct_reads.py``): backward would keep the transformed copy. Only a reader without other
+  readers below it is recomputed whole; one that holds others (a model's top Cell reading
+  ``self.pos_embedding[:n]``) is re-gathered only, as recomputing it would recompute every layer
+  below it, and is named with the copies its backward may keep;
+* in PYNATIVE_MODE, always: recomputing a Cell's output there needs MindSpore's non-reentrant
+  recompute, which fails around the gathers' custom bprop in MindSpore 2.10 ("The pointer[top_cell_]
+  is null", [Note: non-reentrant recompute] in ``carry.py``). The mode is read when the network is
+  sharded.
+
+Which readers, walking from the top Cell:
 
 * a Cell already inside a recomputed region (the user called ``recompute()`` on it or on an
-  ancestor) is left as the user set it: its gathers are recomputed already;
-* the first Cell on each path that gathers a split parameter is marked, and its subtree is then
-  covered by that one region (children are not marked again);
+  ancestor) is left as the user set it: its gathers are recomputed already, with its forward;
+* the first Cell on each path that gathers a split parameter is the reader (its subtree, a unit's
+  included, is covered by it);
 * the top Cell itself is never marked: recomputing the whole forward in backward would hold the
   same tensors at the same time. Parameters the top Cell's own ``construct`` reads (a tied output
   layer reading an Embedding's table, a bare ``self.scale``) therefore stay gathered until their
   backward, as with ``reshard_after_forward=False``; put such reads in a child Cell to free them.
 
-Recompute is applied with MindSpore's defaults (``use_reentrant=True``), which also avoids the
-PYNATIVE failure described in [Note: non-reentrant recompute] in ``carry.py``. Cost: the marked
-Cells' forward compute runs twice.
+Either way the recomputed code is the same code on the same inputs, so losses and gradients are
+those of ``reshard_after_forward=False`` (the parity tests check both against stage 0 and one
+process).
 """
-from typing import List
+from typing import List, Tuple
 
+import mindspore as ms
 from mindspore import nn
 
 from .carry import is_recompute_scoped, spread_recompute_scope
+from .coalesce import ZeroGatherGroup
+from .direct_reads import INDIRECT_ATTR, source_indirect_reads
 from .param_wrapper import ZeroParamWrapper
 from .units import ZeroUnitGather, unit_gathers
 
-__all__ = ["mark_reshard_after_forward", "regathered_param_names", "gathers_split",
+__all__ = ["mark_reshard_after_forward", "describe_recomputed", "regathered_param_names", "gathers_split",
            "apply_zeropp", "zeropp_wrappers", "coalesced_groups"]
 
 
@@ -58,28 +81,83 @@ def _recompute_marked(cell: nn.Cell) -> bool:
     return bool(getattr(cell, "_has_config_recompute", False)) or is_recompute_scoped(cell)
 
 
-def mark_reshard_after_forward(network: nn.Cell) -> List[nn.Cell]:
-    """Mark with ``recompute()`` the Cells chosen by [Note: reshard after forward]; return them.
+PYNATIVE_REASON = ("PYNATIVE_MODE: re-gathering a tensor without its reader needs MindSpore's non-reentrant "
+                   "recompute, which fails around the gathers' custom bprop in MindSpore 2.10 ([Note: non-reentrant "
+                   "recompute] in carry.py)")
 
-    Call after the network is sharded and before it is compiled. Not collective.
+
+GATHER_CELLS = (ZeroParamWrapper, ZeroGatherGroup, ZeroUnitGather)
+
+
+def _gather_children(cell: nn.Cell) -> List[nn.Cell]:
+    """The gather Cells ``cell`` calls that all-gather: wrappers, its coalesced group, a unit's gather."""
+    return [c for c in cell.cells() if gathers_split(c) or isinstance(c, (ZeroGatherGroup, ZeroUnitGather))]
+
+
+def _indirect_reads(cell: nn.Cell) -> List[str]:
+    """[Note: direct reads] of a reader: recorded by the rewrite, a layer Cell's own, or read from the source."""
+    if hasattr(cell, INDIRECT_ATTR):
+        return list(getattr(cell, INDIRECT_ATTR))
+    own = getattr(cell, "zero3_indirect_reads_of_code", None)
+    if own is not None:
+        return own()
+    attrs = [name for name, c in cell._cells.items() if c is not None and (gathers_split(c) or isinstance(c, ZeroGatherGroup))]
+    return source_indirect_reads(cell, attrs)
+
+
+def _holds_readers(cell: nn.Cell) -> bool:
+    """Whether a Cell below ``cell`` (not one of its gather Cells) gathers a split parameter itself."""
+    return any(c is not cell and not isinstance(c, GATHER_CELLS) and _gathers_directly(c)
+               for _, c in cell.cells_and_names())
+
+
+def _regather_only(cell: nn.Cell) -> None:
+    for gather in _gather_children(cell):
+        if not _recompute_marked(gather):
+            gather.recompute(output_recompute=True)
+
+
+def mark_reshard_after_forward(network: nn.Cell) -> List[Tuple[str, nn.Cell, List[str], bool]]:
+    """Mark for recomputation the gathers of the readers chosen by [Note: reshard after forward],
+    or the readers themselves where their code is not direct ([Note: direct reads]).
+
+    Returns the readers whose code is not direct: ``(path, Cell, reasons, whole)``, ``whole`` True
+    when the reader is recomputed whole, False when it holds other readers and is re-gathered
+    only. Call after the network is sharded and before it is compiled. Not collective.
     """
-    marked, seen = [], {id(network)}
+    found, seen = [], {id(network)}
+    pynative = ms.get_context("mode") == ms.PYNATIVE_MODE
 
-    def walk(cell):
-        for child in cell.cells():
-            if child is None or id(child) in seen or isinstance(child, (ZeroParamWrapper, ZeroUnitGather)):
+    def walk(cell, path):
+        for name, child in cell._cells.items():
+            if child is None or name == "_recompute_cell" or id(child) in seen or isinstance(child, GATHER_CELLS):
                 continue
             seen.add(id(child))
+            where = f"{path}.{name}" if path else name
             if _recompute_marked(child):
                 continue
-            if _gathers_directly(child):
-                child.recompute()
-                marked.append(child)
+            if not _gathers_directly(child):
+                walk(child, where)
                 continue
-            walk(child)
+            reasons = [PYNATIVE_REASON] if pynative else _indirect_reads(child)
+            if not reasons:
+                _regather_only(child)
+            elif pynative or not _holds_readers(child):
+                child.recompute()
+                found.append((where, child, reasons, True))
+            else:  # recomputing it whole would recompute every reader below it
+                _regather_only(child)
+                found.append((where, child, reasons, False))
+                walk(child, where)
 
-    walk(network)
-    return marked
+    walk(network, "")
+    return found
+
+
+def describe_recomputed(found: List[Tuple[str, nn.Cell, List[str], bool]]) -> List[str]:
+    """One line per reader of ``mark_reshard_after_forward``'s result: path, class, what is done, why."""
+    return [f"{path} ({type(cell).__name__}) {'recomputed whole' if whole else 're-gathered only, transformed copies may be kept'}: "
+            f"{'; '.join(reasons)}" for path, cell, reasons, whole in found]
 
 
 def regathered_param_names(network: nn.Cell) -> List[str]:

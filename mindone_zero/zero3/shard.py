@@ -1,4 +1,5 @@
 """``shard_network``: turn a network into its ZeRO-3 form in place (the entry point)."""
+import logging
 from typing import Dict, Optional
 
 from mindspore import nn
@@ -13,11 +14,23 @@ from .carry import (carry_hooks, check_carryable, is_recompute_scoped, reapply_r
 from .layers import PARALLEL_MODULES, ZeroCell
 from .options import Stage3Options, mark_options
 from .param_wrapper import ZeroParamWrapper, compute_dtype_of, shard_parameter, zeropp_scope
-from .reshard import apply_zeropp, mark_reshard_after_forward
+from .direct_reads import record_rewritten_reads
+from .reshard import apply_zeropp, describe_recomputed, mark_reshard_after_forward
 from .rewrite import apply_rewrites, plan_rewrites
 from .units import attach_unit_gathers, find_units
 
-__all__ = ["shard_network", "shard_with_options"]
+__all__ = ["shard_network", "shard_with_options", "recomputed_cells", "RECOMPUTED_ATTR"]
+
+_logger = logging.getLogger(__name__)
+RECOMPUTED_ATTR = "zero3_recomputed_cells"
+
+
+def recomputed_cells(network: nn.Cell) -> tuple:
+    """The readers of a sharded ``network`` whose code is not direct ([Note: reshard after forward]):
+    one line each saying whether ``reshard_after_forward`` recomputes it whole in backward or
+    re-gathers only, and why; empty when every reader re-gathers only, or the network was sharded
+    with ``reshard_after_forward=False``."""
+    return getattr(network, RECOMPUTED_ATTR, ())
 
 
 def shard_network(network: nn.Cell, group: Optional[str] = None, parallel_modules: Optional[Dict] = None,
@@ -162,15 +175,29 @@ def _shard(network, group, match, options: Stage3Options):
         return wrappers[key]
 
     apply_rewrites(plans, make_wrapper)
+    record_rewritten_reads(plans, units)
     attach_unit_gathers(list({id(u): u for u in units.values()}.values()),
                         lambda param, dtype: ZeroParamWrapper(param, group, dtype).gather)
     _restore_recompute(recomputed, new_cells)
     spread_recompute_scope(network)
     if reshard_after_forward:
-        mark_reshard_after_forward(network)
+        found = mark_reshard_after_forward(network)
+        object.__setattr__(network, RECOMPUTED_ATTR, tuple(describe_recomputed(found)))
+        _warn_recomputed(found)
     if options.zeropp is not None:
         apply_zeropp(network, options.zeropp)
     return network
+
+
+def _warn_recomputed(found) -> None:
+    """One warning per reason naming the readers whose code is not direct ([Note: reshard after forward])."""
+    by_reason = {}
+    for path, _, reasons, whole in found:
+        what = "recomputes whole in backward" if whole else "re-gathers only (backward may keep transformed copies)"
+        by_reason.setdefault((what, "; ".join(reasons)), []).append(path)
+    for (what, reason), paths in by_reason.items():
+        _logger.warning("shard_network: reshard_after_forward %s %d Cell(s) ([Note: reshard after forward] in "
+                        "mindone_zero/zero3/reshard.py): %s. Cells: %s", what, len(paths), reason, ", ".join(paths))
 
 
 def _outside_units(match, units: dict):

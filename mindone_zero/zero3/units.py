@@ -30,9 +30,10 @@ for the Cells of a unit:
   ``zero3_unit=zero3_unit``. The code is plain Python: GRAPH_MODE and PYNATIVE_MODE both run it.
 
 Cells inside a unit are not replaced by ``parallel_modules`` classes (their own ``construct`` runs,
-rewritten as above): the unit gathers their parameters. With ``reshard_after_forward=True`` the unit
-root is the Cell marked with ``recompute()`` ([Note: reshard after forward]), so backward gathers
-each unit once more, in one collective.
+rewritten as above): the unit gathers their parameters. With ``reshard_after_forward=True`` the unit's
+``ZeroUnitGather`` is recomputed, not the unit's code ([Note: reshard after forward]): backward
+gathers each unit once more, in one collective, and the unit's layers run once (a unit whose code
+transforms a gathered tensor, or any unit in PYNATIVE_MODE, has its root recomputed instead).
 
 Bit-identical to per-parameter gathers: each part's buffer has [Note: packed layout]
 (``mindone_zero/core/packing.py``; block r of the buffer is block r of every parameter), so every
@@ -49,7 +50,7 @@ by the user, ``zero3_gathers_itself``) inside a unit. Put such Cells outside the
 loop's Cells units themselves (``gather_units=(Block, Model)``: the Model's loop calls unit roots,
 which gather for themselves).
 
-Memory: a unit's parameters are all full at once (in forward, and again in backward's recompute), so
+Memory: a unit's parameters are all full at once (in forward, and again when backward re-gathers them), so
 ``estimate_peak_memory``'s largest-layer term ``L`` is the largest unit's parameter count.
 """
 from typing import Dict, List, Optional, Tuple

@@ -30,6 +30,12 @@ FP16_STEPS = 4
 # default: only a dim 0 that divides is split) runs in the "mindone_rule" cases here, and in
 # test_model_train.py and test_mindone_dropin.py.
 PAD = True
+# issue 23: stage 3 with gather units, re-gathered in backward without recomputing the units' code
+# ([Note: reshard after forward]): nested units (TinyNet, and its Dense head inside it) on the
+# network without the bare scalar (TinyNet's own code then hands every gathered tensor straight to
+# an op); with it (``logits * self.temperature`` transforms a gathered tensor) the TinyNet unit is
+# recomputed whole, the fallback; and the float16 head as a unit.
+UNITS = ["TinyNet", "Dense"]
 
 
 def _case(name, stage, mode="graph", accum=1, clip=False, optimizer="adam", steps=STEPS, pad=PAD, **extra):
@@ -90,6 +96,14 @@ def cases_for(world):
         if stage == 3 and world == 2:  # MindOne's order: shard first, then build the optimizer
             cases.append(_case("s3_graph_prepared_first", 3, accum=2, clip=True, optimizer="momentum",
                                prepare_first=True))
+        if stage == 3:
+            for mode in MODES:
+                cases.append(_case(f"s3_{mode}_units", 3, mode, 2, True, "momentum", net="noscalar", units=UNITS))
+            if world == 2:
+                cases.append(_case("s3_graph_units_fallback", 3, accum=2, clip=True, optimizer="momentum",
+                                   units=["TinyNet"]))
+                cases.append(_case("s3_graph_fp16_units", 3, "graph", 2, True, "momentum", steps=FP16_STEPS,
+                                   net="fp16", units=["Dense"]))
         if world == 4:  # hybrid: shards within {0,1},{2,3}, replicas across {0,2},{1,3}
             cases.append(_case(f"s{stage}_graph_hybrid", stage, accum=2, clip=True, optimizer="momentum", hybrid=True))
             cases.append(_case(f"s{stage}_graph_hybrid_fusion", stage, hybrid=True, fusion=FUSION, steps=5))

@@ -65,6 +65,7 @@ def test_kernel_types_per_step_and_the_report(tmp_path):
     assert "| collectives in the CommPlan | 3 | 7 |" in report
     assert "| AllReduce | 1.00 ms / 3 | 4.00 ms / 3 |" in report
     assert "| MatMul | 2.00 ms / 20 | 2.00 ms / 20 |" in report
+    assert "| MatMul launches | 20 | 20 |" in report  # compute kernels, whatever their time
     assert "AllGather" not in report.split("CommPlan")[1]  # only the top 2 kernel types
 
 

@@ -25,6 +25,7 @@ from mindone_zero.core.comm import GroupComm, group_members, init_data_parallel,
 from mindone_zero.core.groups import created_groups  # noqa: E402
 from mindone_zero.memory.measure import measure_model_states  # noqa: E402
 from mindone_zero.train.optimizer_states import find_optimizer_states  # noqa: E402
+from mindone_zero.zero3.shard import recomputed_cells  # noqa: E402
 
 CLIP_NORM = 2.0
 
@@ -69,6 +70,7 @@ def run_case(case, out, rank, world, hybrid):
     if case.get("net") == "fp16":
         net.head.to_float(ms.float16)
     loss_net = LossNet(net)
+    units = tuple({"TinyNet": TinyNet, "Dense": nn.Dense}[name] for name in case.get("units", ())) or None
     if case.get("prepare_first"):
         loss_net = prepare_network(loss_net, case["stage"], groups.get("optimizer_parallel_group"),
                                    reshard_after_forward=case.get("reshard", True),
@@ -80,7 +82,8 @@ def run_case(case, out, rank, world, hybrid):
         loss_net, opt, scale_sense=scale, zero_stage=case["stage"], gradient_accumulation_steps=accum,
         clip_grad=case["clip"], clip_norm=CLIP_NORM, params_split_info=os.path.join(out, case["name"] + "_info"),
         comm_fusion=case.get("fusion"), optimizer_offload=offload_argument(case.get("offload"), out),
-        reshard_after_forward=case.get("reshard", True), pad_uneven_params=case.get("pad", True), **groups,
+        reshard_after_forward=case.get("reshard", True), pad_uneven_params=case.get("pad", True), gather_units=units,
+        **groups,
     )
     train.set_train(True)
     counter = CallCounter(train) if case.get("count_calls") else None
@@ -112,7 +115,7 @@ def run_case(case, out, rank, world, hybrid):
         json.dump({"specs": specs, "state_bytes": int(state_bytes), "master_bytes": int(master_bytes),
                    "split": [bool(s) for s in helper.split], "memory": measure_model_states(train),
                    "offload": helper.host_offload.store.location if helper.host_offload else None,
-                   "plan": [list(e) for e in plan.entries],
+                   "plan": [list(e) for e in plan.entries], "recomputed": list(recomputed_cells(loss_net)),
                    "calls_per_step": {k: v / case["steps"] for k, v in counter.counts.items()} if counter else None}, f)
 
 
