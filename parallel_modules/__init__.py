@@ -5,7 +5,7 @@ to the ZeRO-3 Cells below; ``ZeroParamWrapper`` gathers one sharded parameter.
 """
 from mindone_zero.zero3.layers import PARALLEL_MODULES, Conv1d, Conv2d, Conv3d, Dense, Embedding, Linear
 from mindone_zero.zero3.param_wrapper import ZeroParamWrapper, shard_parameter
-from mindone_zero.zero3.shard import shard_network
+from mindone_zero.zero3.shard import recomputed_cells, shard_network
 
 __all__ = [
     "PARALLEL_MODULES",
@@ -17,5 +17,6 @@ __all__ = [
     "Conv3d",
     "Embedding",
     "shard_network",
+    "recomputed_cells",
     "shard_parameter",
 ]

@@ -32,9 +32,8 @@ FP16_STEPS = 4
 PAD = True
 # issue 23: stage 3 with gather units, re-gathered in backward without recomputing the units' code
 # ([Note: reshard after forward]): nested units (TinyNet, and its Dense head inside it) on the
-# network without the bare scalar (TinyNet's own code then hands every gathered tensor straight to
-# an op); with it (``logits * self.temperature`` transforms a gathered tensor) the TinyNet unit is
-# recomputed whole, the fallback; and the float16 head as a unit.
+# network without the bare scalar; with it (0-d, never split, so ``logits * self.temperature`` reads
+# no gathered tensor); and the float16 head as a unit.
 UNITS = ["TinyNet", "Dense"]
 
 
@@ -100,7 +99,7 @@ def cases_for(world):
             for mode in MODES:
                 cases.append(_case(f"s3_{mode}_units", 3, mode, 2, True, "momentum", net="noscalar", units=UNITS))
             if world == 2:
-                cases.append(_case("s3_graph_units_fallback", 3, accum=2, clip=True, optimizer="momentum",
+                cases.append(_case("s3_graph_units_scalar", 3, accum=2, clip=True, optimizer="momentum",
                                    units=["TinyNet"]))
                 cases.append(_case("s3_graph_fp16_units", 3, "graph", 2, True, "momentum", steps=FP16_STEPS,
                                    net="fp16", units=["Dense"]))

@@ -8,7 +8,7 @@ from mindspore import Tensor, nn
 
 from models import LossNet, TinyNet, assert_params_untouched, init_weights, make_optimizer, snapshot_params
 from mindone_zero import prepare_network, prepare_train_network
-from parallel_modules import Dense, shard_network
+from parallel_modules import Dense, recomputed_cells, shard_network
 from tools.lm_model import Block, TransformerLM, build_lm, init_lm_weights, reversal_batch
 
 ms.set_device("CPU")
@@ -164,8 +164,13 @@ def test_units_in_a_group_of_one_compute_what_the_network_does(mode):
     ids = Tensor(reversal_batch(1, 0, 2, 8, LM["vocab_size"])[0])
     assert np.array_equal(ref(ids).asnumpy(), net(ids).asnumpy())
     assert len(net.blocks[0].zero3_unit_gather.parts) == 2
-    # reshard_after_forward: the unit roots are the recomputed regions, the top Cell never is
-    assert not net._has_config_recompute and all(b._has_config_recompute for b in net.blocks)
+    # reshard_after_forward ([Note: reshard after forward]): GRAPH_MODE recomputes the units' gathers
+    # only, PYNATIVE_MODE the unit roots whole (named); the top Cell is never recomputed
+    assert not net._has_config_recompute and all(b.zero3_unit_gather._has_config_recompute for b in net.blocks)
+    whole = mode == ms.PYNATIVE_MODE
+    assert [b._has_config_recompute for b in net.blocks] == [whole, whole]
+    assert [line.split(" recomputed whole: ")[0] for line in recomputed_cells(net)] == \
+        (["blocks.0 (Block)", "blocks.1 (Block)"] if whole else [])
 
 
 def test_cells_the_user_recomputed_stay_recomputed_inside_units():
