@@ -32,10 +32,12 @@ from typing import Callable, List
 
 from mindspore import nn
 
+from .coalesce import ZeroGatherGroup
+from .param_wrapper import ZeroParamWrapper
 from .units import UNIT_ARG
 
 __all__ = ["TRANSFORMS", "indirect_uses", "gather_call_test", "unit_read_test", "source_indirect_reads",
-           "record_rewritten_reads", "INDIRECT_ATTR"]
+           "record_rewritten_reads", "gather_attrs", "INDIRECT_ATTR"]
 
 INDIRECT_ATTR = "zero3_indirect_reads"
 """Attribute set on a reader Cell by ``shard_network``: the indirect reads of its code (a tuple of
@@ -153,6 +155,12 @@ def unit_read_test(node: ast.AST) -> bool:
     """Recognises ``zero3_unit[k]``: an element of a gather unit's tuple."""
     return (isinstance(node, ast.Subscript) and isinstance(node.value, ast.Name) and node.value.id == UNIT_ARG
             and isinstance(node.slice, ast.Constant))
+
+
+def gather_attrs(cell: nn.Cell) -> List[str]:
+    """Attribute names of the gather Cells ``cell`` holds: its sharded wrappers and coalesced group."""
+    return [name for name, c in cell._cells.items()
+            if (isinstance(c, ZeroParamWrapper) and c.sharded) or isinstance(c, ZeroGatherGroup)]
 
 
 def source_indirect_reads(cell: nn.Cell, gather_attrs) -> List[str]:

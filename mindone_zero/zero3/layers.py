@@ -27,7 +27,7 @@ from ..core.partition import zero_spec_of
 from ..core.stage import StagePolicy, check_stage
 
 from .coalesce import build_gather_group
-from .direct_reads import source_indirect_reads
+from .direct_reads import gather_attrs, source_indirect_reads
 from .carry import carry_cell_state, check_carryable, is_recompute_scoped, reapply_recompute, recompute_options
 from .param_wrapper import (ZeroParamWrapper, check_compute_dtype, check_group, compute_dtype_of,
                             gather_attr_name)
@@ -105,10 +105,7 @@ class ZeroCell(nn.Cell):
     def zero3_indirect_reads_of_code(self) -> list:
         """[Note: direct reads] of this layer's ``construct`` (empty: every gathered tensor goes
         straight to its op, so ``reshard_after_forward`` re-gathers it without recomputing the layer)."""
-        attrs = [name for name, c in self._cells.items() if isinstance(c, ZeroParamWrapper) and c.sharded]
-        if getattr(self, "zero_gather_group", None) is not None:
-            attrs.append("zero_gather_group")
-        return source_indirect_reads(self, attrs)
+        return source_indirect_reads(self, gather_attrs(self))
 
     def _check_args(self, net, zero_stage, group, cell_type, op_group) -> Optional[str]:
         name = type(self).__name__

@@ -59,7 +59,7 @@ from mindspore import nn
 
 from .carry import is_recompute_scoped, spread_recompute_scope
 from .coalesce import ZeroGatherGroup
-from .direct_reads import INDIRECT_ATTR, source_indirect_reads
+from .direct_reads import INDIRECT_ATTR, gather_attrs, source_indirect_reads
 from .param_wrapper import ZeroParamWrapper
 from .units import ZeroUnitGather, unit_gathers
 
@@ -73,8 +73,6 @@ def gathers_split(cell: nn.Cell) -> bool:
     return gather is not None and gather.gathers
 
 
-def _gathers_directly(cell: nn.Cell) -> bool:
-    return any(gathers_split(child) or isinstance(child, ZeroUnitGather) for child in cell.cells())
 
 
 def _recompute_marked(cell: nn.Cell) -> bool:
@@ -94,6 +92,11 @@ def _gather_children(cell: nn.Cell) -> List[nn.Cell]:
     return [c for c in cell.cells() if gathers_split(c) or isinstance(c, (ZeroGatherGroup, ZeroUnitGather))]
 
 
+def _gathers_directly(cell: nn.Cell) -> bool:
+    # a coalesced group exists only over wrappers that all-gather (coalesce.build_gather_group)
+    return bool(_gather_children(cell))
+
+
 def _indirect_reads(cell: nn.Cell) -> List[str]:
     """[Note: direct reads] of a reader: recorded by the rewrite, a layer Cell's own, or read from the source."""
     if hasattr(cell, INDIRECT_ATTR):
@@ -101,8 +104,7 @@ def _indirect_reads(cell: nn.Cell) -> List[str]:
     own = getattr(cell, "zero3_indirect_reads_of_code", None)
     if own is not None:
         return own()
-    attrs = [name for name, c in cell._cells.items() if c is not None and (gathers_split(c) or isinstance(c, ZeroGatherGroup))]
-    return source_indirect_reads(cell, attrs)
+    return source_indirect_reads(cell, gather_attrs(cell))
 
 
 def _holds_readers(cell: nn.Cell) -> bool:
