@@ -256,7 +256,7 @@ def _notes(rows: List[dict]) -> List[str]:
     units = sorted({", ".join(r["units"]) for r in rows if r.get("units")})
     if units:
         notes.append(f"- \"3 (units)\": stage 3 with gather_units=({'; '.join(units)}): each unit's parameters in one "
-                     f"all-gather (again in backward's recompute) and one reduce-scatter ([Note: gather units] in "
+                     f"all-gather (again in backward, without recomputing the unit's layers) and one reduce-scatter ([Note: gather units] in "
                      f"mindone_zero/zero3/units.py); \"3 (units, keep)\" the same units with "
                      f"reshard_after_forward=False.")
     idle = sorted({r["idle"] for r in rows if r.get("idle")})
