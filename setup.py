@@ -27,7 +27,7 @@ setup(
         "pyyaml",
     ],
     extras_require={
-        "test": ["pytest", "pytest-timeout", "setuptools", "wheel"],  # wheel: tests/unit/test_wheel.py
+        "test": ["pytest", "pytest-timeout", "pytest-xdist", "setuptools", "wheel"],  # wheel: tests/unit/test_wheel.py
         "plot": ["matplotlib"],
     },
 )

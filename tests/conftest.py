@@ -1,7 +1,69 @@
+"""Test-session setup shared by every test: import paths, and the groups that pytest-xdist runs
+side by side ([Note: test scheduling])."""
 import sys
 from pathlib import Path
+
+import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 for p in (ROOT, ROOT / "tests"):
     if str(p) not in sys.path:
         sys.path.insert(0, str(p))
+
+# [Note: test scheduling]
+# setup.cfg runs the suite in two pytest-xdist workers (``-n 2 --dist loadgroup``): while one
+# worker's msrun job sleeps (msrun's start-up and shutdown, a worker waiting to register with the
+# scheduler: about 25 s a job, measured with /proc/self/schedstat), or waits for its slower rank,
+# the other's job or one-process tests use the cores. Every test belongs to one group, which one
+# worker runs whole, in order:
+# * a module's tests stay together, so that its module-scoped msrun job runs once;
+# * the tests that read the session's parity jobs (tests/dist/conftest.py) are grouped by the job's
+#   world size, ``parity_N2`` and ``parity_N4``, so that each job runs once, in one worker; a test
+#   with no ``world`` parameter names its job with ``@pytest.mark.parity_world(N)``.
+# Groups start longest first (HEAVY_GROUPS, measured; the rest in collection order), so that the
+# longest jobs do not end up last on one worker. ``--no-loadscope-reorder`` keeps this order.
+# With ``-n 0`` the same order runs in one process.
+HEAVY_GROUPS = (
+    "parity_N4",
+    "parity_N2",
+    "tests/dist/test_gather_units.py",
+    "tests/dist/test_checkpoint_resume.py",
+    "tests/dist/test_model_train.py",
+    "tests/dist/test_zero3_network.py",
+    "tests/dist/test_mindone_dropin.py",
+    "tests/dist/test_zeropp.py",
+    "tests/dist/test_multinode.py",
+    "tests/dist/test_train_tool.py",
+    "tests/dist/test_profile_collectives.py",
+)
+
+
+def _group_of(item) -> str:
+    if "parity_jobs" in item.fixturenames:
+        params = getattr(item, "callspec", None)
+        world = params.params.get("world") if params is not None else None
+        marker = item.get_closest_marker("parity_world")
+        if world is None and marker is not None:
+            world = marker.args[0]
+        if world is None:
+            raise pytest.UsageError(f"{item.nodeid} reads parity_jobs but says no world size: give it a 'world' "
+                                    f"parameter or @pytest.mark.parity_world(N) ([Note: test scheduling]).")
+        return f"parity_N{world}"
+    return Path(str(item.fspath)).resolve().relative_to(ROOT).as_posix()
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_collection_modifyitems(config, items):
+    """Mark every test with its xdist group and order the groups longest first ([Note: test scheduling])."""
+    groups = [_group_of(item) for item in items]
+    for item, group in zip(items, groups):
+        item.add_marker(pytest.mark.xdist_group(group))
+    first_seen = {}
+    for g in groups:
+        first_seen.setdefault(g, len(first_seen))
+
+    def rank(group):
+        return (HEAVY_GROUPS.index(group), 0) if group in HEAVY_GROUPS else (len(HEAVY_GROUPS), first_seen[group])
+
+    order = sorted(range(len(items)), key=lambda i: (rank(groups[i]), i))
+    items[:] = [items[i] for i in order]

@@ -6,11 +6,16 @@ the tools too): a free port and a log folder per launch, and a bounded wall time
 killed and the failing worker's log tail is shown. Here a failure is an AssertionError.
 """
 import json
+import os
 from pathlib import Path
 from typing import Sequence
 
 from tools import launch
 from tools.launch import REPO  # noqa: F401 - the tests read REPO
+
+# Under pytest-xdist two jobs share the cores ([Note: test scheduling] in tests/conftest.py), so a
+# job may take up to twice as long as alone: its time limit, a bound for a hung job, doubles.
+TIMEOUT_FACTOR = 2 if os.environ.get("PYTEST_XDIST_WORKER") else 1
 
 
 def run_msrun_nodes(script: str, nodes: int, workers_per_node: int, out_dir: Path, args: Sequence[str] = (),
@@ -19,7 +24,7 @@ def run_msrun_nodes(script: str, nodes: int, workers_per_node: int, out_dir: Pat
     and ``workers_per_node`` workers (ranks node * workers_per_node + i), as a multi-node launch
     would. Raises AssertionError with the log tails if any node fails or the job exceeds ``timeout``."""
     try:
-        launch.run_msrun_nodes(script, nodes, workers_per_node, out_dir, args, timeout)
+        launch.run_msrun_nodes(script, nodes, workers_per_node, out_dir, args, timeout * TIMEOUT_FACTOR)
     except launch.MsrunError as err:
         raise AssertionError(str(err)) from None
 
@@ -40,7 +45,8 @@ def run_msrun(
     fails (when ``expect_success``) or exceeds ``timeout`` seconds.
     """
     try:
-        return launch.run_msrun(script, nproc, out_dir, args, timeout, extra_msrun_args, check=expect_success)
+        return launch.run_msrun(script, nproc, out_dir, args, timeout * TIMEOUT_FACTOR, extra_msrun_args,
+                                check=expect_success)
     except launch.MsrunError as err:
         raise AssertionError(str(err)) from None
 

@@ -85,23 +85,38 @@ def _start(cmd: List[str], cwd: Path) -> subprocess.Popen:
                             text=True, start_new_session=True)
 
 
+def _kill_running(procs: List[subprocess.Popen]) -> set:
+    """SIGKILL the process group of every job still running; returns their pids."""
+    killed = set()
+    for p in procs:
+        if p.poll() is None:
+            killed.add(p.pid)
+            try:
+                os.killpg(p.pid, signal.SIGKILL)
+            except ProcessLookupError:  # the whole group ended meanwhile
+                pass
+    return killed
+
+
 def _wait_all(procs: List[subprocess.Popen], cmds: List[List[str]], timeout: float) -> List:
     """Each job's ``CompletedProcess`` once all have ended; when ``timeout`` seconds pass first,
-    every process group still running is killed and those jobs get ``returncode`` None."""
+    every process group still running is killed and those jobs get ``returncode`` None. If the
+    wait itself is interrupted (Ctrl-C, or pytest-timeout's limit on the calling test), the jobs
+    are killed before the interruption goes on: an abandoned job would hold the cores (and
+    its port) for the rest of the session."""
     deadline, killed, results = time.monotonic() + timeout, set(), []
-    for proc, cmd in zip(procs, cmds):
-        try:
-            stdout, _ = proc.communicate(timeout=None if killed else max(deadline - time.monotonic(), 0.01))
-        except subprocess.TimeoutExpired:
-            for p in procs:
-                if p.poll() is None:
-                    killed.add(p.pid)
-                    try:
-                        os.killpg(p.pid, signal.SIGKILL)
-                    except ProcessLookupError:  # the whole group ended meanwhile
-                        pass
-            stdout, _ = proc.communicate()
-        results.append(subprocess.CompletedProcess(cmd, None if proc.pid in killed else proc.returncode, stdout, ""))
+    try:
+        for proc, cmd in zip(procs, cmds):
+            try:
+                stdout, _ = proc.communicate(timeout=None if killed else max(deadline - time.monotonic(), 0.01))
+            except subprocess.TimeoutExpired:
+                killed |= _kill_running(procs)
+                stdout, _ = proc.communicate()
+            results.append(subprocess.CompletedProcess(cmd, None if proc.pid in killed else proc.returncode, stdout,
+                                                       ""))
+    except BaseException:
+        _kill_running(procs)
+        raise
     return results
 
 

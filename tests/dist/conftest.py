@@ -31,8 +31,9 @@ def parity_jobs(tmp_path_factory):
                           timeout=1500)
                 compute_references(out, [reference_spec_of(c) for c in CASES[world]])
                 done[world] = out
-            except AssertionError as e:  # a failed job fails every test that reads it, without rerunning
-                done[world] = e
+            except BaseException as e:  # a failed (or interrupted) job fails every test that reads it, not rerun
+                done[world] = AssertionError(f"the N={world} parity job failed: {type(e).__name__}: {e}")
+                raise
         if isinstance(done[world], AssertionError):
             raise done[world]
         return world, done[world]

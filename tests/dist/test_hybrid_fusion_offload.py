@@ -30,6 +30,7 @@ def test_comm_plan_matches_the_collectives_actually_called(parity_jobs, world, n
 
 # Stage 3 gathers and reduce-scatters per layer (weight and bias coalesced, not bucketed); its
 # fused collectives are the replicated all-reduces, too few in TinyNet to need two buckets.
+@pytest.mark.parity_world(2)
 @pytest.mark.parametrize("stage", [0, 1, 2])
 def test_fusion_cuts_collectives_to_one_per_bucket(parity_jobs, stage):
     world, out = parity_jobs(2)
@@ -64,6 +65,7 @@ def test_default_buckets_change_no_loss_or_parameter_bit(parity_jobs, world, sta
             assert np.array_equal(b.params[name], value), name
 
 
+@pytest.mark.parity_world(4)
 @pytest.mark.parametrize("stage", STAGES)
 def test_hybrid_reduces_across_replicas_with_and_without_fusion(parity_jobs, stage):
     world, out = parity_jobs(4)
@@ -81,6 +83,7 @@ OFFLOADED = [pytest.param(c["stage"], c["name"], c["offload"], id=c["name"])
              for _, c in world_cases(lambda c: c.get("offload"))]
 
 
+@pytest.mark.parity_world(2)
 @pytest.mark.parametrize("stage,name,where", OFFLOADED)
 def test_offloaded_run_equals_the_device_run(parity_jobs, stage, name, where):
     """Issue 13: the host update (states in memory or in files, updated in chunks) gives the

@@ -21,13 +21,15 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from msrun_harness import TIMEOUT_FACTOR
+
 REPO = Path(__file__).resolve().parents[2]
 SMALL = ["--config", str(REPO / "configs" / "train_lm.yaml"), "--world_size", "2", "--steps", "6",
          "--ckpt_interval", "3", "--n_layers", "1", "--d_model", "32", "--global_batch_size", "8",
          "--eval_batch_size", "8"]
 
 
-def _train(out: Path, *extra, timeout=480) -> subprocess.CompletedProcess:
+def _train(out: Path, *extra, timeout=480 * TIMEOUT_FACTOR) -> subprocess.CompletedProcess:
     cmd = [sys.executable, str(REPO / "tools" / "train.py"), *SMALL, "--output_dir", str(out), *extra]
     env = dict(os.environ, GLOG_v="3", PYTHONPATH=os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")]))
     proc = subprocess.Popen(cmd, cwd=str(REPO), env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,

@@ -3,7 +3,9 @@ that the launcher's own work is checked in seconds: the command line, the error 
 tails, and the kill of the whole process group at the time limit."""
 import json
 import os
+import signal
 import sys
+import threading
 import time
 
 import pytest
@@ -72,6 +74,31 @@ def test_at_the_time_limit_the_whole_process_group_is_killed(fake_msrun, tmp_pat
         time.sleep(0.1)
     else:
         pytest.fail(f"the worker {child} outlived the time limit")
+
+
+def test_an_interrupted_wait_kills_the_whole_process_group(fake_msrun, tmp_path):
+    # pytest-timeout's limit on the calling test, or Ctrl-C, arrives as an exception in the wait
+    fake_msrun("hang")
+    interrupt = threading.Timer(4, lambda: signal.pthread_kill(threading.main_thread().ident, signal.SIGUSR1))
+
+    def raise_interrupt(signum, frame):
+        raise KeyboardInterrupt("interrupted")
+
+    previous = signal.signal(signal.SIGUSR1, raise_interrupt)
+    try:
+        interrupt.start()
+        with pytest.raises(KeyboardInterrupt):
+            run_msrun("tools/train.py", 1, tmp_path, timeout=120, check=False)
+    finally:
+        interrupt.cancel()
+        signal.signal(signal.SIGUSR1, previous)
+    child = int((tmp_path / "child.pid").read_text())
+    for _ in range(100):
+        if _dead(child):
+            break
+        time.sleep(0.1)
+    else:
+        pytest.fail(f"the worker {child} outlived the interrupted wait")
 
 
 def _dead(pid: int) -> bool:
