@@ -178,10 +178,19 @@ def _zeropp_config(where: str, value) -> Optional[ZeroPPConfig]:
             raise TypeError(f"For '{where}', the argument 'zeropp.{name}' must be a bool, but got "
                             f"{getattr(config, name)!r}.")
     check_block_size(where, "zeropp.block_size", config.block_size)
+    _check_min_quantize_numel(where, config.min_quantize_numel)
     if config.hpz_group is not None and not isinstance(config.hpz_group, str):
         raise TypeError(f"For '{where}', the argument 'zeropp.hpz_group' must be None or a group name (str), but "
                         f"got {config.hpz_group!r}.")
     return config if config.enabled else None
+
+
+def _check_min_quantize_numel(where: str, value) -> None:
+    message = f"For '{where}', the argument 'zeropp.min_quantize_numel' must be a non-negative int, but got {value!r}."
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise TypeError(message)
+    if value < 0:
+        raise ValueError(message)
 
 
 def _zeropp(where: str, value, zero_stage: int, group: Optional[str], reshard_after_forward: bool):

@@ -295,7 +295,8 @@ class ZeroParamWrapper(nn.Cell):
 class _GatherShard(nn.Cell):
     """The custom-bprop half of ``ZeroParamWrapper``: all-gather forward, reduce-scatter backward.
 
-    With ZeRO++ (``zeropp``, a ``ZeroPPConfig``): qwZ all-gathers the shard as int8 blocks and
+    With ZeRO++ (``zeropp``, a ``ZeroPPConfig``), for a parameter it quantizes (``zeropp.quantizes``:
+    not a vector nor below ``min_quantize_numel``): qwZ all-gathers the shard as int8 blocks and
     dequantizes (``GroupComm.all_gather_quantized``, from the parameter's dtype, so a narrower
     compute dtype is cast after the gather); qgZ reduce-scatters the gradient quantized
     (``GroupComm.reduce_scatter_quantized``, summed in float32).
@@ -313,8 +314,10 @@ class _GatherShard(nn.Cell):
         self.compute_dtype = param_dtype if compute_dtype is None else compute_dtype
         # A split parameter in a group of one is already whole; no collective is needed.
         self.gathers = spec.split and spec.group_size > 1
-        self.quantize_weights = self.gathers and zeropp is not None and zeropp.quantize_weights
-        self.quantize_grads = self.gathers and zeropp is not None and zeropp.quantize_gradients
+        # [Note: full-precision tensors] in zeropp.py: vectors and small tensors are not quantized.
+        quantizes = self.gathers and zeropp is not None and zeropp.quantizes(spec.shape)
+        self.quantize_weights = quantizes and zeropp.quantize_weights
+        self.quantize_grads = quantizes and zeropp.quantize_gradients
         narrower = itemsize_of(self.compute_dtype) < itemsize_of(param_dtype)
         self.cast_before_gather = narrower and not self.quantize_weights
         self.cast_after_gather = not self.cast_before_gather and self.compute_dtype != param_dtype

@@ -3,13 +3,15 @@
 Two msrun jobs (tests/dist/workers/zeropp_worker.py), each running several cases:
 
 * N=2: the demo LM (configs/train_lm.yaml's model with one layer of width 32) for 200 steps
-  without ZeRO++ and with qwZ + qgZ (int8 blocks of 2048): the final loss with quantization within
-  5% of the unquantized one.
+  without ZeRO++ and with qwZ + qgZ (int8 blocks of 2048), at learning rates 1e-3 and 3e-3: the final
+  loss with quantization within 5% of the unquantized one at 1e-3, within 50% at 3e-3 (where the
+  loss falls fast and the curves cross; README "Accuracy, measured"); vectors (biases, LayerNorm
+  weights) are not quantized.
 * N=4, hpZ group = each half of the ranks: TinyNet (uneven shapes: dim 0 of 7 and 11 over 4
   ranks, so sharded with ``pad_uneven_params=True``; a LayerNorm through the generic path, an
   Embedding, a Conv2d) trained with and without hpZ
   is bit-identical (losses and final parameters); with all three, the bytes of the quantized tensors
-  the emulation builds agree with ``comm_plan``; the demo LM's plan (built, not trained) with all
+  the emulation builds and of the float32 vectors agree with ``comm_plan``; the demo LM's plan (built, not trained) with all
   three moves at most 0.3 x plain stage 3's bytes across the hpZ groups; qwZ + qgZ in PYNATIVE_MODE;
   bad values raise first.
 """
@@ -26,8 +28,10 @@ QUANT = {"quantize_weights": True, "quantize_gradients": True}
 # One layer of width 32 and reshard_after_forward=False: the quantized run is several times slower
 # per step on CPU (its quantize and dequantize ops), and both compile faster; qwZ with resharding is
 # run in the N=4 job.
-LM_CASES = [{"name": "lm_plain", "model": "lm_small", "steps": 200, "zeropp": None, "reshard": False},
-            {"name": "lm_quant", "model": "lm_small", "steps": 200, "zeropp": QUANT, "reshard": False}]
+LRS = (1e-3, 3e-3)  # 3e-3: the loss still falls fast, where an outside client saw quantized runs drift
+LM_CASES = [{"name": f"lm_{kind}_{lr:g}", "model": "lm_small", "steps": 200, "lr": lr,
+             "zeropp": QUANT if kind == "quant" else None, "reshard": False}
+            for lr in LRS for kind in ("plain", "quant")]
 N4_CASES = [{"name": "tiny_plain", "model": "tiny", "steps": 4, "zeropp": None},
             {"name": "tiny_hpz", "model": "tiny", "steps": 4, "zeropp": None, "hpz": True},
             {"name": "tiny_all", "model": "tiny", "steps": 2, "zeropp": QUANT, "hpz": True},
@@ -60,15 +64,32 @@ def _cross_volume(entries):
                if not g.startswith("hpz_") and not (k == "all_reduce" and b == 4))
 
 
-def test_qwz_qgz_lm_200_steps_final_loss_within_5_percent(n2):
-    plain, quant = n2("lm_plain"), n2("lm_quant")
+# Final-loss tolerance per learning rate (README, "Accuracy, measured"): at 3e-3 the quantized and plain
+# curves cross and differ by tens of percent at any one step (measured +25% at the end), so 50% there.
+FINAL_TOLERANCE = {1e-3: 0.05, 3e-3: 0.5}
+
+
+@pytest.mark.parametrize("lr", LRS)
+def test_qwz_qgz_lm_200_steps_final_loss_close_to_plain(n2, lr):
+    plain, quant = n2(f"lm_plain_{lr:g}"), n2(f"lm_quant_{lr:g}")
     assert len(plain["losses"]) == len(quant["losses"]) == 200
     assert plain["losses"][-1] < 0.1 * plain["losses"][0]  # it learned
     assert quant["losses"] != plain["losses"]  # quantization is really on
-    assert abs(quant["losses"][-1] - plain["losses"][-1]) <= 0.05 * plain["losses"][-1], (plain["losses"][-1],
-                                                                                         quant["losses"][-1])
+    assert quant["losses"][-1] < 0.01 * quant["losses"][0]  # the quantized run learned too
+    gap = abs(quant["losses"][-1] - plain["losses"][-1])
+    assert gap <= FINAL_TOLERANCE[lr] * plain["losses"][-1], (plain["losses"][-1], quant["losses"][-1])
     for rank in range(2):  # replicas agree: every rank ends with the same full parameters
-        assert n2("lm_quant", rank)["digests"] == quant["digests"]
+        assert n2(f"lm_quant_{lr:g}", rank)["digests"] == quant["digests"]
+
+
+def test_vectors_travel_in_full_precision(n2, n4):
+    """[Note: full-precision tensors]: of the split parameters, exactly those with two or more
+    dimensions are quantized (LM: attention and MLP weights, embeddings; TinyNet: Dense, Embedding,
+    Conv2d); biases and LayerNorm gammas and betas are not."""
+    for result in (n2("lm_quant_0.001"), n4("tiny_all")):
+        expected = {name: shape for name, shape in result["split"].items() if len(shape) >= 2}
+        assert result["quantized"] == expected
+        assert any(len(shape) == 1 for shape in result["split"].values())  # there were vectors to keep
 
 
 @pytest.mark.parametrize("rank", range(4))
@@ -83,7 +104,8 @@ def test_hpz_alone_is_bitwise_exact(n4, rank):
 @pytest.mark.parametrize("rank", range(4))
 def test_emulated_quantized_tensor_sizes_agree_with_comm_plan(n4, rank):
     result = n4("tiny_all", rank)
-    for kind in ("all_gather", "all_to_all"):
+    # vectors move float32 ([Note: full-precision tensors]): reduce_scatter counts their gradients
+    for kind in ("all_gather", "all_to_all", "reduce_scatter"):
         planned = sum(b for k, g, b, n in result["plan"] if k == kind and not g.startswith("hpz_"))
         assert result["measured"][kind] > 0 and result["measured"][kind] == planned, kind
     assert all(l == l for l in result["losses"])  # it trains (no NaN)

@@ -85,10 +85,26 @@ def test_comm_plan_quantized_entries_and_volume_outside():
     assert plan.volume() == pytest.approx((8192 + 16) * 3 / 4 + 32768 / 2)
 
 
+def test_vectors_and_small_tensors_stay_in_full_precision():
+    """[Note: full-precision tensors]: biases and norm weights are never quantized; 2-D and larger
+    tensors are, from ``min_quantize_numel`` elements on."""
+    default = ZeroPPConfig(quantize_weights=True)
+    assert default.min_quantize_numel == 0
+    assert not default.quantizes((30,)) and not default.quantizes((4096,)) and not default.quantizes(())
+    assert default.quantizes((7, 15)) and default.quantizes((3, 1, 3, 3))
+    threshold = ZeroPPConfig(quantize_weights=True, min_quantize_numel=1000)
+    assert not threshold.quantizes((16, 30))  # 480 elements: a small position table stays exact
+    assert threshold.quantizes((32, 32)) and threshold.quantizes((1000, 1))
+
+
 BAD = [
     ({"quantize_weights": True, "block_size": 0}, ValueError, "'zeropp.block_size' must be a positive int, but got 0."),
     ({"quantize_gradients": True, "block_size": -3}, ValueError, "'zeropp.block_size' must be a positive int, but got -3."),
     ({"quantize_weights": True, "block_size": 1.5}, TypeError, "'zeropp.block_size' must be a positive int, but got 1.5."),
+    ({"quantize_weights": True, "min_quantize_numel": -1}, ValueError,
+     "'zeropp.min_quantize_numel' must be a non-negative int, but got -1."),
+    ({"quantize_gradients": True, "min_quantize_numel": 1.5}, TypeError,
+     "'zeropp.min_quantize_numel' must be a non-negative int, but got 1.5."),
     ({"quantize_weights": "yes"}, TypeError, "'zeropp.quantize_weights' must be a bool, but got 'yes'."),
     ({"quantise_weights": True}, ValueError, "'zeropp' has unknown keys ['quantise_weights']"),
     ({"hpz_group": 2}, TypeError, "'zeropp.hpz_group' must be None or a group name (str), but got 2."),

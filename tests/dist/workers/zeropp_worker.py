@@ -4,7 +4,7 @@ Cases (a JSON list from the test, run in order in one job; every rank writes
 ``<name>_rank<r>.json`` under --out):
 
 * ``{"name", "model": "lm" | "lm_small" | "tiny", "steps", "zeropp": {...} | null, "hpz": bool,
-  "reshard": bool (default true), "mode": "graph" (default) | "pynative"}``: build the demo LM (``tools/lm_model.py``, the ``LM`` config
+  "reshard": bool (default true), "mode": "graph" (default) | "pynative", "lr": float (default 1e-3)}``: build the demo LM (``tools/lm_model.py``, the ``LM`` config
   below, or with ``LM_SMALL``'s changes) or ``tests/models.TinyNet`` (uneven
   shapes, Dense + Embedding + LayerNorm + Conv2d) at stage 3 and train ``steps`` optimizer steps
   (0: build only); ``hpz`` adds ``hpz_group`` = this rank's half of the world ({0..N/2-1} or
@@ -12,7 +12,8 @@ Cases (a JSON list from the test, run in order in one job; every rank writes
   its float32 bytes), the comm plan's entries, Φ (fp32 parameter bytes) and ``measured``: the
   bytes of the int8 values and scales that ``quantize_blocks`` produces for every ZeRO++ gather
   on this rank's shard and gradient shapes (the tensors the CPU emulation moves, counted at 1 byte
-  per int8 value, as natively), and ``hpz_bytes`` (``memory_measure.hpz_secondary_bytes``).
+  per int8 value, as natively), and of the float32 tensors of the parameters kept in full precision, ``hpz_bytes`` (``memory_measure.hpz_secondary_bytes``) and
+  ``quantized``: the full shapes of the parameters whose gathers quantize (by name).
 * ``{"name": "errors"}``: bad ``zeropp`` values against a network that must stay unmodified.
 """
 import hashlib
@@ -60,10 +61,10 @@ def _batch(model, step, rank, world):
     return tuple(Tensor(a[rank * micro:(rank + 1) * micro]) for a in arrays)
 
 
-def _build(model, zeropp, reshard):
+def _build(model, zeropp, reshard, lr):
     loss_net = _loss_net(model)
     phi = sum(p.size * 4 for p in loss_net.trainable_params())
-    optimizer = nn.AdamWeightDecay(loss_net.trainable_params(), learning_rate=1e-3, weight_decay=0.0)
+    optimizer = nn.AdamWeightDecay(loss_net.trainable_params(), learning_rate=lr, weight_decay=0.0)
     # TinyNet's shapes do not divide by 4 on purpose: it shards with the padded rule; the LM's do
     train = prepare_train_network(loss_net, optimizer, scale_sense=1024.0, clip_grad=True, clip_norm=1.0,
                                   zero_stage=3, zeropp=zeropp, reshard_after_forward=reshard,
@@ -74,8 +75,10 @@ def _build(model, zeropp, reshard):
 
 
 def _measured_bytes(train):
-    """Native bytes of the quantized tensors this rank's ZeRO++ gathers produce, per kind."""
-    total = {"all_gather": 0, "all_to_all": 0}
+    """Native bytes of the tensors this rank's ZeRO++ gathers move, per kind: the quantized tensors
+    ``quantize_blocks`` produces, and the float32 tensors of the parameters kept in full precision
+    ([Note: full-precision tensors] in zeropp.py)."""
+    total = {"all_gather": 0, "all_to_all": 0, "reduce_scatter": 0}
     for wrapper in zeropp_wrappers(train.network).values():
         gather = wrapper.gather
         n = gather.group_size
@@ -83,11 +86,26 @@ def _measured_bytes(train):
         if gather.quantize_weights:
             q, s = quantize_blocks(shard.reshape(-1), gather.block, gather.blocks)
             total["all_gather"] += n * (q.size + 4 * s.size)  # the gathered result holds every rank's
+        else:
+            total["all_gather"] += n * shard.size * 4
         if gather.quantize_grads:
             full = Tensor(np.ones((n, shard.size), np.float32))
             q, s = quantize_blocks(full, gather.block, gather.blocks)
             total["all_to_all"] += q.size + 4 * s.size  # this rank's (N destinations, blocks) input
+        else:
+            total["reduce_scatter"] += n * shard.size * 4  # the padded full gradient
     return total
+
+
+def _split_shapes(train):
+    """Full shape of every split parameter of the ZeRO++ gathers, by name."""
+    return {name: list(w.gather.spec.shape) for name, w in zeropp_wrappers(train.network).items() if w.gather.gathers}
+
+
+def _quantized_shapes(train):
+    """Full shape of every parameter whose ZeRO++ gather quantizes its weights or gradients, by name."""
+    return {name: list(w.gather.spec.shape) for name, w in zeropp_wrappers(train.network).items()
+            if w.gather.quantize_weights or w.gather.quantize_grads}
 
 
 def run_train(case, rank, world, out):
@@ -99,7 +117,7 @@ def run_train(case, rank, world, out):
         name = f"hpz_{members[0]}"  # a contiguous half, named by its first rank: unique job-wide (groups.py)
         create_group(name, members)
         zeropp = dict(zeropp or {}, hpz_group=name)
-    train, phi = _build(case["model"], zeropp, case.get("reshard", True))
+    train, phi = _build(case["model"], zeropp, case.get("reshard", True), case.get("lr", 1e-3))
     losses, start = [], time.time()
     first = start
     for step in range(case["steps"]):
@@ -112,6 +130,7 @@ def run_train(case, rank, world, out):
     plan = train.comm_plan
     result = {"losses": losses, "digests": digests, "plan": [list(e) for e in plan.entries], "phi": phi,
               "measured": _measured_bytes(train), "hpz_bytes": hpz_secondary_bytes(train),
+              "quantized": _quantized_shapes(train), "split": _split_shapes(train),
               "seconds": {"first_step": first - start, "rest": time.time() - first}}
     _write(out, case["name"], rank, result)
 
