@@ -14,6 +14,14 @@ Per combination the table gives the ring volume a rank sends per step, in all an
 secondary group (what crosses nodes, the paper's measure), in Φ (the fp32 parameter bytes) and
 against plain stage 3 (3Φ: forward gather, backward re-gather, gradient reduce-scatter). The
 paper's figures (fp16 weights, int4 gradients) are 3Φ -> 0.75Φ across nodes.
+
+    python tools/benchmark_zeropp.py --block_sweep --out outputs/benchmark/zeropp_blocks
+
+measures what the quantization block size trades, in one process (no msrun): for the matrices of a
+demo LM made large (``--sweep_model``, default d_model 1024, d_ff 4096, 2 layers: tensors of 1-4 M
+elements), with MindSpore's default initial weights and the gradients of one backward pass, the
+relative error ``|dq(q(x)) - x| / |x|`` per tensor of the library's own ``quantize_blocks`` /
+``dequantize_blocks``, against the bytes the float32 scales add (4 per block).
 """
 import argparse
 import itertools
@@ -91,14 +99,71 @@ def render(data: dict) -> str:
     return "\n".join(lines)
 
 
+SWEEP_MODEL = {"vocab_size": 64, "d_model": 1024, "n_layers": 2, "d_ff": 4096, "max_len": 16, "n_heads": 8}
+SWEEP_BLOCKS = (64, 256, 1024, 2048, 8192, 65536)
+
+
+def _relative_error(x, block_size: int) -> float:
+    """|dequantize(quantize(x)) - x| / |x| of one tensor, blocks of ``block_size`` ([Note: block quantization])."""
+    import numpy as np
+    from mindspore import Tensor
+
+    from mindone_zero.core.quantize import block_layout, dequantize_blocks, quantize_blocks
+
+    flat = Tensor(x.reshape(-1))
+    block, blocks, _ = block_layout(flat.shape[0], block_size)
+    q, scales = quantize_blocks(flat, block, blocks)
+    back = dequantize_blocks(q, scales, block, flat.shape[0]).asnumpy()
+    return float(np.linalg.norm(back - x.reshape(-1)) / max(np.linalg.norm(x), 1e-30))
+
+
+def block_sweep(model_cfg: dict, blocks=SWEEP_BLOCKS) -> str:
+    """The block-size table: per block size, the scales' byte overhead and the median and largest
+    relative error over the model's matrices (weights, and gradients of one backward pass)."""
+    import numpy as np
+    import mindspore as ms
+    from mindspore import Tensor
+
+    from tools.lm_model import LMLoss, build_lm, reversal_batch
+
+    ms.set_context(mode=ms.PYNATIVE_MODE)
+    ms.set_seed(0)
+    loss_net = LMLoss(build_lm(model_cfg))  # MindSpore's default initialisation
+    params = [p for p in loss_net.trainable_params() if len(p.shape) >= 2]  # what qwZ / qgZ quantize
+    ids, targets, weights = reversal_batch(1, 0, 8, (int(model_cfg["max_len"]) - 1) // 2, int(model_cfg["vocab_size"]))
+    grads = ms.grad(loss_net, grad_position=None, weights=params)(Tensor(ids), Tensor(targets), Tensor(weights))
+    kinds = {"weights": [p.asnumpy() for p in params], "gradients": [g.asnumpy() for g in grads]}
+    sizes = sorted(int(np.prod(p.shape)) for p in params)
+    lines = [f"Block quantization error, {len(params)} matrices of {sizes[0]}-{sizes[-1]} elements (demo LM, "
+             f"d_model {model_cfg['d_model']}, d_ff {model_cfg['d_ff']}, MindSpore's default initialisation; "
+             "gradients of one backward pass); relative error |dq(q(x)) - x| / |x| per tensor", "",
+             "| block size | scale bytes / int8 bytes | weights: median | weights: max | gradients: median | "
+             "gradients: max |", "|---:|---:|---:|---:|---:|---:|"]
+    for block_size in blocks:
+        errors = {k: [_relative_error(x, block_size) for x in xs] for k, xs in kinds.items()}
+        cells = " | ".join(f"{np.median(e):.4%} | {max(e):.4%}" for e in errors.values())
+        lines.append(f"| {block_size} | {4 / block_size:.2%} | {cells} |")
+    return "\n".join(lines)
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--config", default=str(REPO / "configs" / "train_lm.yaml"))
     parser.add_argument("--world_size", type=int, default=4)
     parser.add_argument("--out", default="outputs/benchmark/zeropp")
     parser.add_argument("--as_worker", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument("--block_sweep", action="store_true",
+                        help="measure the quantization error against the block size instead (one process)")
+    parser.add_argument("--sweep_model", type=json.loads, default=SWEEP_MODEL,
+                        help="the LM of --block_sweep, as JSON (keys of tools/lm_model.TransformerLM)")
     args = parser.parse_args(argv)
     out = Path(args.out).resolve()
+    if args.block_sweep:
+        out.mkdir(parents=True, exist_ok=True)
+        report = block_sweep(args.sweep_model)
+        (out / "blocks.md").write_text(report + "\n")
+        print(report)
+        return 0
     if args.as_worker:
         worker(args.config, out)
         return 0
