@@ -103,7 +103,7 @@ SWEEP_MODEL = {"vocab_size": 64, "d_model": 1024, "n_layers": 2, "d_ff": 4096, "
 SWEEP_BLOCKS = (64, 256, 1024, 2048, 8192, 65536)
 
 
-def _relative_error(x, block_size: int) -> float:
+def relative_error(x, block_size: int) -> float:
     """|dequantize(quantize(x)) - x| / |x| of one tensor, blocks of ``block_size`` ([Note: block quantization])."""
     import numpy as np
     from mindspore import Tensor
@@ -140,7 +140,7 @@ def block_sweep(model_cfg: dict, blocks=SWEEP_BLOCKS) -> str:
              "| block size | scale bytes / int8 bytes | weights: median | weights: max | gradients: median | "
              "gradients: max |", "|---:|---:|---:|---:|---:|---:|"]
     for block_size in blocks:
-        errors = {k: [_relative_error(x, block_size) for x in xs] for k, xs in kinds.items()}
+        errors = {k: [relative_error(x, block_size) for x in xs] for k, xs in kinds.items()}
         cells = " | ".join(f"{np.median(e):.4%} | {max(e):.4%}" for e in errors.values())
         lines.append(f"| {block_size} | {4 / block_size:.2%} | {cells} |")
     return "\n".join(lines)

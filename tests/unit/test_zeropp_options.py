@@ -182,3 +182,13 @@ def test_estimator_cli_prints_the_hpz_row(capsys):
     assert main(["--params", "1000", "--world-size", "4", "--largest-layer", "100", "--hpz-group-size", "2"]) == 0
     # stage 3, fp16 + Adam: 4000 of states + 4 * 100 of a gathered layer + 2 * 1000 / 2 of secondary shards
     assert "| True, hpZ over 2 ranks | 5400 |" in capsys.readouterr().out
+
+
+def test_block_sweep_error_is_zero_on_exact_blocks_and_grows_with_the_block():
+    from tools.benchmark_zeropp import relative_error
+
+    exact = np.arange(-127, 128, dtype=np.float32)  # one block whose largest value is 127: scale 1, exact
+    assert relative_error(exact, 255) == 0.0
+    heavy = np.random.default_rng(0).standard_t(2, size=8192).astype(np.float32)  # gradient-like tails
+    errors = [relative_error(heavy, b) for b in (64, 512, 8192)]
+    assert 0 < errors[0] < errors[1] < errors[2], errors
