@@ -67,13 +67,7 @@ def test_at_the_time_limit_the_whole_process_group_is_killed(fake_msrun, tmp_pat
     with pytest.raises(MsrunError, match="timed out after 8s") as err:
         run_msrun("tools/train.py", 1, tmp_path, timeout=8, check=False)
     assert time.monotonic() - start < 60 and err.value.result.returncode is None
-    child = int((tmp_path / "child.pid").read_text())
-    for _ in range(100):
-        if _dead(child):
-            break
-        time.sleep(0.1)
-    else:
-        pytest.fail(f"the worker {child} outlived the time limit")
+    _assert_dies(tmp_path, "the time limit")
 
 
 def test_an_interrupted_wait_kills_the_whole_process_group(fake_msrun, tmp_path):
@@ -92,13 +86,17 @@ def test_an_interrupted_wait_kills_the_whole_process_group(fake_msrun, tmp_path)
     finally:
         interrupt.cancel()
         signal.signal(signal.SIGUSR1, previous)
+    _assert_dies(tmp_path, "the interrupted wait")
+
+
+def _assert_dies(tmp_path, when: str) -> None:
+    """The fake msrun's worker (its pid in child.pid) is gone within 10 s."""
     child = int((tmp_path / "child.pid").read_text())
     for _ in range(100):
         if _dead(child):
-            break
+            return
         time.sleep(0.1)
-    else:
-        pytest.fail(f"the worker {child} outlived the interrupted wait")
+    pytest.fail(f"the worker {child} outlived {when}")
 
 
 def _dead(pid: int) -> bool:
