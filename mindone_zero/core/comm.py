@@ -28,23 +28,6 @@ The emulations give the same numbers as the native ops (additions of exact zeros
 more bytes. ``CommPlan`` (comm_plan.py) therefore records what the *native* path would move, which is what
 the ZeRO paper's 2Φ / 3Φ volumes refer to.
 
-[Note: slices]
-On the CPU backend (MindSpore 2.10, GRAPH_MODE) a slice that cuts nothing, ``x[:x.shape[0]]``,
-costs about 20-40 ms for a (1024, 1024) float32 tensor, a hundred times a real slice
-(``x[512:]``, ``ops.slice``, ``ops.narrow``: 0.2-0.5 ms) or a copy. Every slice on a hot path
-is therefore taken only when it cuts something (a static check: shapes and padding are known
-when the graph is built), with ``ops.narrow``; a Cast to the dtype a tensor already has is
-skipped too.
-
-[Note: a view keeps its base]
-``ops.narrow`` returns a view in GRAPH_MODE (2.10): the block it selects keeps the whole tensor
-it was cut from alive for as long as the block lives. The emulated reduce-scatter therefore cuts
-this rank's block out of the all-reduced tensor with a copying slice (``x[a:b]``, a
-StridedSlice): at ZeRO-3 the block is a gradient held until the optimizer step, and as a view it
-kept every layer's full all-reduced gradient alive as well (measured: 8 x Dense(2048) at N=4,
-peak 134 MB higher per rank, the whole model's gradients). Narrow stays where the block is used
-at once (unpacking a bucket, copying into a parameter).
-
 [Note: Div on CPU]
 ``x / n`` becomes the Div primitive, whose CPU kernel (MindSpore 2.10) allocates temporary
 buffers many times the size of its input on every launch, which the heap allocator keeps once
@@ -70,6 +53,7 @@ from mindspore.communication import GlobalComm, get_group_size, get_rank
 from . import backend
 from .comm_plan import CommPlan
 from .quantize import dequantize_blocks, quantize_blocks
+from .slicing import narrow
 
 __all__ = [
     "GroupComm",
@@ -214,10 +198,10 @@ class GroupComm(nn.Cell):
             return self._reduce_scatter_op(x)
         total = self._all_reduce(x)
         if self.size == 1:
-            return total  # [Note: slices]: the block is the whole tensor
+            return total  # [Note: slices] in slicing.py: the block is the whole tensor
         rows = x.shape[0] // self.size
         start = self.rank * rows
-        return total[start:start + rows]  # a copy: [Note: a view keeps its base]
+        return total[start:start + rows]  # a copy: [Note: a view keeps its base] in slicing.py
 
     def all_gather(self, x):
         """Blocks ``x`` of every rank concatenated along dim 0 in rank order."""
@@ -257,8 +241,8 @@ class GroupComm(nn.Cell):
         if self._all_to_all is not None:
             q, scales = self._all_to_all(q), self._all_to_all(scales)
         elif self.size > 1:
-            q = ops.narrow(self.all_gather(q).reshape((self.size, self.size, blocks * block)), 1, self.rank, 1)
-            scales = ops.narrow(self.all_gather(scales).reshape((self.size, self.size, blocks)), 1, self.rank, 1)
+            q = narrow(self.all_gather(q).reshape((self.size, self.size, blocks * block)), 1, self.rank, 1)
+            scales = narrow(self.all_gather(scales).reshape((self.size, self.size, blocks)), 1, self.rank, 1)
         q, scales = q.reshape((self.size, blocks * block)), scales.reshape((self.size, blocks))
         total = ops.sum(dequantize_blocks(q, scales, block, numel), 0)
         return total.reshape((rows,) + x.shape[1:])

@@ -17,18 +17,21 @@ S = s_0 + ... + s_{m-1} elements, the blocks one after the other (``PackedLayout
 The layout only moves elements; casts, padding rows and the division by N stay with the caller.
 The pieces are cut with slices, never ``ops.split``: GRAPH_MODE (MindSpore 2.10) failed to compile
 ``ops.split`` inside a custom bprop once a second network had been built in the process ("The func
-graph is empty ... split"). A layout built with ``views=True`` (buckets) cuts with ``ops.narrow``,
-a view that keeps the whole buffer alive ([Note: a view keeps its base] in ``comm.py``), for pieces
+graph is empty ... split"). A layout built with ``views=True`` (buckets) cuts with ``narrow``,
+a view that keeps the whole buffer alive ([Note: a view keeps its base] in ``slicing.py``), for pieces
 used at once; the default (coalesced gathers, gather units) cuts with copying slices, for pieces
 that are kept (gradient shards held until the optimizer step). A single tensor is never packed (the
 callers send it as it is): a slice that cuts nothing costs as much as a copy on CPU ([Note: slices]
-in ``comm.py``).
+in ``slicing.py``).
 """
 from typing import Sequence
 
 import numpy as np
 import mindspore as ms
 from mindspore import nn, ops
+
+from .graph_tuples import hyper_map
+from .slicing import narrow
 
 __all__ = ["ITEMSIZE", "LARGE_TENSOR_BYTES", "itemsize_of", "PackedLayout"]
 
@@ -53,7 +56,7 @@ class PackedLayout(nn.Cell):
     Args:
         blocks: elements of each tensor's per-rank block (s_i), in buffer order.
         n: the number of ranks the tensors are split over (N).
-        views: unpack with ``ops.narrow`` views (pieces used at once) instead of copying slices
+        views: unpack with ``narrow`` views (pieces used at once) instead of copying slices
             (pieces that are kept); see [Note: packed layout].
     """
 
@@ -67,39 +70,50 @@ class PackedLayout(nn.Cell):
 
     def pack(self, shards):
         """This rank's buffer of S elements: ``shards`` (s_i elements each) flattened and concatenated."""
-        flat = ()
-        for x in shards:
-            flat = flat + (x.reshape(-1),)
-        return ops.concat(flat, 0)
+        return ops.concat(hyper_map(_flat, shards), 0)
 
     def unpack_gathered(self, buf) -> tuple:
         """The (N, s_i) columns of every tensor in the all-gathered buffer of N * S elements."""
         rows = buf.reshape((self.n, self.total))
-        out = ()
-        for i in range(len(self.blocks)):
-            out = out + (self._piece(rows, 1, i),)
-        return out
+        return hyper_map(ops.partial(_piece, rows, 1, self.views), self.offsets, self.blocks)
 
     def pack_rank_major(self, fulls):
         """The reduce-scatter buffer of N * S elements: each full tensor (N * s_i elements) viewed
         (N, s_i), the views concatenated along axis 1 and flattened."""
-        cols = ()
-        for i in range(len(self.blocks)):
-            cols = cols + (fulls[i].reshape((self.n, self.blocks[i])),)
-        return ops.concat(cols, 1).reshape(-1)
+        return ops.concat(hyper_map(ops.partial(_as_rows, self.n), fulls, self.blocks), 1).reshape(-1)
 
     def unpack_shards(self, buf) -> tuple:
         """This rank's block of every tensor (flat, s_i elements) from its reduce-scattered S elements."""
-        out = ()
-        for i in range(len(self.blocks)):
-            out = out + (self._piece(buf, 0, i),)
-        return out
+        return hyper_map(ops.partial(_piece, buf, 0, self.views), self.offsets, self.blocks)
 
-    def _piece(self, x, axis: int, i: int):
-        """Tensor ``i``'s piece of ``x`` along ``axis`` (0 or 1): a view (``ops.narrow``) or a copying slice."""
-        start, width = self.offsets[i], self.blocks[i]
-        if self.views:
-            return ops.narrow(x, axis, start, width)
-        if axis == 0:
-            return x[start:start + width]
-        return x[:, start:start + width]
+
+# Per-tensor work of the layout ([Note: per-tensor maps] in graph_tuples.py).
+_flat = ops.MultitypeFuncGraph("flat")
+
+
+@_flat.register("Tensor")
+def _flat_tensor(x):
+    return x.reshape(-1)
+
+
+_as_rows = ops.MultitypeFuncGraph("as_rows")
+
+
+@_as_rows.register("Number", "Tensor", "Number")
+def _as_rows_tensor(n, full, block):
+    """A full tensor of ``n * block`` elements viewed (n, block)."""
+    return full.reshape((n, block))
+
+
+_piece = ops.MultitypeFuncGraph("piece")
+
+
+@_piece.register("Tensor", "Number", "Bool", "Number", "Number")
+def _piece_tensor(x, axis, views, start, width):
+    """The piece ``start .. start + width - 1`` of ``x`` along ``axis`` (0 or 1): a view (``narrow``)
+    or a copying slice."""
+    if views:
+        return narrow(x, axis, start, width)
+    if axis == 0:
+        return x[start:start + width]
+    return x[:, start:start + width]

@@ -25,6 +25,8 @@ from typing import Tuple
 import mindspore as ms
 from mindspore import ops
 
+from .slicing import narrow
+
 __all__ = ["QMAX", "block_layout", "quantized_nbytes", "quantize_blocks", "dequantize_blocks", "check_block_size"]
 
 QMAX = 127.0
@@ -98,6 +100,6 @@ def dequantize_blocks(q, scales, block: int, numel: int):
     # A NaN scale makes every product in its block NaN.
     values = q.astype(ms.float32).reshape((rows, blocks, block)) * scales.reshape((rows, blocks, 1))
     values = values.reshape((rows, blocks * block))
-    if blocks * block != numel:  # [Note: slices] in comm.py: cut only when there is padding
-        values = ops.narrow(values, 1, 0, numel)
+    if blocks * block != numel:  # [Note: slices] in slicing.py: cut only when there is padding
+        values = narrow(values, 1, 0, numel)
     return values[0] if flat else values

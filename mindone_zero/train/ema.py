@@ -51,6 +51,7 @@ import numpy as np
 from mindspore import Parameter, ParameterTuple, Tensor, nn, ops
 
 from ..core.comm import eager_mode
+from ..core.graph_tuples import hyper_map
 from ..core.partition import ShardSpec, split_array
 
 __all__ = ["EMA", "check_ema", "bind_ema_to_zero", "ema_entries", "EMA_ATTRIBUTES", "EMA_METHODS"]
@@ -288,11 +289,12 @@ class EMA(_InPlaceSwap, nn.Cell):
         """One EMA step: ``ema = d * ema + (1 - d) * weight``. Returns the update count."""
         updates = ops.assign_add(self.updates, ops.ones((), ms.float32))
         decay = self.ema_decay * (1.0 - ops.exp(-updates / _WARMUP))
-        done = ()
-        for i in range(len(self.ema_weight)):
-            done += (_ema_assign(decay, self.ema_weight[i], self.net_weight[i]),)
-        return ops.depend(updates, done)
+        return ops.depend(updates, hyper_map(ops.partial(_ema_assign, decay), self.ema_weight, self.net_weight))
 
 
-def _ema_assign(decay, ema, weight):
+_ema_assign = ops.MultitypeFuncGraph("ema_assign")  # [Note: per-tensor maps] in core/graph_tuples.py
+
+
+@_ema_assign.register("Tensor", "Tensor", "Tensor")
+def _ema_assign_tensor(decay, ema, weight):
     return ops.assign(ema, ema * ops.cast(decay, ema.dtype) + ops.cast(weight, ema.dtype) * ops.cast(1.0 - decay, ema.dtype))

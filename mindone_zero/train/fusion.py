@@ -11,7 +11,7 @@ sent through one collective, and cut back into its tensors. Reduce-scatter and a
 use [Note: packed layout] (``mindone_zero/core/packing.py``), the layout of ZeRO-3's coalesced
 gathers: rank-major, ``[rank 0's block of every tensor | rank 1's block | ...]``, so that one
 reduce-scatter leaves each rank exactly its own blocks; all-gather undoes the same layout. Their
-pieces are cut as views (``ops.narrow``): each is used at once. All-reduce buckets have a layout of
+pieces are cut as views (``narrow``): each is used at once. All-reduce buckets have a layout of
 their own, [Note: chunk-aligned all-reduce], kept here: it follows the ring's chunks, not shards.
 A bucket of one tensor is sent as it is, with no copy, which is also what "fusion off" means.
 
@@ -42,9 +42,12 @@ from mindspore import nn, ops
 
 from ..core.comm import GroupComm
 from ..core.comm_plan import CommPlan, PlanContext
+from ..core.graph_tuples import hyper_map, take
 from ..core.packing import LARGE_TENSOR_BYTES, PackedLayout
+from ..core.slicing import narrow
 
-__all__ = ["DEFAULT_BUCKET_SIZE", "LARGE_TENSOR_BYTES", "FusionConfig", "plan_buckets", "ring_chunks", "BucketedComm"]
+__all__ = ["DEFAULT_BUCKET_SIZE", "LARGE_TENSOR_BYTES", "FusionConfig", "plan_buckets", "ring_chunks", "ring_rows",
+           "BucketedComm"]
 
 _KINDS = ("allreduce", "reduce_scatter", "allgather")
 DEFAULT_BUCKET_SIZE = 25 * 1024 * 1024
@@ -97,6 +100,12 @@ def ring_chunks(numel: int, n: int) -> Tuple[int, int]:
     ``width - 1`` elements, the first ``full`` of them ``width`` long ([Note: chunk-aligned all-reduce])."""
     base, extra = divmod(int(numel), int(n))
     return (base + 1, extra) if extra else (max(base, 1), n if base else 0)
+
+
+def _dim0_scaled(shape: Tuple[int, ...], times: int, over: int) -> Tuple[int, ...]:
+    """``shape`` with dim 0 times ``times`` over ``over`` (0-d shapes, which no split tensor has, stay
+    as they are)."""
+    return (shape[0] * times // over,) + shape[1:] if shape else shape
 
 
 def plan_buckets(nbytes: Sequence[int], dtypes: Sequence[str], bucket_size: Optional[int],
@@ -166,6 +175,17 @@ class BucketedComm(nn.Cell):
         self.scatter_layouts = nn.CellList([PackedLayout([self.numels[i] // n for i in b], n, True)
                                             for b in self.buckets])
         self.gather_layouts = nn.CellList([PackedLayout([self.numels[i] for i in b], n, True) for b in self.buckets])
+        # static data of each bucket for construct: the ring chunks of its tensors (all-reduce), the
+        # columns where each tensor's rows start, the tensors' output shapes (reduce-scatter: dim 0
+        # divided by n; all-gather: multiplied by n), and where each tensor's result is
+        self.bucket_chunks = tuple((tuple(self.chunks[i][0] for i in b), tuple(self.chunks[i][1] for i in b),
+                                    tuple(self.shapes[i] for i in b)) for b in self.buckets)
+        self.row_offsets = tuple(tuple(int(x) for x in np.cumsum([0] + [self.chunks[i][0] for i in b[:-1]]))
+                                 for b in self.buckets)
+        self.scattered_shapes = tuple(tuple(_dim0_scaled(self.shapes[i], 1, n) for i in b) for b in self.buckets)
+        self.gathered_shapes = tuple(tuple(_dim0_scaled(self.shapes[i], n, 1) for i in b) for b in self.buckets)
+        self.slot_bucket = tuple(next(k for k, b in enumerate(self.buckets) if i in b) for i in range(len(self.shapes)))
+        self.slot_position = tuple(self.buckets[k].index(i) for i, k in enumerate(self.slot_bucket))
 
     def record_comm(self, plan: CommPlan, ctx: PlanContext) -> None:
         """One entry per bucket and call of one optimizer step; an all-gather's entry has the full
@@ -191,69 +211,96 @@ class BucketedComm(nn.Cell):
 
     def _all_reduce(self, tensors, mean: bool):
         n = self.comm.size
-        out = list(tensors)
-        for bucket in self.buckets:
+        results = ()
+        for k in range(len(self.buckets)):
+            bucket = self.buckets[k]
             if len(bucket) == 1:
-                out[bucket[0]] = self._reduce(tensors[bucket[0]], mean)
+                results += ((self._reduce(tensors[bucket[0]], mean),),)
                 continue
-            rows = ops.concat([self._to_rows(tensors[i], i) for i in bucket], 1)
+            widths, fulls, shapes = self.bucket_chunks[k]
+            rows = ops.concat(hyper_map(ops.partial(ring_rows, n), take(tensors, bucket), widths, fulls), 1)
             rows = self._reduce(rows.reshape(-1), mean).reshape(n, -1)
-            offset = 0
-            for i in bucket:
-                width = self.chunks[i][0]
-                out[i] = self._from_rows(ops.narrow(rows, 1, offset, width), i)
-                offset += width
-        return tuple(out)
+            results += (hyper_map(ops.partial(_ring_tensor, rows, n), self.row_offsets[k], widths, fulls, shapes),)
+        return self._in_order(results)
 
-    def _to_rows(self, x, i):
-        """Tensor ``i`` as (n, width) rows, row k its k-th ring chunk ([Note: chunk-aligned all-reduce])."""
-        n, (width, full) = self.comm.size, self.chunks[i]
-        flat = x.reshape(-1)
-        if full == n:
-            return flat.reshape(n, width)
-        head = ops.narrow(flat, 0, 0, full * width).reshape(full, width)
-        if width == 1:  # fewer elements than ranks: the short chunks are empty
-            return ops.concat((head, ops.zeros((n - full, 1), x.dtype)), 0)
-        tail = ops.narrow(flat, 0, full * width, (n - full) * (width - 1)).reshape(n - full, width - 1)
-        tail = ops.concat((tail, ops.zeros((n - full, 1), x.dtype)), 1)
-        return ops.concat((head, tail), 0)
-
-    def _from_rows(self, rows, i):
-        """Inverse of ``_to_rows``: tensor ``i`` in its shape."""
-        n, (width, full) = self.comm.size, self.chunks[i]
-        if full == n:
-            return rows.reshape(self.shapes[i])
-        head = ops.narrow(rows, 0, 0, full).reshape(-1)
-        if width == 1:
-            return head.reshape(self.shapes[i])
-        tail = ops.narrow(ops.narrow(rows, 0, full, n - full), 1, 0, width - 1).reshape(-1)
-        return ops.concat((head, tail), 0).reshape(self.shapes[i])
+    def _in_order(self, results):
+        """The tensors of the buckets' ``results`` (a tuple per bucket) in the order of ``shapes``."""
+        return hyper_map(ops.partial(_picked, results), self.slot_bucket, self.slot_position)
 
     def reduce_scatter(self, tensors):
         """Sum over the group, then this rank's dim-0 block of every (padded) tensor."""
-        n = self.comm.size
-        out = list(tensors)
-        for k, bucket in enumerate(self.buckets):
+        results = ()
+        for k in range(len(self.buckets)):
+            bucket = self.buckets[k]
             if len(bucket) == 1:
-                out[bucket[0]] = self.comm.reduce_scatter(tensors[bucket[0]])
+                results += ((self.comm.reduce_scatter(tensors[bucket[0]]),),)
                 continue
             layout = self.scatter_layouts[k]
-            mine = self.comm.reduce_scatter(layout.pack_rank_major([tensors[i] for i in bucket]))
-            blocks = layout.unpack_shards(mine)
-            for j, i in enumerate(bucket):
-                out[i] = blocks[j].reshape((self.shapes[i][0] // n,) + self.shapes[i][1:])
-        return tuple(out)
+            blocks = layout.unpack_shards(self.comm.reduce_scatter(layout.pack_rank_major(take(tensors, bucket))))
+            results += (hyper_map(_reshaped, blocks, self.scattered_shapes[k]),)
+        return self._in_order(results)
 
     def all_gather(self, shards):
         """Every rank's shard of every tensor, concatenated along dim 0 in rank order."""
-        n = self.comm.size
-        out = list(shards)
-        for k, bucket in enumerate(self.buckets):
+        results = ()
+        for k in range(len(self.buckets)):
+            bucket = self.buckets[k]
             if len(bucket) == 1:
-                out[bucket[0]] = self.comm.all_gather(shards[bucket[0]])
+                results += ((self.comm.all_gather(shards[bucket[0]]),),)
                 continue
             layout = self.gather_layouts[k]
-            cols = layout.unpack_gathered(self.comm.all_gather(layout.pack([shards[i] for i in bucket])))
-            for j, i in enumerate(bucket):
-                out[i] = cols[j].reshape((n * self.shapes[i][0],) + self.shapes[i][1:])
-        return tuple(out)
+            cols = layout.unpack_gathered(self.comm.all_gather(layout.pack(take(shards, bucket))))
+            results += (hyper_map(_reshaped, cols, self.gathered_shapes[k]),)
+        return self._in_order(results)
+
+
+# Per-tensor work of the buckets ([Note: per-tensor maps] in core/graph_tuples.py).
+_picked = ops.MultitypeFuncGraph("picked")
+
+
+@_picked.register("Tuple", "Number", "Number")
+def _picked_tensor(results, bucket, position):
+    return results[bucket][position]
+
+
+_reshaped = ops.MultitypeFuncGraph("reshaped")
+
+
+@_reshaped.register("Tensor", "Tuple")
+def _reshaped_tensor(x, shape):
+    return x.reshape(shape)
+
+
+ring_rows = ops.MultitypeFuncGraph("ring_rows")
+
+
+@ring_rows.register("Number", "Tensor", "Number", "Number")
+def ring_rows_tensor(n, x, width, full):
+    """``x`` as (n, width) rows, row k its k-th ring chunk: ``full`` chunks of ``width`` elements,
+    then chunks of ``width - 1`` padded with a zero ([Note: chunk-aligned all-reduce])."""
+    flat = x.reshape(-1)
+    if full == n:
+        return flat.reshape(n, width)
+    head = narrow(flat, 0, 0, full * width).reshape(full, width)
+    if width == 1:  # fewer elements than ranks: the short chunks are empty
+        return ops.concat((head, ops.zeros((n - full, 1), x.dtype)), 0)
+    tail = narrow(flat, 0, full * width, (n - full) * (width - 1)).reshape(n - full, width - 1)
+    tail = ops.concat((tail, ops.zeros((n - full, 1), x.dtype)), 1)
+    return ops.concat((head, tail), 0)
+
+
+_ring_tensor = ops.MultitypeFuncGraph("ring_tensor")
+
+
+@_ring_tensor.register("Tensor", "Number", "Number", "Number", "Number", "Tuple")
+def _ring_tensor_tensor(rows, n, offset, width, full, shape):
+    """Inverse of ``ring_rows``: the tensor of ``shape`` whose rows start at column ``offset`` of the
+    reduced bucket ``rows``."""
+    rows = narrow(rows, 1, offset, width)
+    if full == n:
+        return rows.reshape(shape)
+    head = narrow(rows, 0, 0, full).reshape(-1)
+    if width == 1:
+        return head.reshape(shape)
+    tail = narrow(narrow(rows, 0, full, n - full), 1, 0, width - 1).reshape(-1)
+    return ops.concat((head, tail), 0).reshape(shape)

@@ -13,6 +13,7 @@ from mindspore import Parameter, Tensor, nn, ops
 from ..core.backend import overflow_uses_float_status
 from ..core.comm import divide
 from ..core.comm_plan import CommPlan, PlanContext, comm_recorders
+from ..core.graph_tuples import hyper_map
 from ..core.partition import zero_spec_of
 from ..zero3.reshard import coalesced_groups, regathered_param_names
 from .ema import check_ema
@@ -61,11 +62,73 @@ class _ScaledLoss(nn.Cell):
         return loss * ops.cast(inputs[-1], loss.dtype), loss
 
 
-def _all_finite(grads):
-    finite = ops.ones((), ms.bool_)
-    for g in grads:
-        finite = ops.logical_and(finite, ops.isfinite(g).all())
-    return finite
+# Per-tensor work runs through hyper_map ([Note: per-tensor maps] in core/graph_tuples.py).
+
+_times = ops.MultitypeFuncGraph("times")
+
+
+@_times.register("Tensor", "Tensor")
+def _times_tensor(factor, g):
+    """``g`` times the 0-d ``factor``, in ``g``'s dtype."""
+    return g * ops.cast(factor, g.dtype)
+
+
+_nonfinite = ops.MultitypeFuncGraph("nonfinite")
+
+
+@_nonfinite.register("Tensor")
+def _nonfinite_tensor(g):
+    """1.0 if ``g`` holds an inf or nan, else 0.0."""
+    return ops.cast(ops.logical_not(ops.isfinite(g).all()), ms.float32)
+
+
+_shard_shaped_grad = ops.MultitypeFuncGraph("shard_shaped_grad")
+
+
+@_shard_shaped_grad.register("Tensor", "Tensor")
+def _shard_shaped_tensor(g, weight):
+    """``g``, or zeros shaped like ``weight`` where ``g`` has another shape (a static check)."""
+    if g.shape == weight.shape:
+        return g
+    return ops.zeros_like(weight)
+
+
+_accumulate_into = ops.MultitypeFuncGraph("accumulate_into")
+
+
+@_accumulate_into.register("Tensor", "Tensor")
+def _accumulate_tensor(acc, g):
+    return ops.assign_add(acc, ops.cast(g, acc.dtype))
+
+
+_divided = ops.MultitypeFuncGraph("divided")
+
+
+@_divided.register("Number", "Tensor")
+def _divided_tensor(n, x):
+    return divide(x, n)  # [Note: Div on CPU] in comm.py
+
+
+_zeroed = ops.MultitypeFuncGraph("zeroed")
+
+
+@_zeroed.register("Tensor")
+def _zeroed_tensor(x):
+    """Sets the Parameter ``x`` to zeros (an assign)."""
+    return ops.assign(x, ops.zeros_like(x))
+
+
+_zeros_like = ops.MultitypeFuncGraph("zeros_like")
+
+
+@_zeros_like.register("Tensor")
+def _zeros_like_tensor(x):
+    return ops.zeros_like(x)
+
+
+def _any_nonfinite(grads):
+    """True if any of ``grads`` holds an inf or nan (this rank only)."""
+    return ops.addn(hyper_map(_nonfinite, grads)) > 0
 
 
 class _FloatStatus(nn.Cell):
@@ -304,7 +367,7 @@ class TrainOneStepWrapper(nn.Cell):
     def _overflow(self, grads):
         """True on every rank when any rank's gradients overflowed: inf/nan in them, or, where
         MindSpore reads Ascend's float status (saturation mode), the status register. Collective."""
-        local = ops.logical_not(_all_finite(grads))
+        local = _any_nonfinite(grads)
         if self.float_status is None:
             return self.zero_helper.any_rank(local)
         overflow = self.zero_helper.any_rank(ops.logical_or(local, self.float_status.overflowed(grads)))
@@ -313,46 +376,31 @@ class TrainOneStepWrapper(nn.Cell):
     def _shard_shaped(self, grads):
         """PYNATIVE hands a ZeRO-3 parameter that got no gradient this step a zero gradient of
         its full shape; such a gradient is replaced by zeros of the shard's shape (static check)."""
-        out = ()
-        for i in range(len(grads)):
-            if grads[i].shape == self.weights[i].shape:
-                out += (grads[i],)
-            else:
-                out += (ops.zeros_like(self.weights[i]),)
-        return out
+        return hyper_map(_shard_shaped_grad, grads, self.weights)
 
     def _unscale(self, grads, scale):
-        inv = 1.0 / scale
-        return tuple(g * ops.cast(inv, g.dtype) for g in grads)
+        return hyper_map(ops.partial(_times, 1.0 / scale), grads)
 
     def _accumulate(self, grads, overflow):
-        done = ()
-        for i in range(len(grads)):
-            done += (ops.assign_add(self.accum_grads[i], ops.cast(grads[i], self.accum_grads[i].dtype)),)
+        done = hyper_map(_accumulate_into, self.accum_grads, grads)
         flag = ops.maximum(self.accum_overflow, ops.cast(overflow, ms.float32))
-        done += (ops.assign(self.accum_overflow, flag),)
+        done = ops.depend(ops.assign(self.accum_overflow, flag), done)
         step = ops.assign_add(self.accum_step, ops.ones((), ms.int32))
         step = ops.depend(step, done)
         if step >= self.accum_steps:
-            mean = ()
-            for i in range(len(self.accum_grads)):
-                mean += (divide(self.accum_grads[i], self.accum_steps),)  # [Note: Div on CPU] in comm.py
+            mean = hyper_map(ops.partial(_divided, self.accum_steps), self.accum_grads)
             if self.offload:
                 result, mean = self._host_grads(mean, self.accum_overflow > 0)
             else:
                 result = self._optimizer_step(mean, self.accum_overflow > 0)
-            for i in range(len(self.accum_grads)):
-                result = ops.depend(result, ops.assign(self.accum_grads[i], ops.zeros_like(self.accum_grads[i])))
+            result = ops.depend(result, hyper_map(_zeroed, self.accum_grads))
             result = ops.depend(result, ops.assign(self.accum_step, ops.zeros((), ms.int32)))
             result = ops.depend(result, ops.assign(self.accum_overflow, ops.zeros((), ms.float32)))
             if self.offload:
                 return result, mean
             return result
         if self.offload:  # not a step boundary: nothing for the host
-            zeros = ()
-            for i in range(len(self.zero_helper.opt_params)):
-                zeros += (ops.zeros_like(self.zero_helper.opt_params[i]),)
-            return ops.depend(ops.zeros((), ms.bool_), step), zeros
+            return ops.depend(ops.zeros((), ms.bool_), step), hyper_map(_zeros_like, self.zero_helper.opt_params)
         return ops.depend(overflow, step)
 
     def _final_grads(self, grads):
@@ -361,8 +409,7 @@ class TrainOneStepWrapper(nn.Cell):
             grads = self.zero_helper.reduce_grads(grads)
         if self.clip_grad:
             norm = self.zero_helper.global_norm(grads)
-            factor = self.clip_norm / ops.maximum(norm, self.clip_norm)
-            grads = tuple(g * ops.cast(factor, g.dtype) for g in grads)
+            grads = hyper_map(ops.partial(_times, self.clip_norm / ops.maximum(norm, self.clip_norm)), grads)
         return grads
 
     def _host_grads(self, grads, overflow):

@@ -30,12 +30,14 @@ from mindspore import Parameter, ParameterTuple, Tensor, nn, ops
 from ..core.comm import (GroupComm, check_hybrid_groups, divide, group_size_and_rank, is_data_parallel, pad_dim0,
                    world_group)
 from ..core.comm_plan import CommPlan, PlanContext
+from ..core.graph_tuples import hyper_map, take
 from .fusion import BucketedComm, FusionConfig
 from ..offload import HostOffload, OffloadConfig, host_rule_for
 from .optimizer_states import check_optimizer, find_optimizer_states, optimizer_parameters, repoint_optimizer
 from ..core.partition import ShardSpec, check_split_rule_flag, split_array, splits_over, zero_spec_of
 from ..core.split_info import write_split_info
 from ..core.stage import StagePolicy
+from ..core.slicing import narrow
 
 __all__ = ["ZeroHelper"]
 
@@ -47,6 +49,59 @@ _LOW_PRECISION = (ms.float16, ms.bfloat16)
 def _cast_if_needed(x, dtype):
     """``x`` in ``dtype``; no Cast node (a copy in PYNATIVE_MODE) when it already is."""
     return x if x.dtype == dtype else ops.cast(x, dtype)
+
+
+# What reduce_grads runs per tensor ([Note: per-tensor maps] in core/graph_tuples.py).
+_ROUTE_SHARD, _ROUTE_REPLICA, _ROUTE_OWN = 0, 1, 2
+
+_padded = ops.MultitypeFuncGraph("padded")
+
+
+@_padded.register("Tensor", "Number")
+def _padded_tensor(x, pad):
+    return pad_dim0(x, pad)
+
+
+_shard_mean = ops.MultitypeFuncGraph("shard_mean")
+
+
+@_shard_mean.register("Number", "Tensor", "Tensor")
+def _shard_mean_tensor(n, summed, master):
+    """A reduce-scattered sum divided by the group size, in the master shard's dtype."""
+    return _cast_if_needed(divide(summed, n), master.dtype)
+
+
+_routed = ops.MultitypeFuncGraph("routed")
+
+
+@_routed.register("Tuple", "Tuple", "Number", "Number", "Tensor")
+def _routed_tensor(shards, replicated, route, index, own):
+    """A parameter's reduced gradient: ``shards[index]``, ``replicated[index]`` or ``own``."""
+    if route == _ROUTE_SHARD:
+        return shards[index]
+    if route == _ROUTE_REPLICA:
+        return replicated[index]
+    return own
+
+
+_squared_sum = ops.MultitypeFuncGraph("squared_sum")
+
+
+@_squared_sum.register("Tensor")
+def _squared_sum_tensor(g):
+    return ops.reduce_sum(ops.square(ops.cast(g, ms.float32)))
+
+
+_write_full = ops.MultitypeFuncGraph("write_full")
+
+
+@_write_full.register("Tensor", "Tensor", "Number")
+def _write_full_tensor(param, full, rows):
+    """Assign the gathered ``full`` to ``param``, its padding rows cut off ([Note: slices] in slicing.py:
+    only when there are some)."""
+    if full.shape[0] != rows:
+        full = narrow(full, 0, 0, rows)
+    return ops.assign(param, _cast_if_needed(full, param.dtype))
 
 
 def _master_dtype(dtype):
@@ -178,6 +233,13 @@ class ZeroHelper(nn.Cell):
         self.rs_index = tuple(i for i in range(n) if self.split[i] and reduce_here)
         self.ar_index = tuple(i for i in range(n) if not self.split[i])
         self.ag_index = tuple(i for i in range(n) if self.split[i] and self.use_masters)
+        self.rs_pads = tuple(self.pads[i] for i in self.rs_index)
+        self.ag_rows = tuple(self.full_d0[i] for i in self.ag_index)
+        # where reduce_grads finds each parameter's reduced gradient: _ROUTE_* and the index there
+        self.routes = tuple(_ROUTE_SHARD if i in self.rs_index else _ROUTE_REPLICA if i in self.ar_index
+                            else _ROUTE_OWN for i in range(n))
+        self.route_index = tuple(self.rs_index.index(i) if i in self.rs_index else self.ar_index.index(i)
+                                 if i in self.ar_index else 0 for i in range(n))
         self.grad_rs = BucketedComm(self.op_comm, [self.specs[i].padded_shape for i in self.rs_index],
                                     [self.params[i] for i in self.rs_index], fusion.reduce_scatter, kind="reduce_scatter")
         self.grad_ar = BucketedComm(self.op_comm, [tuple(self.params[i].shape) for i in self.ar_index],
@@ -243,24 +305,18 @@ class ZeroHelper(nn.Cell):
         """
         if not self.is_parallel:
             return grads
-        padded = tuple(pad_dim0(grads[i], self.pads[i]) for i in self.rs_index)
-        shards = self.grad_rs.reduce_scatter(padded)
-        to_reduce = tuple(grads[i] for i in self.ar_index)
-        if self.grads_mean:
-            replicated = self.grad_ar.all_reduce_mean(to_reduce)
-        else:
-            replicated = self.grad_ar.all_reduce_sum(to_reduce)
-        out = ()
-        k_rs, k_ar = 0, 0
-        for i in range(len(grads)):
-            if i in self.rs_index:
-                out += (_cast_if_needed(divide(shards[k_rs], self.op_size), self.opt_params[i].dtype),)
-                k_rs += 1
-            elif i in self.ar_index:
-                out += (replicated[k_ar],)
-                k_ar += 1
-            else:
-                out += (grads[i],)  # stage 3: reduce-scattered by the ZeRO-3 wrapper's bprop
+        shards = ()
+        if self.rs_index:
+            shards = self.grad_rs.reduce_scatter(hyper_map(_padded, take(grads, self.rs_index), self.rs_pads))
+            shards = hyper_map(ops.partial(_shard_mean, self.op_size), shards, take(self.opt_params, self.rs_index))
+        replicated = ()
+        if self.ar_index and self.grads_mean:
+            replicated = self.grad_ar.all_reduce_mean(take(grads, self.ar_index))
+        elif self.ar_index:
+            replicated = self.grad_ar.all_reduce_sum(take(grads, self.ar_index))
+        # stage 3's gradients of split parameters pass as they are: reduce-scattered by the ZeRO-3
+        # wrapper's bprop
+        out = hyper_map(ops.partial(_routed, shards, replicated), self.routes, self.route_index, grads)
         if self.dp_ar is not None:
             out = self.dp_ar.all_reduce_mean(out)
         return out
@@ -271,14 +327,14 @@ class ZeroHelper(nn.Cell):
         Sharded gradients' squared norms are summed over the optimizer group (padding rows
         are zero); replicated ones are counted once. Every rank gets the same value. Collective.
         """
+        squares = hyper_map(_squared_sum, grads)
         local_split = ops.zeros((), ms.float32)
         replicated = ops.zeros((), ms.float32)
-        for i in range(len(grads)):
-            sq = ops.reduce_sum(ops.square(ops.cast(grads[i], ms.float32)))
+        for i in range(len(squares)):  # in parameter order, as a loop would add them
             if self.split[i]:
-                local_split = local_split + sq
+                local_split = local_split + squares[i]
             else:
-                replicated = replicated + sq
+                replicated = replicated + squares[i]
         if self.is_parallel and self.policy.is_zero:
             local_split = self.op_comm.all_reduce(local_split)
         return ops.sqrt(local_split + replicated)
@@ -299,16 +355,13 @@ class ZeroHelper(nn.Cell):
 
     def all_gather_params(self, after=None):
         """Copy the updated master shards into the full network parameters (stages 1-2). Collective."""
-        shards = tuple(ops.depend(self.opt_params[i], after) for i in self.ag_index)
+        if not self.ag_index:
+            return ()
+        shards = take(self.opt_params, self.ag_index)
+        if after is not None:
+            shards = ops.depend(shards, after)
         fulls = self.param_ag.all_gather(shards)
-        done = ()
-        for k in range(len(self.ag_index)):
-            i = self.ag_index[k]
-            full = fulls[k]
-            if self.pads[i] > 0:  # [Note: slices] in comm.py: never slice when nothing is cut
-                full = ops.narrow(full, 0, 0, self.full_d0[i])
-            done += (ops.assign(self.params[i], _cast_if_needed(full, self.params[i].dtype)),)
-        return done
+        return hyper_map(_write_full, take(self.params, self.ag_index), fulls, self.ag_rows)
 
     # ---------------------------------------------------------- MindOne names
     def cal_gradients(self, grads):

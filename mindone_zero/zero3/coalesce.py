@@ -9,7 +9,7 @@ backward the padded gradients are packed rank-major and reduce-scattered once, t
 group size. The buffer layout is [Note: packed layout] in ``mindone_zero/core/packing.py``; it sums
 every element with the partners of the per-parameter reduce-scatter, so gradients are
 bit-identical (tests/dist/test_zero3_network.py checks it). Padding rows are dropped only where
-there are some ([Note: slices] in ``mindone_zero/core/comm.py``), with a copying slice as the
+there are some ([Note: slices] in ``mindone_zero/core/slicing.py``), with a copying slice as the
 per-parameter gather does ([Note: a view keeps its base]).
 
 Which parameters are coalesced: the split ones a ZeRO-3 layer Cell gathers (``layers.py``), when
@@ -64,7 +64,7 @@ class _CoalescedGather(nn.Cell):
         for i in range(len(cols)):
             x = cols[i].reshape(self.padded_shapes[i])
             if self.pads[i] > 0:
-                x = x[:self.full_rows[i]]  # a copy: [Note: a view keeps its base]
+                x = x[:self.full_rows[i]]  # a copy: [Note: a view keeps its base] in slicing.py
             if self.cast_after_gather:
                 x = x.astype(self.compute_dtype)
             out = out + (x,)

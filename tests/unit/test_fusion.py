@@ -8,7 +8,7 @@ from mindspore import Tensor
 from models import LossNet, TinyNet, init_weights, make_optimizer
 from mindone_zero import ZeroHelper, prepare_train_network
 from mindone_zero.train.fusion import (DEFAULT_BUCKET_SIZE, LARGE_TENSOR_BYTES, BucketedComm, FusionConfig, plan_buckets,
-                                 ring_chunks)
+                                 ring_chunks, ring_rows)
 
 ms.set_device("CPU")
 
@@ -119,7 +119,7 @@ def test_chunk_aligned_bucket_round_trips_and_puts_chunk_k_in_row_k(n):
     assert comm.buckets == ((0, 1, 2, 3, 4),)
     for got, want in zip(comm.all_reduce_mean(tensors), tensors):
         np.testing.assert_array_equal(got.asnumpy(), want.asnumpy())
-    rows = comm._to_rows(tensors[0], 0).asnumpy()  # 21 elements over n ranks
+    rows = ring_rows(n, tensors[0], *comm.chunks[0]).asnumpy()  # 21 elements over n ranks
     flat, start = tensors[0].asnumpy().reshape(-1), 0
     for k in range(n):
         size = 21 // n + (1 if k < 21 % n else 0)
