@@ -10,7 +10,7 @@ import time
 
 import pytest
 
-from tools.launch import REPO, MsrunError, msrun_command, run_msrun
+from tools.launch import REPO, MsrunError, msrun_command, msrun_env, run_msrun
 
 FAKE_MSRUN = """#!{python}
 import json, os, subprocess, sys, time
@@ -114,3 +114,15 @@ def test_a_given_master_port_is_kept():
     assert cmd[:3] == ["msrun", "--worker_num=4", "--local_worker_num=2"]
     assert [a for a in cmd if a.startswith("--master_port")] == ["--master_port=8118"]
     assert cmd[-2:] == [str(REPO / "tools" / "train.py"), "--a"]
+
+
+def test_jobs_launch_ops_blocking_and_retry_often_unless_the_caller_says_otherwise(monkeypatch):
+    # [Note: blocking launches] and [Note: retry interval]: the defaults for jobs on this machine
+    for name in ("MS_DEV_LAUNCH_BLOCKING", "MS_RETRY_INTERVAL_LOWER", "MS_RETRY_INTERVAL_UPPER"):
+        monkeypatch.delenv(name, raising=False)
+    env = msrun_env()
+    assert (env["MS_DEV_LAUNCH_BLOCKING"], env["MS_RETRY_INTERVAL_LOWER"], env["MS_RETRY_INTERVAL_UPPER"]) == \
+        ("1", "1", "2")
+    monkeypatch.setenv("MS_DEV_LAUNCH_BLOCKING", "0")
+    assert msrun_env()["MS_DEV_LAUNCH_BLOCKING"] == "0"
+    assert msrun_env({"MS_DEV_LAUNCH_BLOCKING": "1"})["MS_DEV_LAUNCH_BLOCKING"] == "1"
