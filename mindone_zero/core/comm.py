@@ -261,20 +261,6 @@ class GroupComm(nn.Cell):
         return self._all_reduce(ops.select(keep, x, ops.zeros_like(x)))
 
 
-_SHARED_COMMS = {}
-
-
-def shared_comm(group: Optional[str] = None) -> "GroupComm":
-    """The process's one ``GroupComm`` of ``group`` (None: the world group), for the many Cells that
-    each need one: the graph compiler parses and specializes a Cell's methods per instance, so one
-    instance per group is compiled once instead of once per ZeRO-3 parameter. A ``GroupComm`` holds
-    no state but its primitives, so sharing it changes no result. Not collective."""
-    name = group or world_group()
-    if name not in _SHARED_COMMS:
-        _SHARED_COMMS[name] = GroupComm(name)
-    return _SHARED_COMMS[name]
-
-
 @contextmanager
 def eager_mode():
     """Run the enclosed eager collectives in PYNATIVE_MODE: in GRAPH_MODE each call with a new

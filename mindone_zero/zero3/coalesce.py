@@ -26,7 +26,7 @@ from typing import List, Optional, Sequence
 import numpy as np
 from mindspore import nn
 
-from ..core.comm import divide, pad_dim0, shared_comm
+from ..core.comm import GroupComm, divide, pad_dim0
 from ..core.comm_plan import CommPlan, PlanContext
 from ..core.packing import LARGE_TENSOR_BYTES, PackedLayout, itemsize_of
 
@@ -53,7 +53,7 @@ class _CoalescedGather(nn.Cell):
         self.full_rows = tuple(g.full_rows for g in gathers)
         self.pads = tuple(g.pad for g in gathers)
         self.layout = PackedLayout([int(np.prod(s)) for s in self.shard_shapes], self.group_size)
-        self.comm = shared_comm(base.group_name)
+        self.comm = GroupComm(base.group_name)
 
     def construct(self, xs):
         buf = self.layout.pack(xs)

@@ -47,7 +47,7 @@ import numpy as np
 import mindspore as ms
 from mindspore import Parameter, Tensor, nn, ops
 
-from ..core.comm import divide, group_size_and_rank, pad_dim0, shared_comm, world_group
+from ..core.comm import GroupComm, divide, group_size_and_rank, pad_dim0, world_group
 from ..core.comm_plan import CommPlan, PlanContext
 from ..core.quantize import block_layout
 from ..core.packing import ITEMSIZE, itemsize_of
@@ -321,7 +321,7 @@ class _GatherShard(nn.Cell):
         narrower = itemsize_of(self.compute_dtype) < itemsize_of(param_dtype)
         self.cast_before_gather = narrower and not self.quantize_weights
         self.cast_after_gather = not self.cast_before_gather and self.compute_dtype != param_dtype
-        self.comm = shared_comm(group) if self.gathers else None
+        self.comm = GroupComm(group) if self.gathers else None
         if self.quantize_weights or self.quantize_grads:
             # qwZ quantizes this rank's shard, qgZ each destination's block: the same layout.
             self.block, self.blocks, _ = block_layout(int(np.prod(spec.shard_shape)), zeropp.block_size)
@@ -462,7 +462,7 @@ class _HpzSecondary(nn.Cell):
     def __init__(self, base: _GatherShard, sec_group: str):
         super().__init__(auto_prefix=False)
         self.base = base
-        self.comm = shared_comm(sec_group)
+        self.comm = GroupComm(sec_group)
         self.pad = base.pad
         self.full_rows = base.full_rows
 

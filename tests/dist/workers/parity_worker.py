@@ -37,19 +37,12 @@ class CallCounter:
 
     def __init__(self, train):
         self.counts = {}
-        self.cells = {}
+        seen = set()
         for _, cell in train.cells_and_names():
-            if isinstance(cell, GroupComm) and id(cell) not in self.cells:
-                self.cells[id(cell)] = cell
+            if isinstance(cell, GroupComm) and id(cell) not in seen:
+                seen.add(id(cell))
                 for name in self.METHODS:
                     object.__setattr__(cell, name, self._wrap(cell, name, getattr(cell, name)))
-
-    def restore(self):
-        """Take the counting wrappers off again: ZeRO-3's gathers share one GroupComm per group
-        (``shared_comm``) with the networks of the later cases."""
-        for cell in self.cells.values():
-            for name in self.METHODS:
-                object.__delattr__(cell, name)
 
     def _wrap(self, cell, name, method):
         kind = "all_reduce" if name == "all_reduce_mean" else name
@@ -103,8 +96,6 @@ def run_case(case, out, rank, world, hybrid):
             losses.append(float(loss.asnumpy()))
             overflows.append(bool(overflow.asnumpy()))
             scales.append(float(s.asnumpy()))
-    if counter is not None:
-        counter.restore()
     params = {p.name: p.asnumpy() for p in net.trainable_params()}
     specs = {}
     for p in net.trainable_params():
