@@ -23,9 +23,9 @@ for p in (ROOT, ROOT / "tests"):
 # Groups start longest first (HEAVY_GROUPS, measured; the rest in collection order), so that the
 # longest jobs do not end up last on one worker. ``--no-loadscope-reorder`` keeps this order.
 # With ``-n 0`` the same order runs in one process. Measured on 2 cores (README, "Quick start"): the
-# whole suite 41 min with two workers, 43 min in one process; the jobs are bound by CPU work, so
-# side by side they slow each other (the two parity jobs: 18 min together, 14.5 min in turn), and the
-# gain comes from the shorter jobs' start-up and the one-process tests filling the gaps.
+# whole suite 23 min with two workers (43 CPU-minutes); the jobs are bound by CPU work, so side by
+# side they slow each other (the two parity jobs, which start first: 6.6 and 7.8 min together), and
+# the gain comes from the shorter jobs' start-up and the one-process tests filling the gaps.
 HEAVY_GROUPS = (
     "parity_N4",
     "parity_N2",
