@@ -184,8 +184,9 @@ class BucketedComm(nn.Cell):
                                  for b in self.buckets)
         self.scattered_shapes = tuple(tuple(_dim0_scaled(self.shapes[i], 1, n) for i in b) for b in self.buckets)
         self.gathered_shapes = tuple(tuple(_dim0_scaled(self.shapes[i], n, 1) for i in b) for b in self.buckets)
-        self.slot_bucket = tuple(next(k for k, b in enumerate(self.buckets) if i in b) for i in range(len(self.shapes)))
-        self.slot_position = tuple(self.buckets[k].index(i) for i, k in enumerate(self.slot_bucket))
+        slots = {i: (k, j) for k, b in enumerate(self.buckets) for j, i in enumerate(b)}
+        self.slot_bucket = tuple(slots[i][0] for i in range(len(self.shapes)))
+        self.slot_position = tuple(slots[i][1] for i in range(len(self.shapes)))
 
     def record_comm(self, plan: CommPlan, ctx: PlanContext) -> None:
         """One entry per bucket and call of one optimizer step; an all-gather's entry has the full

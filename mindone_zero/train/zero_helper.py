@@ -104,6 +104,15 @@ def _write_full_tensor(param, full, rows):
     return ops.assign(param, _cast_if_needed(full, param.dtype))
 
 
+def _routes(n: int, rs_index: tuple, ar_index: tuple):
+    """Where reduce_grads finds each of ``n`` parameters' reduced gradient: (``_ROUTE_*`` of each,
+    its index among the reduce-scattered or all-reduced tensors, 0 for its own gradient)."""
+    where = {i: (_ROUTE_OWN, 0) for i in range(n)}
+    where.update({i: (_ROUTE_SHARD, k) for k, i in enumerate(rs_index)})
+    where.update({i: (_ROUTE_REPLICA, k) for k, i in enumerate(ar_index)})
+    return tuple(where[i][0] for i in range(n)), tuple(where[i][1] for i in range(n))
+
+
 def _master_dtype(dtype):
     return ms.float32 if dtype in _LOW_PRECISION else dtype
 
@@ -235,11 +244,7 @@ class ZeroHelper(nn.Cell):
         self.ag_index = tuple(i for i in range(n) if self.split[i] and self.use_masters)
         self.rs_pads = tuple(self.pads[i] for i in self.rs_index)
         self.ag_rows = tuple(self.full_d0[i] for i in self.ag_index)
-        # where reduce_grads finds each parameter's reduced gradient: _ROUTE_* and the index there
-        self.routes = tuple(_ROUTE_SHARD if i in self.rs_index else _ROUTE_REPLICA if i in self.ar_index
-                            else _ROUTE_OWN for i in range(n))
-        self.route_index = tuple(self.rs_index.index(i) if i in self.rs_index else self.ar_index.index(i)
-                                 if i in self.ar_index else 0 for i in range(n))
+        self.routes, self.route_index = _routes(n, self.rs_index, self.ar_index)
         self.grad_rs = BucketedComm(self.op_comm, [self.specs[i].padded_shape for i in self.rs_index],
                                     [self.params[i] for i in self.rs_index], fusion.reduce_scatter, kind="reduce_scatter")
         self.grad_ar = BucketedComm(self.op_comm, [tuple(self.params[i].shape) for i in self.ar_index],
@@ -330,7 +335,7 @@ class ZeroHelper(nn.Cell):
         squares = hyper_map(_squared_sum, grads)
         local_split = ops.zeros((), ms.float32)
         replicated = ops.zeros((), ms.float32)
-        for i in range(len(squares)):  # in parameter order, as a loop would add them
+        for i in range(len(squares)):  # in parameter order: the sums keep their bits
             if self.split[i]:
                 local_split = local_split + squares[i]
             else:
