@@ -125,3 +125,30 @@ def test_chunk_aligned_bucket_round_trips_and_puts_chunk_k_in_row_k(n):
         size = 21 // n + (1 if k < 21 % n else 0)
         np.testing.assert_array_equal(rows[k, :size], flat[start:start + size])
         start += size
+
+
+class _RecordingComm(_EchoComm):
+    """An ``_EchoComm`` that keeps the shape of every buffer it reduces."""
+
+    def __init__(self, size):
+        super().__init__(size)
+        self.reduced = []
+
+    def all_reduce_mean(self, x):
+        self.reduced.append(tuple(x.shape))
+        return x
+
+
+@pytest.mark.parametrize("n, buffer", [(2, (45,)), (3, (3 * (7 + 1 + 2 + 6 + 1),)), (4, (4 * (6 + 1 + 2 + 4 + 1),))])
+def test_two_ranks_reduce_a_bucket_flat_and_more_ranks_in_ring_rows(n, buffer):
+    # [Note: chunk-aligned all-reduce]: with two ranks every sum is a + b, so the bucket is the 45
+    # elements one after the other; with more, n rows as wide as each tensor's largest ring chunk
+    shapes = [(7, 3), (1,), (5,), (4, 4), (2,)]
+    tensors = tuple(Tensor(np.arange(int(np.prod(s)), dtype=np.float32).reshape(s) - 7 * i)
+                    for i, s in enumerate(shapes))
+    comm = BucketedComm(_RecordingComm(n), shapes, tensors, bucket_size=1 << 20)
+    out = comm.all_reduce_mean(tensors)
+    assert comm.comm.reduced == [buffer]
+    for got, want in zip(out, tensors):
+        assert got.shape == want.shape
+        np.testing.assert_array_equal(got.asnumpy(), want.asnumpy())
