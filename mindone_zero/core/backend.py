@@ -27,6 +27,13 @@ Sources: MindSpore 2.10's own code and documentation, read for each contract.
   rounds once to bfloat16, which is at least as accurate as a bfloat16 sum and agrees with it
   within bfloat16 rounding (twice the bytes). Float16 would keep the bytes but is not exact:
   bfloat16's range (8 exponent bits) overflows float16's. Ascend carries bfloat16 natively.
+* All-reduce buckets. MindSpore's CPU all-reduce is a ring whose chunks set the order in which
+  each element's values are added, so there a fused bucket is laid out in ring chunks to give
+  every element the bits it gets sent alone ([Note: chunk-aligned all-reduce] in train/fusion.py);
+  with two ranks every sum is a + b and any layout gives those bits. HCCL and NCCL choose their
+  algorithm (ring, tree, recursive halving) by message size and topology, so a bucket agrees with
+  its tensors sent alone within rounding whatever its layout: on Ascend and GPU a bucket is packed
+  flat, with no padding copied (``ring_aligned_buckets``).
 * Overflow. ``TrainOneStepWithLossScaleCell.get_overflow_status`` (``nn/wrap/loss_scale.py``)
   reads the float-status register (``NPUGetFloatStatusV2`` / ``NPUClearFloatStatusV2``) on Ascend
   unless the SoC is 910B-class (feature ``train_hq_dtype_line``) and
@@ -46,6 +53,7 @@ __all__ = [
     "native_all_to_all",
     "int8_carrier",
     "bf16_collective_carrier",
+    "ring_aligned_buckets",
     "overflow_uses_float_status",
     "OVERFLOW_MODE_ENV",
 ]
@@ -86,6 +94,12 @@ def bf16_collective_carrier() -> Optional[object]:
     """The dtype a bfloat16 tensor is cast to around a collective: float32 on GPU (NCCL's dtype
     check has no bfloat16) and CPU (the emulations' kernels have none), None (native) on Ascend."""
     return None if device_target() == "Ascend" else ms.float32
+
+
+def ring_aligned_buckets(group_size: int) -> bool:
+    """Whether a fused all-reduce bucket over ``group_size`` ranks is laid out in ring chunks: on the
+    CPU backend with more than two ranks, where the layout decides the bits ([Note: device targets])."""
+    return device_target() == "CPU" and group_size > 2
 
 
 def overflow_uses_float_status() -> bool:

@@ -22,9 +22,11 @@ the bits it gets when its tensor is sent alone, an all-reduce bucket is laid out
 a tensor of ``numel`` elements is cut as the backend cuts it alone, into n chunks whose sizes
 differ by at most one, the larger first (measured on MindSpore's CPU backend, N=4), each chunk
 padded to ``ceil(numel / n)``; row k of the bucket holds chunk k of every tensor, so the bucket's
-own chunks are its rows. With two ranks every sum is a + b and the bits match in any layout, so
-there a bucket is packed flat, the tensors one after the other (``PackedLayout.pack``), and cut back
-with ``narrow``: no padding is copied, and the graph is smaller. Measured on this 2-core machine
+own chunks are its rows. With two ranks every sum is a + b and the bits match in any layout, and
+HCCL and NCCL choose their own algorithms (a bucket agrees with its tensors sent alone within
+rounding whatever its layout), so with two ranks, and on Ascend and GPU, a bucket is packed flat,
+the tensors one after the other (``PackedLayout.pack``), and cut back with ``narrow``: no padding is
+copied, and the graph is smaller (``backend.ring_aligned_buckets`` decides). Measured on this 2-core machine
 (the N=2 parity job's TinyNet, whose odd shapes all need padding, least of three builds): the first
 call of a stage-0 train step with one bucket took 1.39-1.40 s of CPU with chunk-aligned rows and
 1.10-1.15 s flat.
@@ -45,6 +47,7 @@ from typing import List, Optional, Sequence, Tuple
 import numpy as np
 from mindspore import nn, ops
 
+from ..core import backend
 from ..core.comm import GroupComm
 from ..core.comm_plan import CommPlan, PlanContext
 from ..core.graph_tuples import hyper_map, take
@@ -180,9 +183,9 @@ class BucketedComm(nn.Cell):
         self.scatter_layouts = nn.CellList([PackedLayout([self.numels[i] // n for i in b], n, True)
                                             for b in self.buckets])
         self.gather_layouts = nn.CellList([PackedLayout([self.numels[i] for i in b], n, True) for b in self.buckets])
-        # all-reduce: [Note: chunk-aligned all-reduce] with more than two ranks; flat (the gather
-        # layouts' ``pack``, each tensor's numel a block) with two
-        self.ring_aligned = n > 2
+        # all-reduce: [Note: chunk-aligned all-reduce] on CPU with more than two ranks; else flat (the
+        # gather layouts' ``pack``, each tensor's numel a block)
+        self.ring_aligned = backend.ring_aligned_buckets(n)
         self.bucket_shapes = tuple(tuple(self.shapes[i] for i in b) for b in self.buckets)
         # static data of each bucket for construct: the ring chunks of its tensors (all-reduce), the
         # columns where each tensor's rows start, the tensors' output shapes (reduce-scatter: dim 0

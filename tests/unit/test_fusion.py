@@ -7,6 +7,7 @@ from mindspore import Tensor
 
 from models import LossNet, TinyNet, init_weights, make_optimizer
 from mindone_zero import ZeroHelper, prepare_train_network
+from mindone_zero.core import backend
 from mindone_zero.train.fusion import (DEFAULT_BUCKET_SIZE, LARGE_TENSOR_BYTES, BucketedComm, FusionConfig, plan_buckets,
                                  ring_chunks, ring_rows)
 
@@ -139,10 +140,18 @@ class _RecordingComm(_EchoComm):
         return x
 
 
-@pytest.mark.parametrize("n, buffer", [(2, (45,)), (3, (3 * (7 + 1 + 2 + 6 + 1),)), (4, (4 * (6 + 1 + 2 + 4 + 1),))])
-def test_two_ranks_reduce_a_bucket_flat_and_more_ranks_in_ring_rows(n, buffer):
-    # [Note: chunk-aligned all-reduce]: with two ranks every sum is a + b, so the bucket is the 45
-    # elements one after the other; with more, n rows as wide as each tensor's largest ring chunk
+_FLAT = (45,)  # the bucket's 5 tensors, 45 elements, one after the other
+
+
+@pytest.mark.parametrize("target, n, buffer", [
+    ("CPU", 2, _FLAT), ("CPU", 3, (3 * (7 + 1 + 2 + 6 + 1),)), ("CPU", 4, (4 * (6 + 1 + 2 + 4 + 1),)),
+    ("GPU", 4, _FLAT), ("Ascend", 4, _FLAT), ("Ascend", 8, _FLAT),
+])
+def test_bucket_is_in_ring_rows_on_cpu_with_more_than_two_ranks_else_flat(target, n, buffer, monkeypatch):
+    # [Note: chunk-aligned all-reduce]: on CPU with n > 2 ranks, n rows as wide as each tensor's
+    # largest ring chunk; with two ranks every sum is a + b, and HCCL/NCCL choose their own
+    # algorithms, so there the tensors lie one after the other ([Note: device targets] in backend.py)
+    monkeypatch.setattr(backend, "device_target", lambda: target)
     shapes = [(7, 3), (1,), (5,), (4, 4), (2,)]
     tensors = tuple(Tensor(np.arange(int(np.prod(s)), dtype=np.float32).reshape(s) - 7 * i)
                     for i, s in enumerate(shapes))
