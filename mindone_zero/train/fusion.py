@@ -26,10 +26,12 @@ own chunks are its rows. With two ranks every sum is a + b and the bits match in
 HCCL and NCCL choose their own algorithms (a bucket agrees with its tensors sent alone within
 rounding whatever its layout), so with two ranks, and on Ascend and GPU, a bucket is packed flat,
 the tensors one after the other (``PackedLayout.pack``), and cut back with ``narrow``: no padding is
-copied, and the graph is smaller (``backend.ring_aligned_buckets`` decides). Measured on this 2-core machine
-(the N=2 parity job's TinyNet, whose odd shapes all need padding, least of three builds): the first
-call of a stage-0 train step with one bucket took 1.39-1.40 s of CPU with chunk-aligned rows and
-1.10-1.15 s flat.
+copied, and the graph is smaller (``backend.ring_aligned_buckets`` decides). Measured on this 2-core machine,
+the first call (compile and one step) of a stage-0 train step at N=2 on the parity tests' TinyNet,
+whose odd shapes all need padding, in one bucket: 1.39 s of CPU in ring rows and 1.10 s flat (an
+msrun job, least of three builds); and with the collectives replaced by identities in one process,
+three interleaved runs of five builds each, least 1.36-1.62 s in ring rows and 1.16-1.36 s flat
+(timings on this machine vary by about 20% from run to run).
 
 ``FusionConfig`` reads MindOne's dict (``{"allreduce": {"openstate": True, "bucket_size": 5e8},
 "reduce_scatter": {...}, "allgather": {...}}``); a kind that is missing or has
