@@ -23,9 +23,21 @@ for p in (ROOT, ROOT / "tests"):
 # Groups start longest first (HEAVY_GROUPS, measured; the rest in collection order), so that the
 # longest jobs do not end up last on one worker. ``--no-loadscope-reorder`` keeps this order.
 # With ``-n 0`` the same order runs in one process. Measured on 2 cores (README, "Quick start"): the
-# whole suite 23 min with two workers (43 CPU-minutes); the jobs are bound by CPU work, so side by
-# side they slow each other (the two parity jobs, which start first: 6.6 and 7.8 min together), and
-# the gain comes from the shorter jobs' start-up and the one-process tests filling the gaps.
+# whole suite 22 min 22 s with two workers (42 CPU-minutes); the jobs are bound by CPU work, so side
+# by side they slow each other, and the gain comes from the shorter jobs' start-up and the
+# one-process tests filling the gaps.
+#
+# Where the CPU goes (2026-12-03, the CPU time of each test module's pytest worker and its msrun
+# jobs, from getrusage around every test, summed per module; 2536 CPU-s in all): the two parity jobs
+# 850 s (alone, N=2 takes 167 s of wall and 295 CPU-s, N=4 279 s and 524 CPU-s: four ranks on two
+# cores), test_zeropp 255, test_checkpoint_resume 251, test_zero3_network 233, test_gather_units 154,
+# test_model_train 146, test_mindone_dropin 119, test_profile_collectives 86, and every other module
+# under 65. An msrun job that only calls init() costs 7.4 CPU-s at N=2 and 10.4 at N=4. In a case,
+# the train step's first call (compiling it) is about 90% of the CPU: at N=2, 1.1-1.5 s at stage 0,
+# 1.8-2.5 s at stages 1-3 per rank, where MindSpore's own nn.TrainOneStepCell on the same TinyNet
+# compiles in 0.35 s; the compile time grows with the graph's operations (about 5-7 ms each here:
+# a fused bucket of nine tensors adds about 0.2 s for its packing), so what remains is the ZeRO
+# step's per-tensor operations, not launches.
 HEAVY_GROUPS = (
     "parity_N4",
     "parity_N2",
