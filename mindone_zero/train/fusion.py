@@ -26,8 +26,8 @@ own chunks are its rows. With two ranks every sum is a + b and the bits match in
 HCCL and NCCL choose their own algorithms (a bucket agrees with its tensors sent alone within
 rounding whatever its layout), so with two ranks, and on Ascend and GPU, a bucket is packed flat,
 the tensors one after the other (``PackedLayout.pack``), and cut back with ``narrow``: no padding is
-copied, and the graph is smaller (``backend.ring_aligned_buckets`` decides). Measured on this 2-core machine,
-the first call (compile and one step) of a stage-0 train step at N=2 on the parity tests' TinyNet,
+copied, and the graph is smaller (``backend.ring_aligned_buckets`` decides). Measured on this
+2-core machine, the first call (compile and one step) of a stage-0 train step at N=2 on the parity tests' TinyNet,
 whose odd shapes all need padding, in one bucket: 1.39 s of CPU in ring rows and 1.10 s flat (an
 msrun job, least of three builds); and with the collectives replaced by identities in one process,
 three interleaved runs of five builds each, least 1.36-1.62 s in ring rows and 1.16-1.36 s flat
@@ -179,21 +179,21 @@ class BucketedComm(nn.Cell):
         self.chunks = tuple(ring_chunks(k, comm.size) for k in self.numels)
         self.bucket_bytes = tuple(sum(nbytes[i] for i in b) for b in self.buckets)
         # [Note: packed layout] of each bucket: for reduce-scatter (the tensors are full, blocks of
-        # numel / n) and for all-gather (the tensors are shards); an instance serves one kind and
-        # never calls the other's.
+        # numel / n) and for all-gather (the tensors are shards; also a flat all-reduce bucket's, each
+        # tensor's numel a block); an instance serves one kind and never calls the others'.
         n = comm.size
         self.scatter_layouts = nn.CellList([PackedLayout([self.numels[i] // n for i in b], n, True)
                                             for b in self.buckets])
         self.gather_layouts = nn.CellList([PackedLayout([self.numels[i] for i in b], n, True) for b in self.buckets])
-        # all-reduce: [Note: chunk-aligned all-reduce] on CPU with more than two ranks; else flat (the
-        # gather layouts' ``pack``, each tensor's numel a block)
+        # all-reduce: [Note: chunk-aligned all-reduce] on CPU with more than two ranks, else flat
         self.ring_aligned = backend.ring_aligned_buckets(n)
+        # static data of each bucket for construct: its tensors' shapes, the ring chunks of its tensors
+        # (chunk-aligned all-reduce), the columns where each tensor's rows start, the tensors' output
+        # shapes (reduce-scatter: dim 0 divided by n; all-gather: multiplied by n), and where each
+        # tensor's result is
         self.bucket_shapes = tuple(tuple(self.shapes[i] for i in b) for b in self.buckets)
-        # static data of each bucket for construct: the ring chunks of its tensors (all-reduce), the
-        # columns where each tensor's rows start, the tensors' output shapes (reduce-scatter: dim 0
-        # divided by n; all-gather: multiplied by n), and where each tensor's result is
-        self.bucket_chunks = tuple((tuple(self.chunks[i][0] for i in b), tuple(self.chunks[i][1] for i in b),
-                                    tuple(self.shapes[i] for i in b)) for b in self.buckets)
+        self.bucket_chunks = tuple((tuple(self.chunks[i][0] for i in b), tuple(self.chunks[i][1] for i in b))
+                                   for b in self.buckets)
         self.row_offsets = tuple(tuple(int(x) for x in np.cumsum([0] + [self.chunks[i][0] for i in b[:-1]]))
                                  for b in self.buckets)
         self.scattered_shapes = tuple(tuple(_dim0_scaled(self.shapes[i], 1, n) for i in b) for b in self.buckets)
@@ -237,10 +237,11 @@ class BucketedComm(nn.Cell):
                 flat = self._reduce(layout.pack(take(tensors, bucket)), mean)
                 results += (hyper_map(_reshaped, layout.unpack_shards(flat), self.bucket_shapes[k]),)
                 continue
-            widths, fulls, shapes = self.bucket_chunks[k]
+            widths, fulls = self.bucket_chunks[k]
             rows = ops.concat(hyper_map(ops.partial(ring_rows, n), take(tensors, bucket), widths, fulls), 1)
             rows = self._reduce(rows.reshape(-1), mean).reshape(n, -1)
-            results += (hyper_map(ops.partial(_ring_tensor, rows, n), self.row_offsets[k], widths, fulls, shapes),)
+            results += (hyper_map(ops.partial(_ring_tensor, rows, n), self.row_offsets[k], widths, fulls,
+                                  self.bucket_shapes[k]),)
         return self._in_order(results)
 
     def _in_order(self, results):
