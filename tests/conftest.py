@@ -23,12 +23,13 @@ for p in (ROOT, ROOT / "tests"):
 # Groups start longest first (HEAVY_GROUPS, measured; the rest in collection order), so that the
 # longest jobs do not end up last on one worker. ``--no-loadscope-reorder`` keeps this order.
 # With ``-n 0`` the same order runs in one process. Measured on 2 cores (README, "Quick start"): the
-# whole suite 22 min 22 s with two workers (42 CPU-minutes); the jobs are bound by CPU work, so side
+# whole suite 20 min 52 s with two workers (40 CPU-minutes); the jobs are bound by CPU work, so side
 # by side they slow each other, and the gain comes from the shorter jobs' start-up and the
 # one-process tests filling the gaps.
 #
-# Where the CPU goes (2026-12-03, the CPU time of each test module's pytest worker and its msrun
-# jobs, from getrusage around every test, summed per module; 2536 CPU-s in all): the two parity jobs
+# Where the CPU goes (2026-12-03, a run of 22 min 22 s: the CPU time of each test module's pytest
+# worker and its msrun jobs, from getrusage around every test, summed per module; 2536 CPU-s in
+# all): the two parity jobs
 # 850 s (alone, N=2 takes 167 s of wall and 295 CPU-s, N=4 279 s and 524 CPU-s: four ranks on two
 # cores), test_zeropp 255, test_checkpoint_resume 251, test_zero3_network 233, test_gather_units 154,
 # test_model_train 146, test_mindone_dropin 119, test_profile_collectives 86, and every other module
