@@ -111,11 +111,18 @@ def test_ring_chunks_cut_like_the_backend(numel, n, expected):
     assert ring_chunks(numel, n) == expected
 
 
+_BUCKET_SHAPES = [(7, 3), (1,), (5,), (4, 4), (2,)]  # 45 elements; the first, 21, over n ranks
+
+
+def _bucket_tensors(step):
+    """One tensor per ``_BUCKET_SHAPES`` entry: 0, 1, 2, ... plus ``step`` times its index."""
+    return tuple(Tensor(np.arange(int(np.prod(s)), dtype=np.float32).reshape(s) + step * i)
+                 for i, s in enumerate(_BUCKET_SHAPES))
+
+
 @pytest.mark.parametrize("n", [2, 3, 4])
 def test_chunk_aligned_bucket_round_trips_and_puts_chunk_k_in_row_k(n):
-    shapes = [(7, 3), (1,), (5,), (4, 4), (2,)]
-    tensors = tuple(Tensor(np.arange(int(np.prod(s)), dtype=np.float32).reshape(s) + 100 * i)
-                    for i, s in enumerate(shapes))
+    shapes, tensors = _BUCKET_SHAPES, _bucket_tensors(100)
     comm = BucketedComm(_EchoComm(n), shapes, tensors, bucket_size=1 << 20)
     assert comm.buckets == ((0, 1, 2, 3, 4),)
     for got, want in zip(comm.all_reduce_mean(tensors), tensors):
@@ -152,10 +159,8 @@ def test_bucket_is_in_ring_rows_on_cpu_with_more_than_two_ranks_else_flat(target
     # largest ring chunk; with two ranks every sum is a + b, and HCCL/NCCL choose their own
     # algorithms, so there the tensors lie one after the other ([Note: device targets] in backend.py)
     monkeypatch.setattr(backend, "device_target", lambda: target)
-    shapes = [(7, 3), (1,), (5,), (4, 4), (2,)]
-    tensors = tuple(Tensor(np.arange(int(np.prod(s)), dtype=np.float32).reshape(s) - 7 * i)
-                    for i, s in enumerate(shapes))
-    comm = BucketedComm(_RecordingComm(n), shapes, tensors, bucket_size=1 << 20)
+    tensors = _bucket_tensors(-7)
+    comm = BucketedComm(_RecordingComm(n), _BUCKET_SHAPES, tensors, bucket_size=1 << 20)
     out = comm.all_reduce_mean(tensors)
     assert comm.comm.reduced == [buffer]
     for got, want in zip(out, tensors):
