@@ -19,9 +19,25 @@ __all__ = ["hyper_map", "take"]
 hyper_map = ops.HyperMap()
 
 
+_item = ops.MultitypeFuncGraph("item")
+
+
+@_item.register("Tuple", "Number")
+def _item_of(xs, i):
+    return xs[i]
+
+
 def take(xs, index):
-    """``(xs[i] for i in index)`` as a tuple, for a static tuple of indices ``index``."""
-    out = ()
-    for i in index:
-        out += (xs[i],)
-    return out
+    """``(xs[i] for i in index)`` as a tuple, for a static tuple of indices ``index``: a map over
+    ``index`` ([Note: picking by index])."""
+    if not index:
+        return ()
+    if _is_every_index(index, len(xs)):
+        return xs
+    return hyper_map(ops.partial(_item, xs), index)
+
+
+@ops.constexpr
+def _is_every_index(index, n):
+    """Whether ``index`` is 0, 1, ..., n - 1 (evaluated when the graph is built)."""
+    return tuple(index) == tuple(range(n))

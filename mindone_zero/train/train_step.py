@@ -211,6 +211,8 @@ class TrainOneStepWrapper(nn.Cell):
             self.zero_helper.host_offload.bind_after_step(ema)
         # [Note: gradient reduction] in zero_helper.py: stages 0/1 reduce once per optimizer step.
         self.reduce_each_micro_step = self.zero_helper.policy.reduce_each_micro_step(self.accum_steps)
+        # only a ZeRO-3 network's parameters are shards, whose gradients may come full-shaped (_shard_shaped)
+        self.sharded_params = self.zero_helper.policy.shards_params
         self._regathered = frozenset(regathered_param_names(network))
         self._comm_plan = self.plan_comm(self.accum_steps)
         if self.accum_steps > 1:
@@ -375,7 +377,10 @@ class TrainOneStepWrapper(nn.Cell):
 
     def _shard_shaped(self, grads):
         """PYNATIVE hands a ZeRO-3 parameter that got no gradient this step a zero gradient of
-        its full shape; such a gradient is replaced by zeros of the shard's shape (static check)."""
+        its full shape; such a gradient is replaced by zeros of the shard's shape (static check).
+        Below stage 3 every parameter is whole, so the gradients pass as they are."""
+        if not self.sharded_params:
+            return grads
         return hyper_map(_shard_shaped_grad, grads, self.weights)
 
     def _unscale(self, grads, scale):

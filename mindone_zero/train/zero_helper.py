@@ -180,6 +180,8 @@ class ZeroHelper(nn.Cell):
         self.params = ParameterTuple(list(optimizer_parameters(optimizer)))
         self.specs = self._build_specs()
         self.split = tuple(s.split for s in self.specs)
+        self.split_index = tuple(i for i, split in enumerate(self.split) if split)
+        self.whole_index = tuple(i for i, split in enumerate(self.split) if not split)
         self.pads = tuple(s.pad for s in self.specs)
         self.full_d0 = tuple(s.shape[0] if s.shape else 0 for s in self.specs)
         self.use_masters = self.policy.uses_masters
@@ -240,7 +242,7 @@ class ZeroHelper(nn.Cell):
         n = len(self.params)
         reduce_here = self.policy.uses_masters
         self.rs_index = tuple(i for i in range(n) if self.split[i] and reduce_here)
-        self.ar_index = tuple(i for i in range(n) if not self.split[i])
+        self.ar_index = self.whole_index
         self.ag_index = tuple(i for i in range(n) if self.split[i] and self.use_masters)
         self.rs_pads = tuple(self.pads[i] for i in self.rs_index)
         self.ag_rows = tuple(self.full_d0[i] for i in self.ag_index)
@@ -335,11 +337,10 @@ class ZeroHelper(nn.Cell):
         squares = hyper_map(_squared_sum, grads)
         local_split = ops.zeros((), ms.float32)
         replicated = ops.zeros((), ms.float32)
-        for i in range(len(squares)):  # in parameter order: the sums keep their bits
-            if self.split[i]:
-                local_split = local_split + squares[i]
-            else:
-                replicated = replicated + squares[i]
+        for i in self.split_index:  # each sum in parameter order: the sums keep their bits
+            local_split = local_split + squares[i]
+        for i in self.whole_index:
+            replicated = replicated + squares[i]
         if self.is_parallel and self.policy.is_zero:
             local_split = self.op_comm.all_reduce(local_split)
         return ops.sqrt(local_split + replicated)
