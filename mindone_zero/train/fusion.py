@@ -50,7 +50,7 @@ import numpy as np
 from mindspore import nn, ops
 
 from ..core import backend
-from ..core.comm import GroupComm
+from ..core.comm import GroupComm, divide
 from ..core.comm_plan import CommPlan, PlanContext
 from ..core.graph_tuples import hyper_map, take
 from ..core.packing import LARGE_TENSOR_BYTES, PackedLayout
@@ -187,20 +187,32 @@ class BucketedComm(nn.Cell):
         self.gather_layouts = nn.CellList([PackedLayout([self.numels[i] for i in b], n, True) for b in self.buckets])
         # all-reduce: [Note: chunk-aligned all-reduce] on CPU with more than two ranks, else flat
         self.ring_aligned = backend.ring_aligned_buckets(n)
-        # static data of each bucket for construct: its tensors' shapes, the ring chunks of its tensors
-        # (chunk-aligned all-reduce), the columns where each tensor's rows start, the tensors' output
-        # shapes (reduce-scatter: dim 0 divided by n; all-gather: multiplied by n), and where each
-        # tensor's result is
+        # static data for construct: each bucket's tensors' shapes and ring chunks (chunk-aligned
+        # all-reduce), and, per tensor in the order of ``shapes``, where its result lies
+        # ([Note: one map out of the buckets])
         self.bucket_shapes = tuple(tuple(self.shapes[i] for i in b) for b in self.buckets)
         self.bucket_chunks = tuple((tuple(self.chunks[i][0] for i in b), tuple(self.chunks[i][1] for i in b))
                                    for b in self.buckets)
-        self.row_offsets = tuple(tuple(int(x) for x in np.cumsum([0] + [self.chunks[i][0] for i in b[:-1]]))
-                                 for b in self.buckets)
-        self.scattered_shapes = tuple(tuple(_dim0_scaled(self.shapes[i], 1, n) for i in b) for b in self.buckets)
-        self.gathered_shapes = tuple(tuple(_dim0_scaled(self.shapes[i], n, 1) for i in b) for b in self.buckets)
         slots = {i: (k, j) for k, b in enumerate(self.buckets) for j, i in enumerate(b)}
-        self.slot_bucket = tuple(slots[i][0] for i in range(len(self.shapes)))
-        self.slot_position = tuple(slots[i][1] for i in range(len(self.shapes)))
+        order = range(len(self.shapes))
+        self.slot_bucket = tuple(slots[i][0] for i in order)
+        self.slot_alone = tuple(len(self.buckets[slots[i][0]]) == 1 for i in order)
+        if kind == "reduce_scatter":
+            layouts, shapes = self.scatter_layouts, [_dim0_scaled(s, 1, n) for s in self.shapes]
+        elif kind == "all_gather":
+            layouts, shapes = self.gather_layouts, [_dim0_scaled(s, n, 1) for s in self.shapes]
+        else:
+            layouts, shapes = self.gather_layouts, list(self.shapes)
+        self.slot_shape = tuple(shapes)
+        if kind == "all_reduce" and self.ring_aligned:  # a tensor's rows start at a column of the bucket
+            columns = [np.cumsum([0] + [self.chunks[i][0] for i in b[:-1]]) for b in self.buckets]
+            self.slot_offset = tuple(int(columns[slots[i][0]][slots[i][1]]) for i in order)
+            self.slot_width = tuple(self.chunks[i][0] for i in order)
+            self.slot_full = tuple(self.chunks[i][1] for i in order)
+        else:  # a tensor's block in the bucket's packed layout
+            self.slot_offset = tuple(layouts[slots[i][0]].offsets[slots[i][1]] for i in order)
+            self.slot_width = tuple(layouts[slots[i][0]].blocks[slots[i][1]] for i in order)
+            self.slot_full = self.slot_width
 
     def record_comm(self, plan: CommPlan, ctx: PlanContext) -> None:
         """One entry per bucket and call of one optimizer step; an all-gather's entry has the full
@@ -226,70 +238,76 @@ class BucketedComm(nn.Cell):
 
     def _all_reduce(self, tensors, mean: bool):
         n = self.comm.size
-        results = ()
+        sent = ()
         for k in range(len(self.buckets)):
             bucket = self.buckets[k]
             if len(bucket) == 1:
-                results += ((self._reduce(tensors[bucket[0]], mean),),)
-                continue
-            if not self.ring_aligned:
-                layout = self.gather_layouts[k]
-                flat = self._reduce(layout.pack(take(tensors, bucket)), mean)
-                results += (hyper_map(_reshaped, layout.unpack_shards(flat), self.bucket_shapes[k]),)
-                continue
-            widths, fulls = self.bucket_chunks[k]
-            rows = ops.concat(hyper_map(ops.partial(ring_rows, n), take(tensors, bucket), widths, fulls), 1)
-            rows = self._reduce(rows.reshape(-1), mean).reshape(n, -1)
-            results += (hyper_map(ops.partial(_ring_tensor, rows, n), self.row_offsets[k], widths, fulls,
-                                  self.bucket_shapes[k]),)
-        return self._in_order(results)
+                sent += (self._reduce(tensors[bucket[0]], mean),)
+            elif not self.ring_aligned:
+                sent += (self._reduce(self.gather_layouts[k].pack(take(tensors, bucket)), mean),)
+            else:
+                widths, fulls = self.bucket_chunks[k]
+                rows = ops.concat(hyper_map(ops.partial(ring_rows, n), take(tensors, bucket), widths, fulls), 1)
+                sent += (self._reduce(rows.reshape(-1), mean).reshape(n, -1),)
+        if self.ring_aligned:
+            return hyper_map(ops.partial(_ring_tensor, sent, n), self.slot_bucket, self.slot_alone, self.slot_offset,
+                             self.slot_width, self.slot_full, self.slot_shape)
+        return self._results(sent, 0)
 
-    def _in_order(self, results):
-        """The tensors of the buckets' ``results`` (a tuple per bucket) in the order of ``shapes``."""
-        return hyper_map(ops.partial(_picked, results), self.slot_bucket, self.slot_position)
+    def _results(self, sent, axis: int):
+        """Every tensor's result, in the order of ``shapes``, cut out of the buckets' results ``sent``
+        along ``axis`` ([Note: one map out of the buckets])."""
+        return hyper_map(ops.partial(_unpacked, sent, axis), self.slot_bucket, self.slot_alone, self.slot_offset,
+                         self.slot_width, self.slot_shape)
 
-    def reduce_scatter(self, tensors):
-        """Sum over the group, then this rank's dim-0 block of every (padded) tensor."""
-        results = ()
+    def reduce_scatter(self, tensors, mean: bool = False):
+        """Sum over the group (``mean``: divided by the group size, once per bucket), then this
+        rank's dim-0 block of every (padded) tensor."""
+        sent = ()
         for k in range(len(self.buckets)):
             bucket = self.buckets[k]
             if len(bucket) == 1:
-                results += ((self.comm.reduce_scatter(tensors[bucket[0]]),),)
-                continue
-            layout = self.scatter_layouts[k]
-            blocks = layout.unpack_shards(self.comm.reduce_scatter(layout.pack_rank_major(take(tensors, bucket))))
-            results += (hyper_map(_reshaped, blocks, self.scattered_shapes[k]),)
-        return self._in_order(results)
+                blocks = self.comm.reduce_scatter(tensors[bucket[0]])
+            else:
+                blocks = self.comm.reduce_scatter(self.scatter_layouts[k].pack_rank_major(take(tensors, bucket)))
+            if mean:
+                blocks = divide(blocks, self.comm.size)  # [Note: Div on CPU] in core/comm.py
+            sent += (blocks,)
+        return self._results(sent, 0)
 
     def all_gather(self, shards):
         """Every rank's shard of every tensor, concatenated along dim 0 in rank order."""
-        results = ()
+        sent = ()
         for k in range(len(self.buckets)):
             bucket = self.buckets[k]
             if len(bucket) == 1:
-                results += ((self.comm.all_gather(shards[bucket[0]]),),)
-                continue
-            layout = self.gather_layouts[k]
-            cols = layout.unpack_gathered(self.comm.all_gather(layout.pack(take(shards, bucket))))
-            results += (hyper_map(_reshaped, cols, self.gathered_shapes[k]),)
-        return self._in_order(results)
+                sent += (self.comm.all_gather(shards[bucket[0]]),)
+            else:
+                layout = self.gather_layouts[k]
+                sent += (self.comm.all_gather(layout.pack(take(shards, bucket))).reshape((layout.n, layout.total)),)
+        return self._results(sent, 1)
 
 
 # Per-tensor work of the buckets ([Note: per-tensor maps] in core/graph_tuples.py).
-_picked = ops.MultitypeFuncGraph("picked")
+#
+# [Note: one map out of the buckets]
+# Every tensor's result is cut out of its bucket's result, reshaped, and put in the order of
+# ``shapes`` by one map over the tensors, which reads the static slot data (its bucket, whether it was
+# sent alone, where its block lies). Cutting per bucket, reshaping in a second map and reordering in a
+# third made three times the graph nodes per tensor: the compile time grows with them (stage 1 on
+# the parity tests' TinyNet: [Note: compile cost] in core/graph_tuples.py). The same slices and
+# reshapes run, so the results are the same.
+_unpacked = ops.MultitypeFuncGraph("unpacked")
 
 
-@_picked.register("Tuple", "Number", "Number")
-def _picked_tensor(results, bucket, position):
-    return results[bucket][position]
-
-
-_reshaped = ops.MultitypeFuncGraph("reshaped")
-
-
-@_reshaped.register("Tensor", "Tuple")
-def _reshaped_tensor(x, shape):
-    return x.reshape(shape)
+@_unpacked.register("Tuple", "Number", "Number", "Bool", "Number", "Number", "Tuple")
+def _unpacked_tensor(sent, axis, bucket, alone, offset, width, shape):
+    """The tensor of ``shape`` whose ``width`` elements start at ``offset`` along ``axis`` of the
+    packed result ``sent[bucket]`` (its rows along axis 1 for an all-gather: [Note: packed layout]),
+    or that result itself when the tensor was sent ``alone``."""
+    if alone:
+        return sent[bucket]
+    return narrow(sent[bucket], axis, offset, width).reshape(shape)
 
 
 ring_rows = ops.MultitypeFuncGraph("ring_rows")
@@ -313,11 +331,13 @@ def ring_rows_tensor(n, x, width, full):
 _ring_tensor = ops.MultitypeFuncGraph("ring_tensor")
 
 
-@_ring_tensor.register("Tensor", "Number", "Number", "Number", "Number", "Tuple")
-def _ring_tensor_tensor(rows, n, offset, width, full, shape):
+@_ring_tensor.register("Tuple", "Number", "Number", "Bool", "Number", "Number", "Number", "Tuple")
+def _ring_tensor_tensor(sent, n, bucket, alone, offset, width, full, shape):
     """Inverse of ``ring_rows``: the tensor of ``shape`` whose rows start at column ``offset`` of the
-    reduced bucket ``rows``."""
-    rows = narrow(rows, 1, offset, width)
+    reduced bucket ``sent[bucket]`` (n rows), or that result itself when the tensor was sent ``alone``."""
+    if alone:
+        return sent[bucket]
+    rows = narrow(sent[bucket], 1, offset, width)
     if full == n:
         return rows.reshape(shape)
     head = narrow(rows, 0, 0, full).reshape(-1)

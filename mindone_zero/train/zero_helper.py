@@ -27,7 +27,7 @@ from typing import List, Optional
 
 import mindspore as ms
 from mindspore import Parameter, ParameterTuple, Tensor, nn, ops
-from ..core.comm import (GroupComm, check_hybrid_groups, divide, group_size_and_rank, is_data_parallel, pad_dim0,
+from ..core.comm import (GroupComm, check_hybrid_groups, group_size_and_rank, is_data_parallel, pad_dim0,
                    world_group)
 from ..core.comm_plan import CommPlan, PlanContext
 from ..core.graph_tuples import hyper_map, take
@@ -62,13 +62,13 @@ def _padded_tensor(x, pad):
     return pad_dim0(x, pad)
 
 
-_shard_mean = ops.MultitypeFuncGraph("shard_mean")
+_cast_like = ops.MultitypeFuncGraph("cast_like")
 
 
-@_shard_mean.register("Number", "Tensor", "Tensor")
-def _shard_mean_tensor(n, summed, master):
-    """A reduce-scattered sum divided by the group size, in the master shard's dtype."""
-    return _cast_if_needed(divide(summed, n), master.dtype)
+@_cast_like.register("Tensor", "Tensor")
+def _cast_like_tensor(x, master):
+    """``x`` in the master shard's dtype."""
+    return _cast_if_needed(x, master.dtype)
 
 
 _routed = ops.MultitypeFuncGraph("routed")
@@ -245,6 +245,8 @@ class ZeroHelper(nn.Cell):
         self.ar_index = self.whole_index
         self.ag_index = tuple(i for i in range(n) if self.split[i] and self.use_masters)
         self.rs_pads = tuple(self.pads[i] for i in self.rs_index)
+        self.rs_padded = any(self.rs_pads)
+        self.rs_casts = any(self.params[i].dtype != self.opt_params[i].dtype for i in self.rs_index)
         self.ag_rows = tuple(self.full_d0[i] for i in self.ag_index)
         self.routes, self.route_index = _routes(n, self.rs_index, self.ar_index)
         self.grad_rs = BucketedComm(self.op_comm, [self.specs[i].padded_shape for i in self.rs_index],
@@ -314,8 +316,12 @@ class ZeroHelper(nn.Cell):
             return grads
         shards = ()
         if self.rs_index:
-            shards = self.grad_rs.reduce_scatter(hyper_map(_padded, take(grads, self.rs_index), self.rs_pads))
-            shards = hyper_map(ops.partial(_shard_mean, self.op_size), shards, take(self.opt_params, self.rs_index))
+            fulls = take(grads, self.rs_index)
+            if self.rs_padded:
+                fulls = hyper_map(_padded, fulls, self.rs_pads)
+            shards = self.grad_rs.reduce_scatter(fulls, mean=True)
+            if self.rs_casts:  # low-precision gradients, float32 masters
+                shards = hyper_map(_cast_like, shards, take(self.opt_params, self.rs_index))
         replicated = ()
         if self.ar_index and self.grads_mean:
             replicated = self.grad_ar.all_reduce_mean(take(grads, self.ar_index))
