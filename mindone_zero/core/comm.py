@@ -53,7 +53,7 @@ from mindspore.communication import GlobalComm, get_group_size, get_rank
 from . import backend
 from .comm_plan import CommPlan
 from .quantize import dequantize_blocks, quantize_blocks
-from .slicing import narrow
+from .slicing import copy_slice, narrow
 
 __all__ = [
     "GroupComm",
@@ -200,8 +200,7 @@ class GroupComm(nn.Cell):
         if self.size == 1:
             return total  # [Note: slices] in slicing.py: the block is the whole tensor
         rows = x.shape[0] // self.size
-        start = self.rank * rows
-        return total[start:start + rows]  # a copy: [Note: a view keeps its base] in slicing.py
+        return copy_slice(total, 0, self.rank * rows, rows)  # a copy: [Note: a view keeps its base] in slicing.py
 
     def all_gather(self, x):
         """Blocks ``x`` of every rank concatenated along dim 0 in rank order."""

@@ -31,7 +31,7 @@ import mindspore as ms
 from mindspore import nn, ops
 
 from .graph_tuples import hyper_map
-from .slicing import narrow
+from .slicing import copy_slice, narrow
 
 __all__ = ["ITEMSIZE", "LARGE_TENSOR_BYTES", "itemsize_of", "PackedLayout"]
 
@@ -114,6 +114,4 @@ def _piece_tensor(x, axis, views, start, width):
     or a copying slice."""
     if views:
         return narrow(x, axis, start, width)
-    if axis == 0:
-        return x[start:start + width]
-    return x[:, start:start + width]
+    return copy_slice(x, axis, start, width)

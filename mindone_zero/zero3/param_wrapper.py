@@ -52,6 +52,7 @@ from ..core.comm_plan import CommPlan, PlanContext
 from ..core.quantize import block_layout
 from ..core.packing import ITEMSIZE, itemsize_of
 from ..core.partition import ShardSpec, set_zero_spec, split_array, splits_over, zero_spec_of
+from ..core.slicing import copy_slice
 from ..core.stage import StagePolicy, check_stage
 
 __all__ = [
@@ -341,7 +342,7 @@ class _GatherShard(nn.Cell):
     def finish(self, x):
         """Padding rows dropped, cast to the compute dtype."""
         if self.pad > 0:
-            x = x[:self.full_rows]
+            x = copy_slice(x, 0, 0, self.full_rows)
         if self.cast_after_gather or self.quantize_weights:
             x = x.astype(self.compute_dtype)
         return x
@@ -469,7 +470,7 @@ class _HpzSecondary(nn.Cell):
     def construct(self, sec, x):
         full = self.comm.all_gather(sec)
         if self.pad > 0:
-            full = full[:self.full_rows]
+            full = copy_slice(full, 0, 0, self.full_rows)
         return full
 
     def bprop(self, sec, x, out, dout):
