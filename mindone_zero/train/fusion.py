@@ -187,32 +187,29 @@ class BucketedComm(nn.Cell):
         self.gather_layouts = nn.CellList([PackedLayout([self.numels[i] for i in b], n, True) for b in self.buckets])
         # all-reduce: [Note: chunk-aligned all-reduce] on CPU with more than two ranks, else flat
         self.ring_aligned = backend.ring_aligned_buckets(n)
-        # static data for construct: each bucket's tensors' shapes and ring chunks (chunk-aligned
-        # all-reduce), and, per tensor in the order of ``shapes``, where its result lies
+        # static data for construct: each bucket's ring chunks (chunk-aligned all-reduce), and, per
+        # tensor in the order of ``shapes``, where each collective's result for it lies
         # ([Note: one map out of the buckets])
-        self.bucket_shapes = tuple(tuple(self.shapes[i] for i in b) for b in self.buckets)
         self.bucket_chunks = tuple((tuple(self.chunks[i][0] for i in b), tuple(self.chunks[i][1] for i in b))
                                    for b in self.buckets)
-        slots = {i: (k, j) for k, b in enumerate(self.buckets) for j, i in enumerate(b)}
-        order = range(len(self.shapes))
-        self.slot_bucket = tuple(slots[i][0] for i in order)
-        self.slot_alone = tuple(len(self.buckets[slots[i][0]]) == 1 for i in order)
-        if kind == "reduce_scatter":
-            layouts, shapes = self.scatter_layouts, [_dim0_scaled(s, 1, n) for s in self.shapes]
-        elif kind == "all_gather":
-            layouts, shapes = self.gather_layouts, [_dim0_scaled(s, n, 1) for s in self.shapes]
-        else:
-            layouts, shapes = self.gather_layouts, list(self.shapes)
-        self.slot_shape = tuple(shapes)
-        if kind == "all_reduce" and self.ring_aligned:  # a tensor's rows start at a column of the bucket
-            columns = [np.cumsum([0] + [self.chunks[i][0] for i in b[:-1]]) for b in self.buckets]
-            self.slot_offset = tuple(int(columns[slots[i][0]][slots[i][1]]) for i in order)
-            self.slot_width = tuple(self.chunks[i][0] for i in order)
-            self.slot_full = tuple(self.chunks[i][1] for i in order)
-        else:  # a tensor's block in the bucket's packed layout
-            self.slot_offset = tuple(layouts[slots[i][0]].offsets[slots[i][1]] for i in order)
-            self.slot_width = tuple(layouts[slots[i][0]].blocks[slots[i][1]] for i in order)
-            self.slot_full = self.slot_width
+        self.scatter_slots = self._slots(self.scatter_layouts, [_dim0_scaled(s, 1, n) for s in self.shapes])
+        self.gather_slots = self._slots(self.gather_layouts, [_dim0_scaled(s, n, 1) for s in self.shapes])
+        self.reduce_slots = self._slots(self.gather_layouts, self.shapes)
+        # in ring rows, a tensor's rows start at the column after the widths of those before it in its bucket
+        bucket, alone = self.reduce_slots[:2]
+        columns = tuple(sum(self.chunks[m][0] for m in self.buckets[k][:self.buckets[k].index(i)])
+                        for i, k in enumerate(bucket))
+        self.ring_slots = (bucket, alone, columns, tuple(c[0] for c in self.chunks), tuple(c[1] for c in self.chunks),
+                           self.shapes)
+
+    def _slots(self, layouts, shapes) -> tuple:
+        """(bucket, sent alone, offset and width of its block in the bucket's ``layouts``, result
+        shape) of every tensor, each a tuple in the order of ``shapes``."""
+        where = {i: (k, j) for k, b in enumerate(self.buckets) for j, i in enumerate(b)}
+        order = [where[i] for i in range(len(self.shapes))]
+        return (tuple(k for k, _ in order), tuple(len(self.buckets[k]) == 1 for k, _ in order),
+                tuple(layouts[k].offsets[j] for k, j in order), tuple(layouts[k].blocks[j] for k, j in order),
+                tuple(tuple(s) for s in shapes))
 
     def record_comm(self, plan: CommPlan, ctx: PlanContext) -> None:
         """One entry per bucket and call of one optimizer step; an all-gather's entry has the full
@@ -250,15 +247,9 @@ class BucketedComm(nn.Cell):
                 rows = ops.concat(hyper_map(ops.partial(ring_rows, n), take(tensors, bucket), widths, fulls), 1)
                 sent += (self._reduce(rows.reshape(-1), mean).reshape(n, -1),)
         if self.ring_aligned:
-            return hyper_map(ops.partial(_ring_tensor, sent, n), self.slot_bucket, self.slot_alone, self.slot_offset,
-                             self.slot_width, self.slot_full, self.slot_shape)
-        return self._results(sent, 0)
-
-    def _results(self, sent, axis: int):
-        """Every tensor's result, in the order of ``shapes``, cut out of the buckets' results ``sent``
-        along ``axis`` ([Note: one map out of the buckets])."""
-        return hyper_map(ops.partial(_unpacked, sent, axis), self.slot_bucket, self.slot_alone, self.slot_offset,
-                         self.slot_width, self.slot_shape)
+            bucket, alone, offset, width, full, shape = self.ring_slots
+            return hyper_map(ops.partial(_ring_tensor, sent, n), bucket, alone, offset, width, full, shape)
+        return _results(sent, 0, self.reduce_slots)
 
     def reduce_scatter(self, tensors, mean: bool = False):
         """Sum over the group (``mean``: divided by the group size, once per bucket), then this
@@ -273,7 +264,7 @@ class BucketedComm(nn.Cell):
             if mean:
                 blocks = divide(blocks, self.comm.size)  # [Note: Div on CPU] in core/comm.py
             sent += (blocks,)
-        return self._results(sent, 0)
+        return _results(sent, 0, self.scatter_slots)
 
     def all_gather(self, shards):
         """Every rank's shard of every tensor, concatenated along dim 0 in rank order."""
@@ -285,7 +276,7 @@ class BucketedComm(nn.Cell):
             else:
                 layout = self.gather_layouts[k]
                 sent += (self.comm.all_gather(layout.pack(take(shards, bucket))).reshape((layout.n, layout.total)),)
-        return self._results(sent, 1)
+        return _results(sent, 1, self.gather_slots)
 
 
 # Per-tensor work of the buckets ([Note: per-tensor maps] in core/graph_tuples.py).
@@ -297,6 +288,13 @@ class BucketedComm(nn.Cell):
 # third made three times the graph nodes per tensor: the compile time grows with them (stage 1 on
 # the parity tests' TinyNet: [Note: compile cost] in core/graph_tuples.py). The same slices and
 # reshapes run, so the results are the same.
+def _results(sent, axis: int, slots):
+    """Every tensor's result, in the order of ``shapes``, cut out of the buckets' results ``sent``
+    along ``axis`` at its ``slots`` (``BucketedComm._slots``)."""
+    bucket, alone, offset, width, shape = slots
+    return hyper_map(ops.partial(_unpacked, sent, axis), bucket, alone, offset, width, shape)
+
+
 _unpacked = ops.MultitypeFuncGraph("unpacked")
 
 

@@ -1,4 +1,4 @@
-"""The graph helpers of ``mindone_zero.core``: ``narrow`` (slicing.py) and ``take`` / ``hyper_map``
+"""The graph helpers of ``mindone_zero.core``: ``narrow`` and ``copy_slice`` (slicing.py) and ``take`` / ``hyper_map``
 (graph_tuples.py), in GRAPH_MODE and PYNATIVE_MODE; and ``tools/compile_cost.py``'s arguments."""
 import numpy as np
 import pytest
@@ -6,7 +6,7 @@ import mindspore as ms
 from mindspore import Tensor, nn, ops
 
 from mindone_zero.core.graph_tuples import hyper_map, take
-from mindone_zero.core.slicing import narrow
+from mindone_zero.core.slicing import copy_slice, narrow
 from tools import compile_cost
 
 ms.set_device("CPU")
@@ -37,6 +37,18 @@ def test_narrow_equals_ops_narrow(mode, shape, axis, start, length):
     assert np.array_equal(got, x.asnumpy()[tuple(index)])
 
 
+@pytest.mark.parametrize("mode", [ms.GRAPH_MODE, ms.PYNATIVE_MODE])
+@pytest.mark.parametrize("shape, axis, start, length", CUTS)
+def test_copy_slice_equals_indexing(mode, shape, axis, start, length):
+    ms.set_context(mode=mode)
+    x = Tensor(np.arange(int(np.prod(shape)), dtype=np.float32).reshape(shape))
+    got = _Cut(copy_slice, axis, start, length)(x).asnumpy()
+    index = [slice(None)] * len(shape)
+    index[axis] = slice(start, start + length)
+    want = x.asnumpy()[tuple(index)]
+    assert got.shape == want.shape and np.array_equal(got, want)
+
+
 @pytest.mark.parametrize("axis, start, length, named", [(2, 0, 1, "'axis'"), (-3, 0, 1, "'axis'"),
                                                         (1, 5, 3, "'start' 5 and 'length' 3"),
                                                         (0, -1, 2, "'start' -1"), (0, 0, 0, "'length' 0")])
@@ -44,6 +56,12 @@ def test_narrow_outside_the_tensor_names_the_argument(axis, start, length, named
     ms.set_context(mode=ms.PYNATIVE_MODE)
     with pytest.raises(ValueError, match=named):
         narrow(Tensor(np.zeros((5, 7), np.float32)), axis, start, length)
+
+
+def test_copy_slice_outside_the_tensor_names_the_argument():
+    ms.set_context(mode=ms.PYNATIVE_MODE)
+    with pytest.raises(ValueError, match="For 'copy_slice', 'start' 5 and 'length' 3"):
+        copy_slice(Tensor(np.zeros((5, 7), np.float32)), 1, 5, 3)
 
 
 _double = ops.MultitypeFuncGraph("double")
@@ -67,7 +85,7 @@ class _TakeAndMap(nn.Cell):
 
 
 @pytest.mark.parametrize("mode", [ms.GRAPH_MODE, ms.PYNATIVE_MODE])
-@pytest.mark.parametrize("index", [(3, 0, 2), (1,), ()])
+@pytest.mark.parametrize("index", [(3, 0, 2), (1,), (), (0, 1, 2, 3)])
 def test_take_picks_in_index_order_and_hyper_map_maps_each(mode, index):
     ms.set_context(mode=mode)
     xs = tuple(Tensor(np.full((i + 1,), float(i), np.float32)) for i in range(4))

@@ -2,7 +2,8 @@
 reduce-scatter layout against the per-parameter one, and the buckets of ``BucketedComm`` cut by it."""
 import numpy as np
 import pytest
-from mindspore import Tensor, ops
+import mindspore as ms
+from mindspore import Tensor, nn, ops
 
 from mindone_zero.core.packing import PackedLayout
 from mindone_zero.core.partition import ShardSpec, split_array
@@ -91,3 +92,57 @@ def test_buckets_use_the_packed_layout(n, rank):
     ag = BucketedComm(_OneRankComm(n, rank), [s.shape for s in shards], shards, bucket_size=1 << 20)
     for got, shard in zip(ag.all_gather(shards), shards):
         assert np.array_equal(got.asnumpy(), np.concatenate([shard.asnumpy()] * n))
+
+
+class _OneRankCell(nn.Cell):
+    """``_OneRankComm`` as a Cell, callable from a GRAPH_MODE ``construct``."""
+
+    def __init__(self, size, rank):
+        super().__init__()
+        self.size, self.rank, self.group = size, rank, "one"
+
+    def all_gather(self, x):
+        return ops.concat([x] * self.size, 0)
+
+    def reduce_scatter(self, x):
+        rows = x.shape[0] // self.size
+        return ops.StridedSlice()(x, (self.rank * rows,) + (0,) * (x.ndim - 1), (self.rank * rows + rows,) + x.shape[1:],
+                                  (1,) * x.ndim)
+
+    def all_reduce_mean(self, x):
+        return x
+
+
+class _Collectives(nn.Cell):
+    def __init__(self, rs, ag, ar):
+        super().__init__()
+        self.rs, self.ag, self.ar = rs, ag, ar
+
+    def construct(self, fulls, shards):
+        return self.rs.reduce_scatter(fulls, True), self.ag.all_gather(shards), self.ar.all_reduce_mean(fulls)
+
+
+@pytest.mark.parametrize("n, rank", [(2, 1), (4, 2)])
+@pytest.mark.parametrize("mode", [ms.GRAPH_MODE, ms.PYNATIVE_MODE])
+def test_results_of_several_buckets_and_of_tensors_sent_alone_come_back_in_order(mode, n, rank):
+    # [Note: one map out of the buckets]: buckets (0, 1), (2,) alone, (3, 4), the all-reduce's in ring
+    # rows at N=4 on CPU ([Note: chunk-aligned all-reduce]); the reduce-scatter's mean divides each
+    # bucket once
+    ms.set_context(mode=mode)
+    shapes = [(8, 3), (4,), (12, 2, 2), (4,), (8,)]
+    fulls = tuple(Tensor(np.arange(int(np.prod(s)), dtype=np.float32).reshape(s) * 3 + 100 * i)
+                  for i, s in enumerate(shapes))
+    shards = tuple(Tensor(split_array(f.asnumpy(), n, rank)) for f in fulls)
+    rs = BucketedComm(_OneRankCell(n, rank), shapes, fulls, bucket_size=120, kind="reduce_scatter")
+    ag = BucketedComm(_OneRankCell(n, rank), [s.shape for s in shards], shards, bucket_size=120 // n,
+                      kind="all_gather")
+    ar = BucketedComm(_OneRankCell(n, rank), shapes, fulls, bucket_size=120)
+    assert rs.buckets == ar.buckets == ag.buckets == ((0, 1), (2,), (3, 4))
+    assert ar.ring_aligned == (n > 2)
+    scattered, gathered, reduced = _Collectives(rs, ag, ar)(fulls, shards)
+    for i, full in enumerate(fulls):
+        want = split_array(full.asnumpy(), n, rank) / np.float32(n)
+        np.testing.assert_array_equal(scattered[i].asnumpy(), want)
+        np.testing.assert_array_equal(gathered[i].asnumpy(), np.concatenate([shards[i].asnumpy()] * n))
+        np.testing.assert_array_equal(reduced[i].asnumpy(), full.asnumpy())
+        assert scattered[i].shape == (shapes[i][0] // n,) + shapes[i][1:]
