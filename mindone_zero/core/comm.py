@@ -68,6 +68,7 @@ __all__ = [
     "check_hybrid_groups",
     "pad_dim0",
     "divide",
+    "cast_if_needed",
 ]
 
 
@@ -279,6 +280,12 @@ def pad_dim0(x, pad: int):
     if pad == 0:
         return x
     return ops.concat((x, ops.zeros((pad,) + x.shape[1:], x.dtype)), 0)
+
+
+def cast_if_needed(x, dtype):
+    """``x`` in ``dtype``; no Cast node (a copy in PYNATIVE_MODE, a graph to compile in GRAPH_MODE)
+    when it already is (graph-mode safe; the dtype check is static)."""
+    return x if x.dtype == dtype else ops.cast(x, dtype)
 
 
 _REAL_DIV = ops.RealDiv()

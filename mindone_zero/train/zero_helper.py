@@ -27,8 +27,8 @@ from typing import List, Optional
 
 import mindspore as ms
 from mindspore import Parameter, ParameterTuple, Tensor, nn, ops
-from ..core.comm import (GroupComm, check_hybrid_groups, group_size_and_rank, is_data_parallel, pad_dim0,
-                   world_group)
+from ..core.comm import (GroupComm, cast_if_needed, check_hybrid_groups, group_size_and_rank, is_data_parallel,
+                         pad_dim0, world_group)
 from ..core.comm_plan import CommPlan, PlanContext
 from ..core.graph_tuples import hyper_map, take
 from .fusion import BucketedComm, FusionConfig
@@ -44,11 +44,6 @@ __all__ = ["ZeroHelper"]
 _logger = logging.getLogger(__name__)
 
 _LOW_PRECISION = (ms.float16, ms.bfloat16)
-
-
-def _cast_if_needed(x, dtype):
-    """``x`` in ``dtype``; no Cast node (a copy in PYNATIVE_MODE) when it already is."""
-    return x if x.dtype == dtype else ops.cast(x, dtype)
 
 
 # What reduce_grads runs per tensor ([Note: per-tensor maps] in core/graph_tuples.py).
@@ -68,20 +63,17 @@ _cast_like = ops.MultitypeFuncGraph("cast_like")
 @_cast_like.register("Tensor", "Tensor")
 def _cast_like_tensor(x, master):
     """``x`` in the master shard's dtype."""
-    return _cast_if_needed(x, master.dtype)
+    return cast_if_needed(x, master.dtype)
 
 
 _routed = ops.MultitypeFuncGraph("routed")
 
 
-@_routed.register("Tuple", "Tuple", "Number", "Number", "Tensor")
-def _routed_tensor(shards, replicated, route, index, own):
-    """A parameter's reduced gradient: ``shards[index]``, ``replicated[index]`` or ``own``."""
-    if route == _ROUTE_SHARD:
-        return shards[index]
-    if route == _ROUTE_REPLICA:
-        return replicated[index]
-    return own
+@_routed.register("Tuple", "Number", "Number")
+def _routed_tensor(sources, route, index):
+    """A parameter's reduced gradient: ``sources[route][index]``, ``sources`` being the
+    reduce-scattered shards, the all-reduced tensors and the gradients as they came (``_ROUTE_*``)."""
+    return sources[route][index]
 
 
 _squared_sum = ops.MultitypeFuncGraph("squared_sum")
@@ -101,13 +93,13 @@ def _write_full_tensor(param, full, rows):
     only when there are some)."""
     if full.shape[0] != rows:
         full = narrow(full, 0, 0, rows)
-    return ops.assign(param, _cast_if_needed(full, param.dtype))
+    return ops.assign(param, cast_if_needed(full, param.dtype))
 
 
 def _routes(n: int, rs_index: tuple, ar_index: tuple):
     """Where reduce_grads finds each of ``n`` parameters' reduced gradient: (``_ROUTE_*`` of each,
-    its index among the reduce-scattered or all-reduced tensors, 0 for its own gradient)."""
-    where = {i: (_ROUTE_OWN, 0) for i in range(n)}
+    its index among the reduce-scattered or all-reduced tensors or among the gradients)."""
+    where = {i: (_ROUTE_OWN, i) for i in range(n)}
     where.update({i: (_ROUTE_SHARD, k) for k, i in enumerate(rs_index)})
     where.update({i: (_ROUTE_REPLICA, k) for k, i in enumerate(ar_index)})
     return tuple(where[i][0] for i in range(n)), tuple(where[i][1] for i in range(n))
@@ -249,6 +241,7 @@ class ZeroHelper(nn.Cell):
         self.rs_casts = any(self.params[i].dtype != self.opt_params[i].dtype for i in self.rs_index)
         self.ag_rows = tuple(self.full_d0[i] for i in self.ag_index)
         self.routes, self.route_index = _routes(n, self.rs_index, self.ar_index)
+        self.routes_replicated = self.ar_index == tuple(range(n))
         self.grad_rs = BucketedComm(self.op_comm, [self.specs[i].padded_shape for i in self.rs_index],
                                     [self.params[i] for i in self.rs_index], fusion.reduce_scatter, kind="reduce_scatter")
         self.grad_ar = BucketedComm(self.op_comm, [tuple(self.params[i].shape) for i in self.ar_index],
@@ -329,7 +322,10 @@ class ZeroHelper(nn.Cell):
             replicated = self.grad_ar.all_reduce_sum(take(grads, self.ar_index))
         # stage 3's gradients of split parameters pass as they are: reduce-scattered by the ZeRO-3
         # wrapper's bprop
-        out = hyper_map(ops.partial(_routed, shards, replicated), self.routes, self.route_index, grads)
+        if self.routes_replicated:  # every gradient all-reduced, in order (stage 0)
+            out = replicated
+        else:
+            out = hyper_map(ops.partial(_routed, (shards, replicated, grads)), self.routes, self.route_index)
         if self.dp_ar is not None:
             out = self.dp_ar.all_reduce_mean(out)
         return out

@@ -26,9 +26,10 @@ from typing import List, Optional, Sequence
 import numpy as np
 from mindspore import nn
 
-from ..core.comm import GroupComm, divide, pad_dim0
+from ..core.comm import GroupComm, cast_if_needed, divide, pad_dim0
 from ..core.comm_plan import CommPlan, PlanContext
 from ..core.packing import LARGE_TENSOR_BYTES, PackedLayout, itemsize_of
+from ..core.slicing import copy_slice
 
 __all__ = ["ZeroGatherGroup", "COALESCE_MAX_BYTES", "build_gather_group", "gather_settings", "gathered_nbytes"]
 
@@ -64,7 +65,7 @@ class _CoalescedGather(nn.Cell):
         for i in range(len(cols)):
             x = cols[i].reshape(self.padded_shapes[i])
             if self.pads[i] > 0:
-                x = x[:self.full_rows[i]]  # a copy: [Note: a view keeps its base] in slicing.py
+                x = copy_slice(x, 0, 0, self.full_rows[i])  # a copy: [Note: a view keeps its base] in slicing.py
             if self.cast_after_gather:
                 x = x.astype(self.compute_dtype)
             out = out + (x,)
@@ -73,7 +74,7 @@ class _CoalescedGather(nn.Cell):
     def bprop(self, xs, out, dout):
         grads = ()
         for i in range(len(dout)):
-            grads = grads + (pad_dim0(dout[i].astype(self.param_dtype), self.pads[i]),)
+            grads = grads + (pad_dim0(cast_if_needed(dout[i], self.param_dtype), self.pads[i]),)
         buf = divide(self.comm.reduce_scatter(self.layout.pack_rank_major(grads)), self.group_size)
         blocks = self.layout.unpack_shards(buf)
         shards = ()

@@ -47,7 +47,7 @@ import numpy as np
 import mindspore as ms
 from mindspore import Parameter, Tensor, nn, ops
 
-from ..core.comm import GroupComm, divide, group_size_and_rank, pad_dim0, world_group
+from ..core.comm import GroupComm, cast_if_needed, divide, group_size_and_rank, pad_dim0, world_group
 from ..core.comm_plan import CommPlan, PlanContext
 from ..core.quantize import block_layout
 from ..core.packing import ITEMSIZE, itemsize_of
@@ -356,7 +356,7 @@ class _GatherShard(nn.Cell):
 
     def shard_grad(self, dout):
         """This rank's block of the group mean of ``dout``, in the parameter's dtype; collective."""
-        grad = dout.astype(self.param_dtype)
+        grad = cast_if_needed(dout, self.param_dtype)
         if self.gathers:
             grad = pad_dim0(grad, self.pad)
             if self.quantize_grads:
