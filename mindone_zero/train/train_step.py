@@ -11,7 +11,7 @@ import mindspore as ms
 from mindspore import Parameter, Tensor, nn, ops
 
 from ..core.backend import overflow_uses_float_status
-from ..core.comm import divide
+from ..core.comm import cast_if_needed, divide
 from ..core.comm_plan import CommPlan, PlanContext, comm_recorders
 from ..core.graph_tuples import hyper_map
 from ..core.partition import zero_spec_of
@@ -67,10 +67,16 @@ class _ScaledLoss(nn.Cell):
 _times = ops.MultitypeFuncGraph("times")
 
 
+# Primitives called directly: ``g * ...``, ``ops.cast`` and ``Tensor.all`` are functions the graph
+# compiler parses and type-infers again for every tensor of a map ([Note: compile cost] in
+# core/graph_tuples.py); these are the primitives they run.
+_MUL, _IS_FINITE, _ALL, _NOT = ops.Mul(), ops.IsFinite(), ops.ReduceAll(), ops.LogicalNot()
+
+
 @_times.register("Tensor", "Tensor")
 def _times_tensor(factor, g):
     """``g`` times the 0-d ``factor``, in ``g``'s dtype."""
-    return g * ops.cast(factor, g.dtype)
+    return _MUL(g, cast_if_needed(factor, g.dtype))
 
 
 _nonfinite = ops.MultitypeFuncGraph("nonfinite")
@@ -79,7 +85,7 @@ _nonfinite = ops.MultitypeFuncGraph("nonfinite")
 @_nonfinite.register("Tensor")
 def _nonfinite_tensor(g):
     """1.0 if ``g`` holds an inf or nan, else 0.0."""
-    return ops.cast(ops.logical_not(ops.isfinite(g).all()), ms.float32)
+    return ops.cast(_NOT(_ALL(_IS_FINITE(g))), ms.float32)
 
 
 _shard_shaped_grad = ops.MultitypeFuncGraph("shard_shaped_grad")
@@ -98,7 +104,7 @@ _accumulate_into = ops.MultitypeFuncGraph("accumulate_into")
 
 @_accumulate_into.register("Tensor", "Tensor")
 def _accumulate_tensor(acc, g):
-    return ops.assign_add(acc, ops.cast(g, acc.dtype))
+    return ops.assign_add(acc, cast_if_needed(g, acc.dtype))
 
 
 _divided = ops.MultitypeFuncGraph("divided")

@@ -81,7 +81,7 @@ _squared_sum = ops.MultitypeFuncGraph("squared_sum")
 
 @_squared_sum.register("Tensor")
 def _squared_sum_tensor(g):
-    return ops.reduce_sum(ops.square(ops.cast(g, ms.float32)))
+    return ops.reduce_sum(ops.square(cast_if_needed(g, ms.float32)))
 
 
 _write_full = ops.MultitypeFuncGraph("write_full")

@@ -24,28 +24,28 @@ class _Cut(nn.Cell):
         return self.cut(x, self.axis, self.start, self.length)
 
 
+def _cut(cut, mode, shape, axis, start, length):
+    """(``cut`` of an arange tensor of ``shape`` in ``mode``, the tensor, the same cut by numpy indexing)."""
+    ms.set_context(mode=mode)
+    x = Tensor(np.arange(int(np.prod(shape)), dtype=np.float32).reshape(shape))
+    index = [slice(None)] * len(shape)
+    index[axis] = slice(start, start + length)
+    return _Cut(cut, axis, start, length)(x).asnumpy(), x, x.asnumpy()[tuple(index)]
+
+
 @pytest.mark.parametrize("mode", [ms.GRAPH_MODE, ms.PYNATIVE_MODE])
 @pytest.mark.parametrize("shape, axis, start, length", CUTS)
 def test_narrow_equals_ops_narrow(mode, shape, axis, start, length):
-    ms.set_context(mode=mode)
-    x = Tensor(np.arange(int(np.prod(shape)), dtype=np.float32).reshape(shape))
-    got = _Cut(narrow, axis, start, length)(x).asnumpy()
+    got, x, indexed = _cut(narrow, mode, shape, axis, start, length)
     want = _Cut(ops.narrow, axis, start, length)(x).asnumpy()
     assert got.shape == want.shape and np.array_equal(got, want)
-    index = [slice(None)] * len(shape)
-    index[axis] = slice(start, start + length)
-    assert np.array_equal(got, x.asnumpy()[tuple(index)])
+    assert np.array_equal(got, indexed)
 
 
 @pytest.mark.parametrize("mode", [ms.GRAPH_MODE, ms.PYNATIVE_MODE])
 @pytest.mark.parametrize("shape, axis, start, length", CUTS)
 def test_copy_slice_equals_indexing(mode, shape, axis, start, length):
-    ms.set_context(mode=mode)
-    x = Tensor(np.arange(int(np.prod(shape)), dtype=np.float32).reshape(shape))
-    got = _Cut(copy_slice, axis, start, length)(x).asnumpy()
-    index = [slice(None)] * len(shape)
-    index[axis] = slice(start, start + length)
-    want = x.asnumpy()[tuple(index)]
+    got, _, want = _cut(copy_slice, mode, shape, axis, start, length)
     assert got.shape == want.shape and np.array_equal(got, want)
 
 
