@@ -23,22 +23,22 @@ for p in (ROOT, ROOT / "tests"):
 # Groups start longest first (HEAVY_GROUPS, measured; the rest in collection order), so that the
 # longest jobs do not end up last on one worker. ``--no-loadscope-reorder`` keeps this order.
 # With ``-n 0`` the same order runs in one process. Measured on 2 cores (README, "Quick start"): the
-# whole suite 20 min 52 s with two workers (40 CPU-minutes); the jobs are bound by CPU work, so side
+# whole suite 17 min 57 s with two workers (33.6 CPU-minutes); the jobs are bound by CPU work, so side
 # by side they slow each other, and the gain comes from the shorter jobs' start-up and the
 # one-process tests filling the gaps.
 #
-# Where the CPU goes (2026-12-03, a run of 22 min 22 s: the CPU time of each test module's pytest
-# worker and its msrun jobs, from getrusage around every test, summed per module; 2536 CPU-s in
-# all): the two parity jobs
-# 850 s (alone, N=2 takes 167 s of wall and 295 CPU-s, N=4 279 s and 524 CPU-s: four ranks on two
-# cores), test_zeropp 255, test_checkpoint_resume 251, test_zero3_network 233, test_gather_units 154,
-# test_model_train 146, test_mindone_dropin 119, test_profile_collectives 86, and every other module
-# under 65. An msrun job that only calls init() costs 7.4 CPU-s at N=2 and 10.4 at N=4. In a case,
-# the train step's first call (compiling it) is about 90% of the CPU: at N=2, 1.1-1.5 s at stage 0,
-# 1.8-2.5 s at stages 1-3 per rank, where MindSpore's own nn.TrainOneStepCell on the same TinyNet
-# compiles in 0.35 s; the compile time grows with the graph's operations (about 5-7 ms each here:
-# a fused bucket of nine tensors adds about 0.2 s for its packing), so what remains is the ZeRO
-# step's per-tensor operations, not launches.
+# Where the CPU goes (2026-12-03, that run: the CPU time of each test module's pytest worker and its
+# msrun jobs, from getrusage around every test, summed per module; 1998 CPU-s in all, 2536 the day
+# before): the two parity jobs 629 s (850), test_zeropp 232 (255), test_zero3_network 185 (233),
+# test_checkpoint_resume 179 (252), test_gather_units 132 (154), test_model_train 95 (146),
+# test_mindone_dropin 76 (120), test_profile_collectives 75 (86), and every other module under 65.
+# An msrun job that only calls init() costs 7.4 CPU-s at N=2 and 10.4 at N=4. In a case, the train
+# step's first call (compiling it) is about 90% of the CPU, and most of the compile is type
+# inference, which grows with the graph's nodes ([Note: compile cost] in
+# mindone_zero/core/graph_tuples.py); at stage 3 as much again goes to re-inferring the graph after
+# the gathers' custom bprops are expanded (16 x Dense(64): type inference 1.6-1.9 s, then 3.1-3.4 s
+# optimizing, 1.2-1.5 s of it re-inferring). So what remains is the ZeRO step's per-tensor and
+# per-parameter graphs, not launches.
 HEAVY_GROUPS = (
     "parity_N4",
     "parity_N2",
