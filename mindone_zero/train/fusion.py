@@ -180,7 +180,7 @@ class BucketedComm(nn.Cell):
         self.bucket_bytes = tuple(sum(nbytes[i] for i in b) for b in self.buckets)
         # [Note: packed layout] of each bucket: for reduce-scatter (the tensors are full, blocks of
         # numel / n) and for all-gather (the tensors are shards; also a flat all-reduce bucket's, each
-        # tensor's numel a block); an instance serves one kind and never calls the others'.
+        # tensor's numel a block).
         n = comm.size
         self.scatter_layouts = nn.CellList([PackedLayout([self.numels[i] // n for i in b], n, True)
                                             for b in self.buckets])
