@@ -11,6 +11,7 @@ from ..core.partition import padded_split_rule, splits_over
 
 from .carry import (carry_hooks, check_carryable, is_recompute_scoped, reapply_recompute, recompute_options,
                     spread_recompute_scope)
+from .coalesce import share_gather_graphs
 from .layers import PARALLEL_MODULES, ZeroCell
 from .options import Stage3Options, mark_options
 from .param_wrapper import ZeroParamWrapper, compute_dtype_of, shard_parameter, zeropp_scope
@@ -186,6 +187,7 @@ def _shard(network, group, match, options: Stage3Options):
         _warn_recomputed(found)
     if options.zeropp is not None:
         apply_zeropp(network, options.zeropp)
+    share_gather_graphs(network)  # last: after marking ([Note: shared gather graphs] in coalesce.py)
     return network
 
 

@@ -8,7 +8,9 @@ without ``gather_units`` and with them. Cases: the demo LM (``tools/lm_model.py`
 divides by 2); a stack of Dense-holding Cells (uneven shapes, so sharded with
 ``pad_uneven_params=True``, a LayerNorm between, Dense layers computing in float16: two gather
 settings per unit); a unit with a
-weight over 1 MiB, gathered alone, keeping the gathered weights. Losses at every
+weight over 1 MiB, gathered alone, keeping the gathered weights; and the LM without units twice:
+each coalesced group calling its own gather Cell, and identical groups sharing one ([Note: shared
+gather graphs] in mindone_zero/zero3/coalesce.py). Losses at every
 micro-step and every rank's parameter shards after every step must be bit-identical, and the
 library's ``CommPlan`` must count one all-gather (two with the re-gather) and one reduce-scatter per
 unit (per gather setting) per micro-step in place of the per-Cell ones.
@@ -30,8 +32,11 @@ CASES = [
     {"name": "mlp_graph_fp16", "model": "dense", "units": ["MLP"], "reshard": True, "fp16": True, "steps": 3},
     {"name": "lm_pynative", "model": "lm", "units": ["Block"], "reshard": True, "steps": 2, "mode": "pynative"},
     {"name": "wide_graph_keep", "model": "wide", "units": ["Wide"], "reshard": False, "steps": 2},
+    # no units: each coalesced group with its own gather Cell against identical groups sharing one
+    {"name": "lm_graph_shared", "model": "lm", "units": [], "reshard": True, "steps": 3},
 ]
 NAMES = [c["name"] for c in CASES]
+UNIT_NAMES = [c["name"] for c in CASES if c["units"]]
 
 
 @pytest.fixture(scope="module")
@@ -53,7 +58,7 @@ def _counts(entries):
     return collections.Counter(e[0] for e in entries)
 
 
-@pytest.mark.parametrize("name", NAMES)
+@pytest.mark.parametrize("name", UNIT_NAMES)
 def test_one_gather_and_one_reduce_scatter_per_unit_and_micro_step(reports, name):
     """Each unit part records one all-gather (plus one when its unit is recomputed) and one
     reduce-scatter per micro-step, and that is all the parameter traffic of the units."""
@@ -70,6 +75,16 @@ def test_one_gather_and_one_reduce_scatter_per_unit_and_micro_step(reports, name
     assert counts["all_reduce"] == base["all_reduce"]  # overflow flags and the clipping norm only
     assert counts["reduce_scatter"] < base["reduce_scatter"] and counts["all_gather"] < base["all_gather"]
     assert counts["all_gather"] == gathers * counts["reduce_scatter"]
+
+
+def test_identical_groups_call_one_gather_cell(reports):
+    """[Note: shared gather graphs] in mindone_zero/zero3/coalesce.py: the demo LM's 7 coalesced
+    groups (the Dense layers q, k, v, out, fc1, fc2, head; its LayerNorms gather through wrappers)
+    call 4 gather Cells, one for the four 64 x 64 projections, while the run it is compared with bit
+    for bit (the test above) calls one per group. The unit cases' runs without units share the same way."""
+    for rep in reports("lm_graph_shared"):
+        assert (rep["gather_cells"], rep["base_gather_cells"]) == ([7, 4], [7, 7]), rep["rank"]
+    assert reports("lm_graph_reshard")[0]["base_gather_cells"] == [7, 4]
 
 
 def test_a_weight_over_1_mib_is_gathered_alone(reports):

@@ -5,7 +5,11 @@ Each case trains one network twice with ``prepare_train_network`` at stage 3 (2 
 optimizer step, gradient clipping, Adam): without ``gather_units`` and with them, from the same
 weights on the same batches, and writes ``<case>_rank<r>.json``: the losses at every micro-step of
 both runs, whether this rank's parameter shards are bit-identical after every step, and both
-``CommPlan``s (entries, and the unit gathers' buffer bytes) for the collective counts.
+``CommPlan``s (entries, and the unit gathers' buffer bytes) for the collective counts. A case with
+``"units": []`` trains without units both times: first with every coalesced group calling its own
+gather Cell (``share_gather_graphs`` turned off), then as ``shard_network`` builds it, identical
+groups sharing one ([Note: shared gather graphs] in mindone_zero/zero3/coalesce.py); its report adds
+the count of groups and of distinct gather Cells of each run.
 
 Usage (from tests/dist/test_gather_units.py): ``msrun ... units_worker.py --out DIR --cases JSON``
 """
@@ -24,6 +28,8 @@ sys.path.insert(0, REPO)
 from mindone_zero import prepare_train_network  # noqa: E402
 from mindone_zero.core.comm import CommPlan, init_data_parallel  # noqa: E402
 from mindone_zero.core.comm_plan import PlanContext  # noqa: E402
+from mindone_zero.zero3 import shard as shard_module  # noqa: E402
+from mindone_zero.zero3.coalesce import ZeroGatherGroup  # noqa: E402
 from mindone_zero.zero3.units import unit_gathers  # noqa: E402
 from tools.lm_model import Block, LMLoss, TransformerLM, build_lm, init_lm_weights, reversal_batch  # noqa: E402
 
@@ -140,16 +146,37 @@ def _train(case, units, rank, world, out):
     return losses, shards, [list(e) for e in train.comm_plan.entries], unit_entries, train
 
 
+def _gather_cells(train):
+    """(coalesced groups, distinct gather Cells they call) in ``train``'s network."""
+    groups = [c for _, c in train.network.cells_and_names() if isinstance(c, ZeroGatherGroup)]
+    return [len(groups), len({id(g.gather) for g in groups})]
+
+
+def _train_unshared(case, rank, world, out):
+    """``_train`` without units, each coalesced group calling its own gather Cell."""
+    share = shard_module.share_gather_graphs
+    shard_module.share_gather_graphs = lambda network: 0
+    try:
+        return _train(case, None, rank, world, out)
+    finally:
+        shard_module.share_gather_graphs = share
+
+
 def run_case(case, rank, world, out):
     ms.set_context(mode=ms.PYNATIVE_MODE if case.get("mode") == "pynative" else ms.GRAPH_MODE)
-    base_losses, base_shards, base_plan, _, _ = _train(case, None, rank, world, out)
-    losses, shards, plan, unit_entries, train = _train(case, _units(case), rank, world, out)
+    if case["units"]:
+        base_losses, base_shards, base_plan, _, base = _train(case, None, rank, world, out)
+        losses, shards, plan, unit_entries, train = _train(case, _units(case), rank, world, out)
+    else:
+        base_losses, base_shards, base_plan, _, base = _train_unshared(case, rank, world, out)
+        losses, shards, plan, unit_entries, train = _train(case, None, rank, world, out)
     same = [len(a) == len(b) and all(x.shape == y.shape and np.array_equal(x, y) for x, y in zip(a, b))
             for a, b in zip(base_shards, shards)]
     parts = [len(u.groups()) for u in unit_gathers(train.network)]
     return {"case": case["name"], "rank": rank, "world": world, "losses": losses, "base_losses": base_losses,
             "shards_equal_each_step": same, "plan": plan, "base_plan": base_plan, "unit_entries": unit_entries,
-            "unit_parts": parts, "accum": ACCUM}
+            "unit_parts": parts, "accum": ACCUM, "gather_cells": _gather_cells(train),
+            "base_gather_cells": _gather_cells(base)}
 
 
 def main():
