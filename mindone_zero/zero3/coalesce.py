@@ -64,6 +64,9 @@ class _CoalescedGather(nn.Cell):
     def __init__(self, gathers: List):
         super().__init__(auto_prefix=False)
         base = gathers[0]
+        # The names it was built for; a gather shared in GRAPH_MODE keeps the first group's
+        # ([Note: shared gather graphs]): each ZeroGatherGroup's ``param_names`` are its own.
+        self.param_names = tuple(g.param_name for g in gathers)
         self.group_size = base.group_size
         self.param_dtype = base.param_dtype
         self.compute_dtype = base.compute_dtype
@@ -123,7 +126,7 @@ class ZeroGatherGroup(nn.Cell):
     def __init__(self, gathers: List):
         super().__init__(auto_prefix=False)
         self.gather = _CoalescedGather(gathers)
-        self.param_names = tuple(g.param_name for g in gathers)
+        self.param_names = self.gather.param_names
 
     def construct(self, *xs):
         # PYNATIVE: a same-shape reshape gives the custom bprop the shard's real shape (see ZeroParamWrapper).
