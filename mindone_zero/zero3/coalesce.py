@@ -20,27 +20,7 @@ launch and would pay a copy into and out of the buffer. ZeRO++ (qwZ, qgZ, hpZ) g
 coalesced: they are per parameter, and the wrappers ``shard_network`` builds carry the ZeRO++
 options from the start ([Note: ZeRO++ at build] in ``param_wrapper.py``), so ``build_gather_group``
 builds no group for them.
-
-[Note: shared gather graphs]
-GRAPH_MODE parses, type-infers and differentiates every Cell instance on its own, so the coalesced
-gathers of n identical layers (the projections of a Transformer block, its LayerNorms, its blocks)
-cost n times one. A ``_CoalescedGather`` holds no Parameter: its graph reads only its group, dtypes
-and shapes (``graph_key``), and the shards come in as arguments. So ``share_gather_graphs`` makes
-the groups whose gathers have one key call one ``_CoalescedGather``: MindSpore builds one graph and
-one bprop for them, and infers it once per argument type. Each call still runs its own collectives
-on its own tensors, so the values are those of separate Cells, bit for bit
-(tests/dist/test_gather_units.py trains the demo LM both ways).
-Two limits:
-* ``Cell.recompute`` marks a Cell's children at marking time (their scope), and a shared child has
-  one, so gathers are shared only between groups marked alike, after [Note: reshard after
-  forward] has marked them (``shard_network`` calls ``share_gather_graphs`` last).
-* Only in GRAPH_MODE, where compiling is what it saves; PYNATIVE runs every call anyway.
-Per-parameter gathers (``_GatherShard``) are not shared: the wrapper reads its gather's spec and
-name for the CommPlan and ZeRO++.
-Measured (``tools/compile_cost.py``, stage 3, 16 x Dense(64), N=2, rank 0): nodes after type
-inference 14244 -> 8034.
 """
-import mindspore as ms
 from typing import List, Optional, Sequence
 
 import numpy as np
@@ -51,8 +31,7 @@ from ..core.comm_plan import CommPlan, PlanContext
 from ..core.packing import LARGE_TENSOR_BYTES, PackedLayout, itemsize_of
 from ..core.slicing import copy_slice
 
-__all__ = ["ZeroGatherGroup", "COALESCE_MAX_BYTES", "build_gather_group", "gather_settings", "gathered_nbytes",
-           "share_gather_graphs"]
+__all__ = ["ZeroGatherGroup", "COALESCE_MAX_BYTES", "build_gather_group", "gather_settings", "gathered_nbytes"]
 
 COALESCE_MAX_BYTES = LARGE_TENSOR_BYTES
 """Largest padded parameter (bytes, in the gathered dtype) that ``ZeroGatherGroup`` coalesces."""
@@ -64,8 +43,8 @@ class _CoalescedGather(nn.Cell):
     def __init__(self, gathers: List):
         super().__init__(auto_prefix=False)
         base = gathers[0]
-        # The names it was built for; a gather shared in GRAPH_MODE keeps the first group's
-        # ([Note: shared gather graphs]): each ZeroGatherGroup's ``param_names`` are its own.
+        # The names it was built for; shared in GRAPH_MODE it keeps the first group's ([Note: shared
+        # gather graphs] in shared_graphs.py): each ZeroGatherGroup's ``param_names`` are its own.
         self.param_names = tuple(g.param_name for g in gathers)
         self.group_size = base.group_size
         self.param_dtype = base.param_dtype
@@ -110,7 +89,7 @@ class _CoalescedGather(nn.Cell):
         return self.group_size * self.layout.total * itemsize
 
     def graph_key(self) -> tuple:
-        """Everything this Cell's graph reads ([Note: shared gather graphs])."""
+        """Everything this Cell's graph reads ([Note: shared gather graphs] in ``shared_graphs.py``)."""
         return (self.comm.group, self.group_size, self.param_dtype, self.compute_dtype, self.cast_before_gather,
                 self.cast_after_gather, self.padded_shapes, self.shard_shapes, self.full_rows, self.pads)
 
@@ -175,26 +154,3 @@ def build_gather_group(wrappers: Sequence) -> Optional[ZeroGatherGroup]:
     if len({gather_settings(g) for g in gathers}) != 1:
         return None
     return ZeroGatherGroup(gathers)
-
-
-def _recompute_marks(cell: nn.Cell) -> tuple:
-    """How ``cell`` and the Cells below it are marked for recomputation (scope, flags)."""
-    return tuple((name, c._has_config_recompute, c._scope, hasattr(c, "_recompute_cell"),
-                  repr(sorted(c.get_flags().items()))) for name, c in cell.cells_and_names())
-
-
-def share_gather_graphs(network: nn.Cell) -> int:
-    """In GRAPH_MODE, make the ``ZeroGatherGroup``s of ``network`` whose gathers read the same
-    settings and are marked alike for recomputation call one gather Cell ([Note: shared gather
-    graphs]); returns how many groups were given another group's gather (0 in PYNATIVE_MODE). Call
-    after the network is sharded and marked, before it is compiled. Not collective."""
-    if ms.get_context("mode") != ms.GRAPH_MODE:
-        return 0
-    groups = [cell for _, cell in network.cells_and_names() if isinstance(cell, ZeroGatherGroup)]
-    first, shared = {}, 0
-    for group in groups:
-        gather = first.setdefault((group.gather.graph_key(), _recompute_marks(group.gather)), group.gather)
-        if gather is not group.gather:
-            group.gather = gather
-            shared += 1
-    return shared

@@ -244,9 +244,11 @@ class ZeroParamWrapper(nn.Cell):
         self.sharded = StagePolicy(zero_stage).shards_params
         self.is_split = False
         self.hpz = False
+        self.param_name = param.name
         if self.sharded:
             spec = shard_parameter(param, group)
             self.is_split = spec.split
+            self.param_name = spec.name
             self.gather = _GatherShard(spec, param.dtype, group, compute_dtype, _ZEROPP.get())
 
     def construct(self, x, after=None):
@@ -271,7 +273,8 @@ class ZeroParamWrapper(nn.Cell):
         if not self.sharded:
             return
         if not self.hpz:
-            self.gather.record_comm(plan, ctx)
+            # this wrapper's name: its gather may be shared ([Note: shared gather graphs] in shared_graphs.py)
+            self.gather.record_comm(plan, ctx, self.param_name)
             return
         self.gather.record_gather(plan, ctx.micro_steps)
         self.hpz_secondary.record_comm(plan, ctx)
@@ -370,14 +373,15 @@ class _GatherShard(nn.Cell):
         """Gradient of the shard: this rank's block of the group mean, in the parameter's dtype."""
         return (self.shard_grad(dout),)
 
-    def record_comm(self, plan: CommPlan, ctx: PlanContext) -> None:
-        """[Note: comm plan]: this parameter's collectives of one optimizer step (native bytes): per
-        micro-step the forward gather, the backward re-gather (when ``ctx`` names the parameter
-        regathered) and the gradient reduce-scatter. Not collective."""
+    def record_comm(self, plan: CommPlan, ctx: PlanContext, name: Optional[str] = None) -> None:
+        """[Note: comm plan]: the collectives of one optimizer step (native bytes) of the parameter
+        named ``name`` (default: the one this gather was built for): per micro-step the forward
+        gather, the backward re-gather (when ``ctx`` names the parameter regathered) and the gradient
+        reduce-scatter. Not collective."""
         if not self.gathers:
             return
         self.record_gather(plan, ctx.micro_steps)
-        if ctx.regathers((self.param_name,)):
+        if ctx.regathers((self.param_name if name is None else name,)):
             self.record_gather(plan, ctx.micro_steps)
         self.record_reduce_scatter(plan, ctx.micro_steps)
 
@@ -402,6 +406,14 @@ class _GatherShard(nn.Cell):
         else:
             numel = int(np.prod(self.spec.padded_shape))
             plan.add("reduce_scatter", op, numel * itemsize_of(self.param_dtype), n, times=times)
+
+    def graph_key(self) -> tuple:
+        """Everything this Cell's graph reads ([Note: shared gather graphs] in ``shared_graphs.py``)."""
+        quantized = (self.block, self.blocks) if self.quantize_weights or self.quantize_grads else ()
+        return (self.group_name, self.group_size, self.full_shape, tuple(self.spec.padded_shape),
+                tuple(self.spec.shard_shape), self.pad, self.full_rows, self.param_dtype, self.compute_dtype,
+                self.gathers, self.quantize_weights, self.quantize_grads, self.cast_before_gather,
+                self.cast_after_gather) + quantized
 
     def extend_repr(self):
         return (f"param={self.param_name}, full_shape={self.full_shape}, group_size={self.group_size}, "

@@ -167,8 +167,8 @@ def regathered_param_names(network: nn.Cell) -> List[str]:
     a recomputed region (marked by ``reshard_after_forward`` or by the user). Not collective."""
     names = []
     for _, cell in network.cells_and_names():
-        if gathers_split(cell) and is_recompute_scoped(cell) and cell.gather.param_name not in names:
-            names.append(cell.gather.param_name)
+        if gathers_split(cell) and is_recompute_scoped(cell) and cell.param_name not in names:
+            names.append(cell.param_name)
         if isinstance(cell, ZeroUnitGather) and is_recompute_scoped(cell):
             names += [name for name in cell.gathered_names() if name not in names]
     return names
@@ -195,7 +195,7 @@ def zeropp_wrappers(network: nn.Cell) -> dict:
     found = {}
     for _, cell in network.cells_and_names():
         if gathers_split(cell) and cell.gather.zeropp is not None:
-            found.setdefault(cell.gather.param_name, cell)
+            found.setdefault(cell.param_name, cell)
     return found
 
 

@@ -11,13 +11,13 @@ from ..core.partition import padded_split_rule, splits_over
 
 from .carry import (carry_hooks, check_carryable, is_recompute_scoped, reapply_recompute, recompute_options,
                     spread_recompute_scope)
-from .coalesce import share_gather_graphs
 from .layers import PARALLEL_MODULES, ZeroCell
 from .options import Stage3Options, mark_options
 from .param_wrapper import ZeroParamWrapper, compute_dtype_of, shard_parameter, zeropp_scope
 from .direct_reads import record_rewritten_reads
 from .reshard import apply_zeropp, describe_recomputed, mark_reshard_after_forward
 from .rewrite import apply_rewrites, plan_rewrites
+from .shared_graphs import share_gather_graphs
 from .units import attach_unit_gathers, find_units
 
 __all__ = ["shard_network", "shard_with_options", "recomputed_cells", "RECOMPUTED_ATTR"]
@@ -187,7 +187,7 @@ def _shard(network, group, match, options: Stage3Options):
         _warn_recomputed(found)
     if options.zeropp is not None:
         apply_zeropp(network, options.zeropp)
-    share_gather_graphs(network)  # last: after marking ([Note: shared gather graphs] in coalesce.py)
+    share_gather_graphs(network)  # last: after marking ([Note: shared gather graphs] in shared_graphs.py)
     return network
 
 

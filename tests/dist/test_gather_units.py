@@ -9,7 +9,7 @@ divides by 2); a stack of Dense-holding Cells (uneven shapes, so sharded with
 ``pad_uneven_params=True``, a LayerNorm between, Dense layers computing in float16: two gather
 settings per unit); a unit with a
 weight over 1 MiB, gathered alone, keeping the gathered weights; and the LM without units twice:
-each coalesced group calling its own gather Cell, and identical groups sharing one ([Note: shared
+each coalesced group and wrapper calling its own gather Cell, and identical ones sharing one ([Note: shared
 gather graphs] in mindone_zero/zero3/coalesce.py). Losses at every
 micro-step and every rank's parameter shards after every step must be bit-identical, and the
 library's ``CommPlan`` must count one all-gather (two with the re-gather) and one reduce-scatter per
@@ -78,13 +78,15 @@ def test_one_gather_and_one_reduce_scatter_per_unit_and_micro_step(reports, name
 
 
 def test_identical_groups_call_one_gather_cell(reports):
-    """[Note: shared gather graphs] in mindone_zero/zero3/coalesce.py: the demo LM's 7 coalesced
-    groups (the Dense layers q, k, v, out, fc1, fc2, head; its LayerNorms gather through wrappers)
-    call 4 gather Cells, one for the four 64 x 64 projections, while the run it is compared with bit
-    for bit (the test above) calls one per group. The unit cases' runs without units share the same way."""
+    """[Note: shared gather graphs] in mindone_zero/zero3/shared_graphs.py: the demo LM's 7 coalesced
+    groups (its Dense layers q, k, v, out, fc1, fc2, head) call 4 gather Cells, one for the four
+    64 x 64 projections; its 22 gathering wrappers (the LayerNorms' gamma and beta, the embeddings,
+    and the Dense layers' own, which their group stands in for) call 9. The run it is compared with
+    bit for bit (the test above) calls one per group and per wrapper. The unit cases' runs without
+    units share the same way."""
     for rep in reports("lm_graph_shared"):
-        assert (rep["gather_cells"], rep["base_gather_cells"]) == ([7, 4], [7, 7]), rep["rank"]
-    assert reports("lm_graph_reshard")[0]["base_gather_cells"] == [7, 4]
+        assert (rep["gather_cells"], rep["base_gather_cells"]) == ([7, 4, 22, 9], [7, 7, 22, 22]), rep["rank"]
+    assert reports("lm_graph_reshard")[0]["base_gather_cells"] == [7, 4, 22, 9]
 
 
 def test_a_weight_over_1_mib_is_gathered_alone(reports):

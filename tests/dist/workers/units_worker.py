@@ -7,9 +7,10 @@ weights on the same batches, and writes ``<case>_rank<r>.json``: the losses at e
 both runs, whether this rank's parameter shards are bit-identical after every step, and both
 ``CommPlan``s (entries, and the unit gathers' buffer bytes) for the collective counts. A case with
 ``"units": []`` trains without units both times: first with every coalesced group calling its own
-gather Cell (``share_gather_graphs`` turned off), then as ``shard_network`` builds it, identical
-groups sharing one ([Note: shared gather graphs] in mindone_zero/zero3/coalesce.py); its report adds
-the count of groups and of distinct gather Cells of each run.
+gather Cell and each wrapper its own (``share_gather_graphs`` turned off), then as ``shard_network``
+builds it, identical ones sharing one ([Note: shared gather graphs] in
+mindone_zero/zero3/shared_graphs.py); its report adds the count of groups and wrappers and of the
+distinct gather Cells they call, for each run.
 
 Usage (from tests/dist/test_gather_units.py): ``msrun ... units_worker.py --out DIR --cases JSON``
 """
@@ -30,6 +31,7 @@ from mindone_zero.core.comm import CommPlan, init_data_parallel  # noqa: E402
 from mindone_zero.core.comm_plan import PlanContext  # noqa: E402
 from mindone_zero.zero3 import shard as shard_module  # noqa: E402
 from mindone_zero.zero3.coalesce import ZeroGatherGroup  # noqa: E402
+from mindone_zero.zero3.param_wrapper import ZeroParamWrapper  # noqa: E402
 from mindone_zero.zero3.units import unit_gathers  # noqa: E402
 from tools.lm_model import Block, LMLoss, TransformerLM, build_lm, init_lm_weights, reversal_batch  # noqa: E402
 
@@ -147,13 +149,16 @@ def _train(case, units, rank, world, out):
 
 
 def _gather_cells(train):
-    """(coalesced groups, distinct gather Cells they call) in ``train``'s network."""
-    groups = [c for _, c in train.network.cells_and_names() if isinstance(c, ZeroGatherGroup)]
-    return [len(groups), len({id(g.gather) for g in groups})]
+    """[coalesced groups, distinct gather Cells they call, gathering wrappers, distinct gather Cells
+    they call] in ``train``'s network."""
+    cells = [c for _, c in train.network.cells_and_names()]
+    groups = [c for c in cells if isinstance(c, ZeroGatherGroup)]
+    wrappers = [c for c in cells if isinstance(c, ZeroParamWrapper) and c.sharded and c.gather.gathers]
+    return [len(groups), len({id(g.gather) for g in groups}), len(wrappers), len({id(w.gather) for w in wrappers})]
 
 
 def _train_unshared(case, rank, world, out):
-    """``_train`` without units, each coalesced group calling its own gather Cell."""
+    """``_train`` without units, each coalesced group and each wrapper calling its own gather Cell."""
     share = shard_module.share_gather_graphs
     shard_module.share_gather_graphs = lambda network: 0
     try:
