@@ -248,7 +248,7 @@ class ZeroParamWrapper(nn.Cell):
         if self.sharded:
             spec = shard_parameter(param, group)
             self.is_split = spec.split
-            self.param_name = spec.name
+            self.param_name = spec.name  # the name it was sharded under, as ZeroHelper and CommPlan know it
             self.gather = _GatherShard(spec, param.dtype, group, compute_dtype, _ZEROPP.get())
 
     def construct(self, x, after=None):
@@ -410,10 +410,10 @@ class _GatherShard(nn.Cell):
     def graph_key(self) -> tuple:
         """Everything this Cell's graph reads ([Note: shared gather graphs] in ``shared_graphs.py``)."""
         quantized = (self.block, self.blocks) if self.quantize_weights or self.quantize_grads else ()
-        return (self.group_name, self.group_size, self.full_shape, tuple(self.spec.padded_shape),
-                tuple(self.spec.shard_shape), self.pad, self.full_rows, self.param_dtype, self.compute_dtype,
-                self.gathers, self.quantize_weights, self.quantize_grads, self.cast_before_gather,
-                self.cast_after_gather) + quantized
+        spec = self.spec  # the rest (padding, rows, casts, whether it gathers) follows from these
+        return (self.group_name, spec.group_size, spec.split, tuple(spec.shape), tuple(spec.padded_shape),
+                tuple(spec.shard_shape), self.param_dtype, self.compute_dtype, self.quantize_weights,
+                self.quantize_grads) + quantized
 
     def extend_repr(self):
         return (f"param={self.param_name}, full_shape={self.full_shape}, group_size={self.group_size}, "

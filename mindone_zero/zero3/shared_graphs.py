@@ -29,7 +29,7 @@ import mindspore as ms
 from mindspore import nn
 
 from .coalesce import ZeroGatherGroup
-from .param_wrapper import ZeroParamWrapper
+from .reshard import gathers_split
 
 __all__ = ["share_gather_graphs"]
 
@@ -44,8 +44,7 @@ def _callers(network: nn.Cell) -> list:
     """The Cells of ``network`` whose ``gather`` may be shared: gathering wrappers without hpZ, and
     coalesced groups (those of gather units included)."""
     return [cell for _, cell in network.cells_and_names()
-            if isinstance(cell, ZeroGatherGroup)
-            or (isinstance(cell, ZeroParamWrapper) and cell.sharded and cell.gather.gathers and not cell.hpz)]
+            if isinstance(cell, ZeroGatherGroup) or (gathers_split(cell) and not cell.hpz)]
 
 
 def share_gather_graphs(network: nn.Cell) -> int:

@@ -31,7 +31,7 @@ from mindone_zero.core.comm import CommPlan, init_data_parallel  # noqa: E402
 from mindone_zero.core.comm_plan import PlanContext  # noqa: E402
 from mindone_zero.zero3 import shard as shard_module  # noqa: E402
 from mindone_zero.zero3.coalesce import ZeroGatherGroup  # noqa: E402
-from mindone_zero.zero3.param_wrapper import ZeroParamWrapper  # noqa: E402
+from mindone_zero.zero3.reshard import gathers_split  # noqa: E402
 from mindone_zero.zero3.units import unit_gathers  # noqa: E402
 from tools.lm_model import Block, LMLoss, TransformerLM, build_lm, init_lm_weights, reversal_batch  # noqa: E402
 
@@ -153,7 +153,7 @@ def _gather_cells(train):
     they call] in ``train``'s network."""
     cells = [c for _, c in train.network.cells_and_names()]
     groups = [c for c in cells if isinstance(c, ZeroGatherGroup)]
-    wrappers = [c for c in cells if isinstance(c, ZeroParamWrapper) and c.sharded and c.gather.gathers]
+    wrappers = [c for c in cells if gathers_split(c)]
     return [len(groups), len({id(g.gather) for g in groups}), len(wrappers), len({id(w.gather) for w in wrappers})]
 
 
