@@ -22,23 +22,21 @@ for p in (ROOT, ROOT / "tests"):
 #   with no ``world`` parameter names its job with ``@pytest.mark.parity_world(N)``.
 # Groups start longest first (HEAVY_GROUPS, measured; the rest in collection order), so that the
 # longest jobs do not end up last on one worker. ``--no-loadscope-reorder`` keeps this order.
-# With ``-n 0`` the same order runs in one process. Measured on 2 cores (README, "Quick start"): the
-# whole suite 17 min 57 s with two workers (33.6 CPU-minutes); the jobs are bound by CPU work, so side
-# by side they slow each other, and the gain comes from the shorter jobs' start-up and the
-# one-process tests filling the gaps.
+# With ``-n 0`` the same order runs in one process. The jobs are bound by CPU work, so side by side
+# they slow each other (two N=2 parity jobs at once: 289 and 287 CPU-s, 298 s; one alone: 231-282
+# CPU-s, 130-157 s), and the gain comes from the shorter jobs' start-up and the one-process tests
+# filling the gaps: the suite keeps 1.89 of the 2 cores busy (README, "Quick start").
 #
-# Where the CPU goes (2026-12-03, that run: the CPU time of each test module's pytest worker and its
-# msrun jobs, from getrusage around every test, summed per module; 1998 CPU-s in all, 2536 the day
-# before): the two parity jobs 629 s (850), test_zeropp 232 (255), test_zero3_network 185 (233),
-# test_checkpoint_resume 179 (252), test_gather_units 132 (154), test_model_train 95 (146),
-# test_mindone_dropin 76 (120), test_profile_collectives 75 (86), and every other module under 65.
-# An msrun job that only calls init() costs 7.4 CPU-s at N=2 and 10.4 at N=4. In a case, the train
-# step's first call (compiling it) is about 90% of the CPU, and most of the compile is type
-# inference, which grows with the graph's nodes ([Note: compile cost] in
-# mindone_zero/core/graph_tuples.py); at stage 3 as much again goes to re-inferring the graph after
-# the gathers' custom bprops are expanded (16 x Dense(64): type inference 1.6-1.9 s, then 3.1-3.4 s
-# optimizing, 1.2-1.5 s of it re-inferring). So what remains is the ZeRO step's per-tensor and
-# per-parameter graphs, not launches.
+# Where the CPU goes: ``python tools/compile_census.py`` runs the suite as CI does and logs every
+# graph compile of every process. 2026-12-03 (1542 tests, 23 min, 2612 CPU-s at 1.89 cores): 482
+# train-step compiles took 1380 CPU-s (mean 2.86 s), the tests' own graphs (reference networks, jit
+# functions) 277, everything else 954 (31 msrun launches of about 7-10 CPU-s each, one-process
+# tests, PYNATIVE and long runs). By job: the N=4 parity job 505 CPU-s (116 train steps), N=2 352
+# (92), test_gather_units 200 (24 steps of the demo LM at stage 3, about 7 s each), test_zeropp's N=2
+# job 160 (200 steps x 4 runs: 40 of it compiling), test_zero3_network's N=4 job 148, and every
+# other job under 115. Had every train step compiled as fast as MindSpore's own data-parallel step
+# (0.45 s, ``--floor_s``), the suite would still need 1449 CPU-s, 12.8 minutes at that run's use of
+# the cores. So the compiles of what the suite checks, not launches or scheduling, set its time.
 HEAVY_GROUPS = (
     "parity_N4",
     "parity_N2",

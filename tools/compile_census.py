@@ -15,8 +15,11 @@ graph it compiles and its own CPU at exit. Prints, and writes to ``<out>/census.
 * the jobs that cost most (processes grouped by script and output folder).
 
 ``--floor_s`` is what a train step would cost if ZeRO added nothing to its graph: by default 0.45 s,
-MindSpore's own data-parallel step (``nn.TrainOneStepCell`` with ``nn.DistributedGradReducer``) on
-the tests' TinyNet at N=2, rank 0's first call. Processes that leave without a normal exit (a pytest-xdist
+MindSpore's own data-parallel step (``nn.TrainOneStepCell``, which all-reduces through
+``nn.DistributedGradReducer``) on a network of the tests' TinyNet's size, the first row of
+``python tools/compile_cost.py --layers 4 --width 16`` (4 x Dense(16), N=2, rank 0; 2026-12-03). Most
+train steps of the suite are larger (TinyNet's, the demo LM's), so the floor is below what they
+would cost even then. Processes that leave without a normal exit (a pytest-xdist
 worker, a killed rank) log no exit line; their CPU is in the run's total and in "unlogged".
 """
 import argparse

@@ -14,7 +14,9 @@ empty Cell's, the least of ``--repeats`` fresh instances:
 Train step, an msrun job of ``--world_size`` ranks on the Dense stack of ``tools/dense_model.py``
 (``--layers`` x Dense(``--width``): 2 x layers parameters): the CPU seconds of the first call of
 ``prepare_train_network``'s train step at stages 0-3, with one micro-step and with two plus clipping,
-against ``nn.TrainOneStepCell`` on the same network (no communication, so a floor, not a twin).
+against ``nn.TrainOneStepCell`` on the same network: under ``DATA_PARALLEL`` (set by ``init_data_parallel``)
+it all-reduces the gradients through ``nn.DistributedGradReducer``, so it is MindSpore's own data-parallel
+step, which shards nothing: the floor of a ZeRO step (``tools/compile_census.py``'s ``--floor_s``).
 Rank 0's figures. Writes ``compile_cost.json`` into ``--out`` and prints the tables.
 """
 import argparse

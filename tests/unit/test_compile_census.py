@@ -1,5 +1,5 @@
-"""tools/compile_census.py: its arithmetic on written logs, its probe on a real pytest run that
-compiles one train step, and its argument errors."""
+"""tools/compile_census.py: its arithmetic on written logs, and its argument errors. Its probe on a
+real run (pytest and an msrun job) is tests/dist/test_compile_census_job.py."""
 import json
 
 import pytest
@@ -33,39 +33,6 @@ def test_census_of_written_logs(tmp_path):
     assert list(jobs) == ["parity_worker.py parity_N20", "msrun parity_N20", "(no exit line)"]
     assert jobs["parity_worker.py parity_N20"] == {"processes": 2, "cpu": 15.0, "compile": 8.0, "train_steps": 3}
     assert "| parity_worker.py parity_N20 | 2 | 15.0 | 8.0 | 3 |" in compile_census.render(census, top=5)
-
-
-_ONE_STEP = '''
-import numpy as np
-import mindspore as ms
-from mindspore import Tensor, nn
-
-from mindone_zero import prepare_train_network
-
-
-def test_one_train_step():
-    ms.set_device("CPU")
-    ms.set_context(mode=ms.GRAPH_MODE)
-    net = nn.Dense(4, 2)
-    train = prepare_train_network(nn.WithLossCell(net, nn.MSELoss()), nn.SGD(net.trainable_params(), 0.1))
-    train.set_train(True)
-    train(Tensor(np.ones((2, 4), np.float32)), Tensor(np.zeros((2, 2), np.float32)))
-'''
-
-
-def test_probe_counts_the_train_step_a_run_compiles(tmp_path, capsys):
-    (tmp_path / "test_one.py").write_text(_ONE_STEP)
-    out = tmp_path / "census"
-    code = compile_census.main(["--out", str(out), "--floor_s", "0.1", "--",
-                                str(tmp_path / "test_one.py"), "-q", "-n", "0", "-p", "no:cacheprovider"])
-    assert code == 0
-    census = json.loads((out / "census.json").read_text())
-    assert census["pytest_exit"] == 0 and census["train_steps"] == 1 and census["train_step_cpu_s"] > 0
-    # the pytest process itself left normally: its CPU and its compile are logged under its job
-    (job,) = [j for name, j in census["jobs"].items() if "pytest" in name]
-    assert job["train_steps"] == 1 and job["cpu"] > census["train_step_cpu_s"]
-    assert census["floor_cpu_s"] == pytest.approx(census["cpu_s"] - census["train_step_cpu_s"] + 0.1)
-    assert "train-step compiles: 1," in capsys.readouterr().out
 
 
 @pytest.mark.parametrize("argv, named", [(["--floor_s", "-1"], "--floor_s"), (["--floor_s", "nan"], "--floor_s"),
