@@ -96,7 +96,7 @@ def summarize(processes: List[dict], wall_s: float, cpu_s: float, floor_s: float
         "other_compile_cpu_s": other_cpu, "other_compiles": dict(sorted(others.items(), key=lambda kv: -kv[1])),
         "rest_cpu_s": cpu_s - train_cpu - other_cpu,
         "unlogged_cpu_s": cpu_s - sum(p["cpu"] or 0.0 for p in processes),
-        "msrun_launches": sum(_job_of(p["argv"]).startswith("msrun") for p in processes if p["cpu"] is not None),
+        "msrun_launches": sum(job["processes"] for name, job in jobs.items() if name.startswith("msrun")),
         "floor_s": floor_s, "floor_cpu_s": floor_cpu, "floor_wall_s": floor_cpu / cores if cores else 0.0,
         "jobs": dict(sorted(jobs.items(), key=lambda kv: -kv[1]["cpu"])),
     }
