@@ -3,6 +3,7 @@ from .checkpoint import (convert_checkpoints, gather_full_params, latest_checkpo
                          save_full_checkpoint, save_train_state)
 from .train.ema import EMA
 from .core.groups import create_hybrid_groups
+from .core.materialize import sharded_init
 from .memory.estimate import estimate_model_states_memory, estimate_peak_memory
 from .train.prepare import prepare_ema, prepare_network, prepare_train_network
 from .train.train_step import TrainOneStepWrapper
@@ -28,5 +29,6 @@ __all__ = [
     "PARALLEL_MODULES",
     "ZeroPPConfig",
     "create_hybrid_groups",
+    "sharded_init",
 ]
 

@@ -38,6 +38,8 @@ __all__ = [
     "mark_shard_flag",
     "zero_spec_of",
     "set_zero_spec",
+    "whole_candidates",
+    "WHOLE_WARN_SHARE",
 ]
 
 
@@ -275,3 +277,21 @@ def mark_shard_flag(param, holds_shard: bool) -> None:
     it, saving the user's opt-out (its input meaning) first ([Note: split rule])."""
     setattr(param, _OPT_OUT_ATTR, user_opted_out(param))
     param.parallel_optimizer = bool(holds_shard)
+
+
+# Stage 3 warns about candidates left whole that hold at least this share of the model's bytes.
+WHOLE_WARN_SHARE = 0.01
+
+
+def whole_candidates(candidates, min_share: float) -> List[Tuple[str, int, float]]:
+    """``(name, bytes, share of all candidates' bytes)`` of the candidates the split rule left whole
+    ([Note: split rule]) whose share is at least ``min_share``, largest first.
+
+    Args:
+        candidates: ``(name, ShardSpec, itemsize)`` of every split candidate.
+        min_share: the smallest share of the candidates' bytes to report.
+    """
+    sizes = [(name, int(np.prod(spec.shape)) * itemsize, spec.split) for name, spec, itemsize in candidates]
+    total = sum(b for _, b, _ in sizes)
+    found = [(name, b, b / total) for name, b, split in sizes if not split and total and b / total >= min_share]
+    return sorted(found, key=lambda x: -x[1])

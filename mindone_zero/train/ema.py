@@ -52,6 +52,7 @@ from mindspore import Parameter, ParameterTuple, Tensor, nn, ops
 
 from ..core.comm import eager_mode
 from ..core.graph_tuples import hyper_map
+from ..core.materialize import host_value, is_unmaterialized, materialize, set_value
 from ..core.partition import ShardSpec, split_array
 
 __all__ = ["EMA", "check_ema", "bind_ema_to_zero", "ema_entries", "EMA_ATTRIBUTES", "EMA_METHODS"]
@@ -138,6 +139,16 @@ def _cut(param: Parameter, spec: ShardSpec) -> None:
         param.set_data(Tensor(split_array(param.asnumpy(), spec.group_size, spec.rank), param.dtype))
 
 
+def _copy_of(param: Parameter, source: Parameter, spec: Optional[ShardSpec]) -> None:
+    """Give ``param``, an unmaterialized ``clone(init='same')`` of ``source``, the value it would
+    have had eagerly: ``source``'s, or its block per ``spec`` ([Note: delayed initialisation])."""
+    materialize(source)
+    value = host_value(source)
+    if spec is not None and tuple(value.shape) != spec.shard_shape:
+        value = split_array(value, spec.group_size, spec.rank)
+    set_value(param, value)
+
+
 def bind_ema_to_zero(ema, zero_helper, shard_ema: bool = False) -> List[ShardSpec]:
     """Bind ``ema`` to ``zero_helper``'s layout ([Note: ZeRO EMA]) and give it in-place swaps
     ([Note: in-place swaps]); not collective.
@@ -174,7 +185,9 @@ def bind_ema_to_zero(ema, zero_helper, shard_ema: bool = False) -> List[ShardSpe
             )
         is_split = sharded_here and spec is not None and spec.split
         for p in [e] + ([caches[k]] if caches is not None else []):
-            if is_split:
+            if is_unmaterialized(p):  # a clone of ``w`` built without data takes ``w``'s value
+                _copy_of(p, w, spec if is_split else None)
+            elif is_split:
                 _cut(p, spec)
             specs.append(ShardSpec(p.name, full, n, r, is_split))
         sources.append(zero_helper.opt_params[i] if is_split else w)

@@ -14,6 +14,7 @@ from ..offload import OffloadConfig, host_rule_for
 from ..zero3.options import Stage3Options, options_of
 from ..zero3.shard import shard_with_options
 from .optimizer_states import check_optimizer, find_optimizer_states, optimizer_parameters
+from ..core.materialize import materialize, restore_initializer
 from ..core.partition import check_split_rule_flag, mark_shard_flag, uneven_split_names, zero_spec_of
 from ..core.stage import StagePolicy, check_stage
 from .train_step import TrainOneStepWrapper, _check_step_args
@@ -164,6 +165,9 @@ def prepare_train_network(network, optimizer, scale_sense=1.0, ema=None, updates
         _check_shardable_optimizer(optimizer)
     if policy.shards_params and not sharded:
         network = shard_with_options(network, optimizer_parallel_group, options)
+    elif not policy.shards_params:  # full on every rank; in the network's order ([Note: delayed initialisation])
+        for _, param in network.parameters_and_names():
+            materialize(param)
     helper = ZeroHelper(optimizer, policy.stage, optimizer_parallel_group, dp_group, offload,
                         fusion, params_split_info, options.pad_uneven_params)
     _warn_padded(helper)
@@ -176,6 +180,8 @@ def prepare_train_network(network, optimizer, scale_sense=1.0, ema=None, updates
     train = TrainOneStepWrapper(network, optimizer, scale_sense, ema, updates, drop_overflow_update,
                                 gradient_accumulation_steps, clip_grad, clip_norm, verbose, helper)
     _mark_shard_flags(train)
+    for param in train.get_parameters():  # what is still built without data initializes at compile
+        restore_initializer(param)
     return train
 
 

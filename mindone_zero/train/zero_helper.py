@@ -34,7 +34,8 @@ from ..core.graph_tuples import hyper_map, take
 from .fusion import BucketedComm, FusionConfig
 from ..offload import HostOffload, OffloadConfig, host_rule_for
 from .optimizer_states import check_optimizer, find_optimizer_states, optimizer_parameters, repoint_optimizer
-from ..core.partition import ShardSpec, check_split_rule_flag, split_array, splits_over, zero_spec_of
+from ..core.materialize import block_of, materialize, set_value
+from ..core.partition import ShardSpec, check_split_rule_flag, splits_over, zero_spec_of
 from ..core.split_info import write_split_info
 from ..core.stage import StagePolicy
 from ..core.slicing import narrow
@@ -211,17 +212,18 @@ class ZeroHelper(nn.Cell):
         states = find_optimizer_states(self.optimizer, [s.shape for s in self.specs]) if find else {}
         opt_params = []
         for i, (p, spec) in enumerate(zip(self.params, self.specs)):
+            if self.use_masters:
+                materialize(p)  # stages 1-2 hold the full parameter ([Note: delayed initialisation])
             if self.use_masters and spec.split:
                 dtype = _master_dtype(p.dtype)
-                block = split_array(p.asnumpy(), spec.group_size, spec.rank)
+                block = block_of(p, spec)
                 opt_params.append(Parameter(Tensor(block, dtype), name=f"master.{p.name}", requires_grad=True))
             else:
                 opt_params.append(p)
             for values in states.values():
                 state = values[i]
                 if spec.split and tuple(state.shape) != spec.shard_shape:
-                    block = split_array(state.asnumpy(), spec.group_size, spec.rank)
-                    state.set_data(Tensor(block, _master_dtype(state.dtype)))
+                    set_value(state, block_of(state, spec), _master_dtype(state.dtype))
         if self.use_masters:
             repoint_optimizer(self.optimizer, opt_params)
         self.opt_states = states

@@ -45,13 +45,14 @@ from typing import Optional
 
 import numpy as np
 import mindspore as ms
-from mindspore import Parameter, Tensor, nn, ops
+from mindspore import Parameter, nn, ops
 
 from ..core.comm import GroupComm, cast_if_needed, divide, group_size_and_rank, pad_dim0, world_group
 from ..core.comm_plan import CommPlan, PlanContext
 from ..core.quantize import block_layout
 from ..core.packing import ITEMSIZE, itemsize_of
-from ..core.partition import ShardSpec, set_zero_spec, split_array, splits_over, zero_spec_of
+from ..core.materialize import block_of, materialize, set_value
+from ..core.partition import ShardSpec, set_zero_spec, splits_over, zero_spec_of
 from ..core.slicing import copy_slice
 from ..core.stage import StagePolicy, check_stage
 
@@ -80,22 +81,16 @@ def gather_attr_name(param_attr: str) -> str:
     return param_attr + GATHER_SUFFIX
 
 
-def _to_numpy(param: Parameter) -> np.ndarray:
-    if param.has_init:
-        param.init_data()
-    if param.dtype == ms.bfloat16:  # numpy has no bfloat16; float32 holds it exactly
-        return param.astype(ms.float32).asnumpy()
-    return param.asnumpy()
-
-
 def shard_parameter(param: Parameter, group: Optional[str] = None) -> ShardSpec:
     """Shard ``param`` in place over ``group`` (if the split rule in scope splits it: [Note: split
     rule] in ``mindone_zero/core/partition.py``) and return its layout.
 
     The same Parameter object keeps its name; its data becomes this rank's padded block
     (``ShardSpec.shard_shape``) and ``param.zero_spec`` records the layout. A trainable parameter
-    that stays whole also gets a ``zero_spec`` (``split=False``). A non-trainable parameter is left
-    untouched and gets no ``zero_spec``; the returned spec then has ``split=False``.
+    that stays whole also gets a ``zero_spec`` (``split=False``). A non-trainable parameter gets no
+    ``zero_spec``; the returned spec then has ``split=False``. A parameter built without data
+    (``no_init_parameters``) runs its initializer here, one tensor at a time ([Note: delayed
+    initialisation] in ``mindone_zero/core/materialize.py``).
 
     Idempotent: a parameter that already has a ``zero_spec`` is not cut again.
 
@@ -125,12 +120,13 @@ def shard_parameter(param: Parameter, group: Optional[str] = None) -> ShardSpec:
             )
         return spec
     spec = ShardSpec(param.name, tuple(param.shape), size, rank, splits_over(param, size))
-    if not param.requires_grad:
-        return spec
+    # One parameter at a time, in the network's order ([Note: delayed initialisation] in core/materialize.py)
     if spec.split:
-        block = split_array(_to_numpy(param), size, rank)
-        param.set_data(Tensor(block, dtype=param.dtype))
-    set_zero_spec(param, spec)
+        set_value(param, block_of(param, spec))
+    else:
+        materialize(param)
+    if param.requires_grad:
+        set_zero_spec(param, spec)
     return spec
 
 

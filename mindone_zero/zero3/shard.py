@@ -7,7 +7,9 @@ from mindspore import nn
 from mindspore.communication import GlobalComm
 
 from ..core.comm import group_size_and_rank, world_group
-from ..core.partition import padded_split_rule, splits_over
+from ..core.packing import itemsize_of
+from ..core.partition import (WHOLE_WARN_SHARE, is_split_candidate, padded_split_rule, splits_over, whole_candidates,
+                              zero_spec_of)
 
 from .carry import (carry_hooks, check_carryable, is_recompute_scoped, reapply_recompute, recompute_options,
                     spread_recompute_scope)
@@ -163,8 +165,9 @@ def _shard(network, group, match, options: Stage3Options):
 
     plans = plan_rewrites(network, split_ids, skip, units)
     network, new_cells = _replace_cells(network, match, group)
-    for param in trainable:
+    for _, param in network.parameters_and_names():  # every one, in order: [Note: delayed initialisation]
         shard_parameter(param, group)
+    _warn_whole(trainable, size)
     wrappers = {}
 
     def make_wrapper(param, compute_dtype, reader):
@@ -189,6 +192,20 @@ def _shard(network, group, match, options: Stage3Options):
         apply_zeropp(network, options.zeropp)
     share_gather_graphs(network)  # last: after marking ([Note: shared gather graphs] in shared_graphs.py)
     return network
+
+
+def _warn_whole(trainable, size: int) -> None:
+    """One warning naming the big parameters MindOne's split rule leaves whole ([Note: split rule])."""
+    whole = whole_candidates([(p.name, zero_spec_of(p), itemsize_of(p.dtype)) for p in trainable
+                              if is_split_candidate(p)], WHOLE_WARN_SHARE)
+    if not whole:
+        return
+    listed = ", ".join(f"{name} ({nbytes / 2 ** 20:.2f} MiB, {share:.1%})" for name, nbytes, share in whole)
+    _logger.warning(
+        "ZeRO stage 3 over %d ranks keeps %d parameter(s) whole on every rank because dim 0 does not divide by %d "
+        "(MindOne's split rule): %s; %.1f%% of the model's bytes. Pass pad_uneven_params=True to split them with "
+        "zero padding ([Note: split rule] in mindone_zero/core/partition.py).", size, len(whole), size, listed,
+        100.0 * sum(s for _, _, s in whole))
 
 
 def _warn_recomputed(found) -> None:

@@ -13,6 +13,7 @@ from mindone_zero.core.partition import (
     shard_rows,
     split_all,
     split_array,
+    whole_candidates,
 )
 
 SHAPES = [(7,), (13,), (1,), (7, 15), (15, 3), (0,), (2, 3, 5)]
@@ -220,3 +221,13 @@ def test_uneven_split_names_lists_the_padded_shards():
 
     specs = [ShardSpec("a", (5, 3), 2, 0, True), ShardSpec("b", (4, 3), 2, 0, True), ShardSpec("c", (5,), 2, 0, False)]
     assert uneven_split_names(specs) == ["a"]
+
+
+def test_whole_candidates_lists_big_whole_parameters_largest_first():
+    specs = [("a", ShardSpec("a", (7, 100), 4, 0, False), 4), ("b", ShardSpec("b", (8, 100), 4, 0, True), 4),
+             ("c", ShardSpec("c", (3,), 4, 0, False), 4), ("d", ShardSpec("d", (9, 100), 4, 0, False), 2)]
+    total = (700 + 800 + 3) * 4 + 900 * 2
+    assert whole_candidates(specs, 0.01) == [("a", 2800, 2800 / total), ("d", 1800, 1800 / total)]
+    assert [n for n, _, _ in whole_candidates(specs, 0.0)] == ["a", "d", "c"]
+    assert whole_candidates(specs, 0.5) == []
+    assert whole_candidates([], 0.01) == []

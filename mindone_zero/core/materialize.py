@@ -1,0 +1,208 @@
+"""Parameters built without their data (MindSpore's delayed initialisation): reading them one at a
+time, whole or as this rank's block, without ever keeping a full copy. Not collective.
+
+[Note: delayed initialisation]
+A network built under ``mindspore.nn.utils.no_init_parameters()`` holds Parameters with
+``has_init`` True: a shape, a dtype and an initializer, no memory. MindSpore runs the initializer
+when the Parameter is first used (``init_data``, called for every Parameter when a graph is
+compiled). ZeRO materializes them itself, one at a time, so that no rank ever holds more than its
+blocks plus one full tensor:
+
+* a parameter ZeRO-3 splits: ``block_of`` runs the initializer into a numpy array of the full
+  shape, cuts this rank's block (``split_array``), and the full array is dropped before the next
+  parameter; a ``Zero`` initializer (the optimizer's moments, accumulation buffers) makes the
+  block of zeros directly, with no full array at all;
+* a parameter kept whole: left unmaterialized, MindSpore initializes it when the graph compiles.
+
+Two MindSpore 2.10 behaviours need care:
+
+* ``Parameter.clone`` (what an optimizer does to create its moments, ``ParameterTuple.clone``, and
+  MindOne's EMA) shares the source's ``init_mode`` Tensor and then sets that Tensor's ``init`` to
+  None. The source then fails to initialize (``TypeError: init_data must be set Tensor.init``):
+  MindOne's order, optimizer first and ``prepare_train_network`` after, crashed this way. The
+  Parameter's own ``init`` attribute still names the initializer, so ``initializer_of`` reads it
+  from there, and ``restore_initializer`` puts it back where ``init_data`` looks for it.
+* A random initializer (``Normal``, ``Uniform``, ``TruncatedNormal``, ``HeUniform``, ``HeNormal``,
+  ``XavierUniform``, ``XavierNormal``, ``VarianceScaling``, ``Orthogonal``, ``Sparse``) draws its
+  values from numpy's global random state when it runs, as ``init_data`` does. Materialized here in
+  the network's parameter order, right after the build, the values equal those of the network built
+  eagerly with the same seed (``mindspore.set_seed`` / ``numpy.random.seed``): tests/unit/
+  test_delayed_init.py checks each of these initializers. They differ when something draws from
+  numpy's random state between the build and ``prepare``, or when the network's parameter order
+  (``parameters_and_names``) differs from the order its Parameters were created in. ``Zero``,
+  ``One``, ``Constant``, ``Identity`` and ``Dirac`` draw nothing and always agree. A copy made by
+  ``clone(init='same')`` (an EMA's weights) does not run its own initializer: it takes its source's
+  value (``bind_ema_to_zero``), as it would have eagerly.
+"""
+import contextlib
+import logging
+from typing import Optional
+
+import numpy as np
+import mindspore as ms
+from mindspore import Parameter, Tensor
+from mindspore.common.initializer import (Constant, Dirac, HeNormal, HeUniform, Identity, Initializer, Normal, One,
+                                          Orthogonal, TruncatedNormal, Uniform, XavierNormal, XavierUniform, Zero,
+                                          initializer)
+
+from .partition import ShardSpec, split_array
+
+__all__ = ["sharded_init", "is_unmaterialized", "initializer_of", "restore_initializer", "host_value", "block_of",
+           "set_value", "materialize", "draws_of"]
+
+_logger = logging.getLogger(__name__)
+# What an initializer takes from numpy's global random state when it runs (tests/unit/test_delayed_init.py).
+_NO_DRAW = (Zero, One, Constant, Identity, Dirac)
+_ONE_DRAW = (Normal, Uniform, TruncatedNormal, HeUniform, HeNormal, XavierUniform, XavierNormal, Orthogonal)
+_STATE_ATTR = "_zero_random_state"  # on a Parameter's init Tensor: numpy's state when it was created
+_NEW_ARGS = "_get_parameter_new_args"
+_warned = []
+
+
+def draws_of(init: Initializer) -> Optional[int]:
+    """How many numbers ``init`` draws from numpy's global random state: 0, 1, or None (unknown)."""
+    if isinstance(init, _NO_DRAW):
+        return 0
+    return 1 if isinstance(init, _ONE_DRAW) else None
+
+
+@contextlib.contextmanager
+def sharded_init():
+    """Build a network without materializing its parameters, keeping the values an eager build gives.
+
+    Within the block, a Parameter made from an initializer (``initializer(...)``, as MindSpore's
+    layers make theirs) gets a shape, a dtype and its initializer, but no memory, as under
+    ``mindspore.nn.utils.no_init_parameters()``. When the block ends, each such Parameter records
+    numpy's random state as the eager build would have found it when creating it, and numpy's state
+    is advanced as the eager build would have left it. ZeRO then runs each initializer with its own
+    state, whenever it materializes the parameter (``prepare_network``, ``prepare_train_network``, one
+    tensor at a time, only this rank's block kept at stage 3), so the values equal those of the
+    network built eagerly with the same seed, whatever was built or drawn in between (an optimizer or
+    EMA on the full network, as MindOne's scripts do). [Note: delayed initialisation].
+
+    Not collective. Parameters made from a Tensor or a numpy array are materialized as usual.
+
+    Example:
+        >>> with mindone_zero.sharded_init():
+        ...     network = MyModel(config)   # no parameter memory yet
+        >>> network = prepare_network(network, zero_stage=3)   # each rank holds its blocks
+    """
+    created = []
+    original = Parameter.__dict__[_NEW_ARGS]
+
+    def new_args(data, rc, init_param=True):
+        args = original.__func__(data, rc, init_param)
+        if isinstance(data, Tensor) and data.has_init and len(args) > 1 and args[1] is None:
+            created.append(data)
+        return args
+
+    previous = getattr(Parameter, "init_param", True)
+    Parameter.init_param = False  # MindSpore's own switch (what no_init_parameters sets)
+    setattr(Parameter, _NEW_ARGS, staticmethod(new_args))
+    try:
+        yield
+    finally:
+        setattr(Parameter, _NEW_ARGS, original)
+        Parameter.init_param = previous
+        _replay(created)
+
+
+def _replay(created) -> None:
+    """Record, for each Parameter created in ``sharded_init`` (in order), numpy's state at its
+    creation in an eager build, and advance numpy's state past its draws."""
+    for data in created:
+        setattr(data, _STATE_ATTR, np.random.get_state())
+        draws = draws_of(data.init)
+        if draws == 1:
+            np.random.randint(low=1, high=(1 << 63), dtype=np.int64)  # the one draw these make (_numpy_seed)
+        elif draws is None:  # unknown: run it (one full tensor, dropped at once)
+            initializer(data.init, tuple(data.shape), data.dtype).init_data()
+
+
+def is_unmaterialized(param) -> bool:
+    """Whether ``param`` was built without data (its initializer has not run yet)."""
+    return isinstance(param, Tensor) and bool(param.has_init)
+
+
+def initializer_of(param) -> Optional[Initializer]:
+    """The initializer an unmaterialized ``param`` will run, also when a ``clone`` cleared it from
+    ``init_mode`` ([Note: delayed initialisation]); None for a Parameter that holds data."""
+    if not is_unmaterialized(param):
+        return None
+    mode = getattr(param, "init_mode", None)
+    init = getattr(mode, "init", None) if mode is not None else None
+    if init is None:
+        init = getattr(param, "init", None)
+    if not isinstance(init, Initializer):
+        raise ValueError(f"The parameter {param.name!r} was built without data and its initializer is lost "
+                         f"(got {init!r}); build the network again, or give it data with set_data.")
+    return init
+
+
+def restore_initializer(param) -> None:
+    """Put an unmaterialized ``param``'s initializer back where ``init_data`` reads it, so that
+    MindSpore can initialize it when a graph compiles ([Note: delayed initialisation])."""
+    init = initializer_of(param)
+    mode = getattr(param, "init_mode", None)
+    if init is not None and mode is not None and getattr(mode, "init", None) is None:
+        mode.init = init
+
+
+def _as_numpy(tensor: Tensor) -> np.ndarray:
+    if tensor.dtype == ms.bfloat16:  # numpy has no bfloat16 arithmetic; float32 holds it exactly
+        return tensor.astype(ms.float32).asnumpy()
+    return tensor.asnumpy()
+
+
+def host_value(param) -> np.ndarray:
+    """``param``'s full value on the host (bfloat16 as float32). An unmaterialized parameter's
+    initializer runs into a new array, which the caller owns; ``param`` itself stays as it is."""
+    init = initializer_of(param)
+    if init is None:
+        return _as_numpy(param)
+    state = getattr(param.init_mode, _STATE_ATTR, None)
+    if state is None:
+        _warn_random(param, init)
+        return _as_numpy(initializer(init, tuple(param.shape), param.dtype).init_data())
+    outside = np.random.get_state()
+    np.random.set_state(state)
+    try:
+        return _as_numpy(initializer(init, tuple(param.shape), param.dtype).init_data())
+    finally:
+        np.random.set_state(outside)
+
+
+def _warn_random(param, init) -> None:
+    """Once per process: a random initializer runs now, not where the eager build ran it."""
+    if draws_of(init) == 0 or _warned:
+        return
+    _warned.append(param.name)
+    _logger.warning(
+        "The parameter %r was built under mindspore.nn.utils.no_init_parameters(): its initializer (%s) draws "
+        "its values now, not at build time, so they differ from an eager build's when anything drew random "
+        "numbers in between (an optimizer or EMA built on the full network does). Build the network under "
+        "mindone_zero.sharded_init() to get the eager values, or load pretrained weights "
+        "([Note: delayed initialisation] in mindone_zero/core/materialize.py).", param.name, type(init).__name__)
+
+
+def block_of(param, spec: ShardSpec) -> np.ndarray:
+    """This rank's block of ``param`` per ``spec`` ([Note: padding]), holding at most one full
+    tensor meanwhile, none for a ``Zero`` initializer ([Note: delayed initialisation])."""
+    if isinstance(initializer_of(param), Zero):
+        dtype = np.float32 if param.dtype == ms.bfloat16 else ms.dtype_to_nptype(param.dtype)
+        return np.zeros(spec.shard_shape, dtype)
+    return split_array(host_value(param), spec.group_size, spec.rank)
+
+
+def set_value(param: Parameter, value: np.ndarray, dtype=None) -> None:
+    """Replace ``param``'s data with ``value`` (in ``dtype``, by default ``param``'s), dropping what
+    delayed initialisation kept on it."""
+    param.set_data(Tensor(value, dtype if dtype is not None else param.dtype))
+    if getattr(param, "init_mode", None) is not None:
+        param.init_mode = None
+
+
+def materialize(param) -> None:
+    """Run an unmaterialized ``param``'s initializer into it now (nothing for one that holds data)."""
+    if is_unmaterialized(param):
+        set_value(param, host_value(param))

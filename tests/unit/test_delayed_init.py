@@ -1,0 +1,149 @@
+"""Parameters built without their data ([Note: delayed initialisation] in
+mindone_zero/core/materialize.py): ``sharded_init`` gives the eager build's values whatever happens
+between build and materialization; what each MindSpore initializer draws; blocks without a full copy
+where the initializer allows; the initializer a ``clone`` loses is found again."""
+import logging
+
+import numpy as np
+import mindspore as ms
+import pytest
+from mindspore import Parameter, Tensor, nn
+from mindspore.common import initializer as inits
+from mindspore.nn.utils import no_init_parameters
+
+from mindone_zero import sharded_init
+from mindone_zero.core import materialize as mat
+from mindone_zero.core.partition import ShardSpec, split_array
+
+SHAPE = (6, 5)
+# every initializer MindSpore 2.10 registers, with the arguments it needs
+INITIALIZERS = {
+    "zeros": inits.Zero(), "ones": inits.One(), "constant": inits.Constant(0.5), "normal": inits.Normal(0.2),
+    "uniform": inits.Uniform(0.3), "truncated_normal": inits.TruncatedNormal(0.1), "he_uniform": inits.HeUniform(),
+    "he_normal": inits.HeNormal(), "xavier_uniform": inits.XavierUniform(), "xavier_normal": inits.XavierNormal(),
+    "orthogonal": inits.Orthogonal(), "identity": inits.Identity(), "sparse": inits.Sparse(0.3),
+    "variance_scaling": inits.VarianceScaling(scale=2.0, distribution="untruncated_normal"),
+}
+
+
+class Params(nn.Cell):
+    """One parameter per initializer, then a Dense and a parameter made from numpy."""
+
+    def __init__(self):
+        super().__init__()
+        for name, init in INITIALIZERS.items():
+            setattr(self, name, Parameter(inits.initializer(init, SHAPE, ms.float32), name=name))
+        self.dense = nn.Dense(4, 3)
+        self.literal = Parameter(Tensor(np.arange(3, dtype=np.float32)), name="literal")
+
+
+def _eager(seed=5):
+    np.random.seed(seed)
+    net = Params()
+    return {p.name: p.asnumpy().copy() for p in net.get_parameters()}, np.random.get_state()
+
+
+def _same_state(a, b):
+    return a[2] == b[2] and np.array_equal(a[1], b[1])
+
+
+@pytest.mark.parametrize("name", sorted(INITIALIZERS))
+def test_draws_of_says_what_the_initializer_draws(name):
+    init = INITIALIZERS[name]
+    np.random.seed(3)
+    before = np.random.get_state()
+    inits.initializer(init, SHAPE, ms.float32).init_data()
+    after = np.random.get_state()
+    np.random.seed(3)
+    np.random.randint(low=1, high=(1 << 63), dtype=np.int64)
+    one = np.random.get_state()
+    draws = mat.draws_of(init)
+    if draws == 0:
+        assert _same_state(before, after)
+    elif draws == 1:
+        assert _same_state(one, after)
+    else:  # unknown initializers are replayed in full by sharded_init
+        assert draws is None and name in ("sparse", "variance_scaling")
+
+
+def test_sharded_init_gives_eager_values_and_state():
+    eager, eager_state = _eager()
+    np.random.seed(5)
+    with sharded_init():
+        net = Params()
+    assert _same_state(np.random.get_state(), eager_state)  # later draws see the eager stream too
+    lazy = {p.name for p in net.get_parameters() if mat.is_unmaterialized(p)}
+    assert lazy == set(eager) - {"literal"}  # made from numpy: materialized as usual
+    np.random.standard_normal(100)  # something draws in between (an optimizer, an EMA, a data set)
+    nn.AdamWeightDecay(net.trainable_params())  # clones every parameter: their init_mode loses its initializer
+    for p in reversed(list(net.get_parameters())):  # and the order differs from the build's
+        mat.materialize(p)
+    for p in net.get_parameters():
+        assert not mat.is_unmaterialized(p)
+        np.testing.assert_array_equal(p.asnumpy(), eager[p.name], err_msg=p.name)
+
+
+def test_sharded_init_restores_mindspore_after_an_error():
+    original = Parameter.__dict__["_get_parameter_new_args"]
+    with pytest.raises(RuntimeError, match="boom"):
+        with sharded_init():
+            raise RuntimeError("boom")
+    assert Parameter.__dict__["_get_parameter_new_args"] is original
+    assert getattr(Parameter, "init_param", True) is True
+    assert not mat.is_unmaterialized(nn.Dense(2, 2).weight)
+
+
+def test_block_of_equals_a_cut_of_the_eager_value():
+    eager, _ = _eager()
+    np.random.seed(5)
+    with sharded_init():
+        net = Params()
+    for p in net.get_parameters():
+        spec = ShardSpec(p.name, tuple(p.shape), 4, 1, True)
+        block = mat.block_of(p, spec)
+        np.testing.assert_array_equal(block, split_array(eager[p.name], 4, 1), err_msg=p.name)
+        assert mat.is_unmaterialized(p) == (p.name != "literal")  # reading a block does not fill the parameter
+
+
+def test_zero_block_needs_no_full_tensor(monkeypatch):
+    with sharded_init():
+        p = Parameter(inits.initializer("zeros", (1000, 8), ms.float16), name="m")
+    monkeypatch.setattr(mat, "host_value", lambda param: pytest.fail("a Zero block ran the full initializer"))
+    block = mat.block_of(p, ShardSpec("m", (1000, 8), 3, 2, True))
+    assert block.shape == (334, 8) and block.dtype == np.float16 and not block.any()
+
+
+def test_a_clone_loses_the_initializer_and_it_is_found_again():
+    with no_init_parameters():
+        dense = nn.Dense(4, 3)
+    nn.Momentum(dense.trainable_params(), 0.1, 0.9)  # MindOne's order: the optimizer on the unmaterialized network
+    assert dense.weight.init_mode.init is None  # what made MindSpore's init_data raise
+    assert isinstance(mat.initializer_of(dense.weight), inits.HeUniform)
+    mat.restore_initializer(dense.weight)
+    dense.weight.init_data()  # MindSpore's own path (a graph compile) works again
+    assert not mat.is_unmaterialized(dense.weight)
+
+
+def test_no_init_parameters_warns_and_names_the_fix(caplog):
+    mat._warned.clear()
+    with no_init_parameters():
+        dense = nn.Dense(4, 3)
+        norm = nn.LayerNorm((3,))
+    with caplog.at_level(logging.WARNING, logger=mat.__name__):
+        mat.host_value(norm.gamma)  # ones: nothing random, nothing to say
+        assert not caplog.records
+        mat.host_value(dense.weight)
+    assert len(caplog.records) == 1 and "mindone_zero.sharded_init()" in caplog.records[0].getMessage()
+    assert "'weight'" in caplog.records[0].getMessage()
+
+
+def test_bfloat16_parameters():
+    np.random.seed(2)
+    eager = Parameter(inits.initializer("normal", (4, 3), ms.bfloat16), name="w").astype(ms.float32).asnumpy()
+    np.random.seed(2)
+    with sharded_init():
+        p = Parameter(inits.initializer("normal", (4, 3), ms.bfloat16), name="w")
+    spec = ShardSpec("w", (4, 3), 2, 0, True)
+    mat.set_value(p, mat.block_of(p, spec))
+    assert p.dtype == ms.bfloat16 and not mat.is_unmaterialized(p)
+    np.testing.assert_array_equal(p.astype(ms.float32).asnumpy(), eager[:2])
