@@ -86,22 +86,25 @@ def check_export_path(path: str, sharded: bool, caller: str, arg: str = "path") 
     return ext
 
 
-def check_export_target(path: str, sharded: bool, caller: str, arg: str = "path") -> None:
+def check_export_target(path: str, sharded: bool, caller: str, label: str = "argument 'path'") -> None:
     """Check the file system at ``path`` ([Note: export folder]): a file export must not be a folder;
     a sharded export must be absent or an empty folder.
 
+    Args:
+        label: what ``path`` is to the caller, named in the error ("argument 'path'").
+
     Raises:
-        ValueError: naming ``caller``, ``arg`` and the value.
+        ValueError: naming ``caller``, ``label`` and the value.
     """
     if not sharded:
         if os.path.isdir(path):
-            raise ValueError(f"For '{caller}', the argument '{arg}' must be a file path, but {path!r} is a folder.")
+            raise ValueError(f"For '{caller}', the {label} must be a file path, but {path!r} is a folder.")
         return
     if os.path.exists(path) and not os.path.isdir(path):
-        raise ValueError(f"For '{caller}', the argument '{arg}' must be a folder when 'max_shard_size' is set, "
+        raise ValueError(f"For '{caller}', the {label} must be a folder when 'max_shard_size' is set, "
                          f"but {path!r} is a file.")
     if os.path.isdir(path) and os.listdir(path):
-        raise ValueError(f"For '{caller}', the argument '{arg}' must be a new or empty folder, but {path!r} "
+        raise ValueError(f"For '{caller}', the {label} must be a new or empty folder, but {path!r} "
                          f"holds {len(os.listdir(path))} entries; remove them first.")
 
 
