@@ -234,3 +234,51 @@ def test_convert_sharded_failure_half_way_leaves_nothing(tmp_path, monkeypatch):
     with pytest.raises(OSError, match="injected"):
         convert_checkpoints(src, info, N, max_shard_size=40)
     assert not _no_output(tmp_path) and not [f for f in os.listdir(tmp_path) if f.startswith(".")]
+
+
+# ----------------------------------------------------------------------------- online export, one process
+
+
+class _Tagged(np.ndarray):
+    """A gathered array (and every view or cast of it); ``live`` counts the instances alive."""
+
+    live = 0
+
+    def __array_finalize__(self, obj):
+        _Tagged.live += 1
+
+    def __del__(self):
+        _Tagged.live -= 1
+
+
+@pytest.mark.parametrize("dtype, max_shard_size, name", [(None, None, "full.ckpt"), ("bf16", None, "full.safetensors"),
+                                                         ("fp16", "200B", "full")])
+def test_save_full_checkpoint_one_process_streams(tmp_path, monkeypatch, dtype, max_shard_size, name):
+    """World 1 (no communication): the export equals gather_full_params cast with numpy, and each
+    gathered array is gone before the next gather (the multi-process version: tests/dist/test_export_job.py)."""
+    from models import LossNet, TinyNet, init_weights, make_optimizer
+    from mindone_zero import EMA, gather_full_params, prepare_train_network, save_full_checkpoint
+    from mindone_zero.checkpoint import online
+
+    ms.set_context(mode=ms.PYNATIVE_MODE)
+    net = init_weights(TinyNet())
+    train = prepare_train_network(LossNet(net), make_optimizer(net.trainable_params()), ema=EMA(net, 0.9),
+                                  params_split_info=str(tmp_path / "info"))
+    full = gather_full_params(train, include_ema=True)
+    real, seen = online._full_value, []
+
+    def spy(*args):
+        seen.append(_Tagged.live)
+        return real(*args).view(_Tagged)
+
+    monkeypatch.setattr(online, "_full_value", spy)
+    path = str(tmp_path / name)
+    assert save_full_checkpoint(train, path, True, dtype=dtype, max_shard_size=max_shard_size) == path
+    assert seen == [0] * len(full)
+    files = [path] if max_shard_size is None else [os.path.join(path, f) for f in sorted(os.listdir(path))
+                                                   if f != INDEX_NAME]
+    assert len(files) >= (1 if max_shard_size is None else 3)
+    got = {k: v.asnumpy() for f in files for k, v in ms.load_checkpoint(f, format=f.rsplit(".", 1)[1]).items()}
+    target = check_dtype(dtype, "t")
+    want = {k: v if target is None or v.dtype.kind != "f" else v.astype(target) for k, v in full.items()}
+    assert sorted(got) == sorted(want) and all(_same_bits(got[k], want[k]) for k in want)
