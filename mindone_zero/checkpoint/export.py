@@ -183,11 +183,12 @@ def write_export(path: str, plan: ExportPlan, produce: Callable, on_written: Opt
             is not empty when the folder is moved into place); nothing is then left at ``path``
             that was not there before, and no temporary file or folder remains.
     """
-    parent = os.path.dirname(os.path.abspath(path))
+    folder = os.path.normpath(os.path.abspath(path))  # a trailing "/" would make the final rename fail
+    parent = os.path.dirname(folder)
     os.makedirs(parent, exist_ok=True)
     if not plan.sharded:
         return stream_checkpoint(path, plan.fmt, plan.files[0][1], produce, on_written)
-    tmp = tempfile.mkdtemp(prefix=f".{os.path.basename(os.path.normpath(path))}.", suffix=".tmp", dir=parent)
+    tmp = tempfile.mkdtemp(prefix=f".{os.path.basename(folder)}.", suffix=".tmp", dir=parent)
     try:
         for file_name, entries in plan.files:
             stream_checkpoint(os.path.join(tmp, file_name), "safetensors", entries, produce, on_written)
@@ -195,7 +196,7 @@ def write_export(path: str, plan: ExportPlan, produce: Callable, on_written: Opt
         umask = os.umask(0)
         os.umask(umask)
         os.chmod(tmp, 0o777 & ~umask)  # mkdtemp's folder is private; the export is an ordinary folder
-        os.replace(tmp, path)  # onto an absent or empty folder only (rename(2))
+        os.replace(tmp, folder)  # onto an absent or empty folder only (rename(2))
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise

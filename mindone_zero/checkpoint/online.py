@@ -128,11 +128,11 @@ def save_full_checkpoint(train_net, path, include_ema: bool = False, *, dtype=No
     _check_train_net(train_net, caller)
     checked, error = _attempt(lambda: _check_save_args(train_net, path, include_ema, dtype, max_shard_size, caller))
     _agree(train_net, error, caller)
-    path, target, max_size = checked
+    path, fmt, target, max_size = checked
     layout = build_layout(train_net, caller)
     items = {it.param.name: it for it in _full_items(train_net, layout, include_ema)}
     entries = [(name, it.held.shape, _numpy_dtype(it.param)) for name, it in items.items()]
-    plan = plan_export(entries, check_export_path(path, max_size is not None, caller), target, max_size)
+    plan = plan_export(entries, fmt, target, max_size)
     pending = list(reversed(plan.order))  # popped in order: the gathers every rank makes
 
     def gather(name):
@@ -156,16 +156,16 @@ def save_full_checkpoint(train_net, path, include_ema: bool = False, *, dtype=No
 
 
 def _check_save_args(train_net, path, include_ema, dtype, max_shard_size, caller):
-    """(path, target numpy dtype or None, max_shard_size in bytes or None); the file system is
-    looked at on global rank 0 only, the rank that writes."""
+    """(path, format, target numpy dtype or None, max_shard_size in bytes or None); the file
+    system is looked at on global rank 0 only, the rank that writes."""
     path = check_dir(path, caller, "path")
     target = check_dtype(dtype, caller)
     max_size = check_max_shard_size(max_shard_size, caller)
-    check_export_path(path, max_size is not None, caller)
+    fmt = check_export_path(path, max_size is not None, caller)
     _check_include_ema(train_net, include_ema, caller)
     if world_and_rank()[1] == 0:
         check_export_target(path, max_size is not None, caller)
-    return path, target, max_size
+    return path, fmt, target, max_size
 
 
 def _numpy_dtype(param) -> np.dtype:

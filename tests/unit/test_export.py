@@ -252,7 +252,7 @@ class _Tagged(np.ndarray):
 
 
 @pytest.mark.parametrize("dtype, max_shard_size, name", [(None, None, "full.ckpt"), ("bf16", None, "full.safetensors"),
-                                                         ("fp16", "200B", "full")])
+                                                         ("fp16", "200B", "full/")])
 def test_save_full_checkpoint_one_process_streams(tmp_path, monkeypatch, dtype, max_shard_size, name):
     """World 1 (no communication): the export equals gather_full_params cast with numpy, and each
     gathered array is gone before the next gather (the multi-process version: tests/dist/test_export_job.py)."""
