@@ -186,8 +186,9 @@ def convert_checkpoints(
     written as it goes, one tensor at a time (``writers``), byte for byte the file
     ``mindspore.save_checkpoint`` would write for the same tensors. At most one tensor's blocks
     from all ranks and their concatenation are held at once: the call raises the peak RSS by
-    about twice the largest tensor (three times with a ``dtype`` cast), whatever the checkpoint's size. ``tools/measure_combine_memory.py``
-    measures it (README, "Checkpoints"); ``tests/unit/test_checkpoint_io.py`` checks the bound.
+    about twice the largest tensor (three times with a ``dtype`` cast), whatever the checkpoint's
+    size. ``tools/measure_combine_memory.py`` measures it (README, "Checkpoints");
+    ``tests/unit/test_checkpoint_io.py`` checks the bound.
 
     Args:
         src_checkpoint: per-rank checkpoint path with ``{}`` for the rank index, ending with

@@ -81,8 +81,8 @@ def test_check_dtype_good(dtype, want):
 def test_check_dtype_bad(dtype):
     with pytest.raises(ValueError) as err:
         check_dtype(dtype, "save_full_checkpoint")
-    assert str(err.value) == ("For 'save_full_checkpoint', the argument 'dtype' must be one of ['fp32', 'fp16', 'bf16'] "
-                              f"or None, but got {dtype!r}.")
+    assert str(err.value) == ("For 'save_full_checkpoint', the argument 'dtype' must be one of "
+                              f"['fp32', 'fp16', 'bf16'] or None, but got {dtype!r}.")
 
 
 @pytest.mark.parametrize("target", [None, np.dtype(np.float32), np.dtype(np.float16), BF16])
