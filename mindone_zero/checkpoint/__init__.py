@@ -10,7 +10,9 @@ naming         step folders, ``latest``, ``meta.json``, each kind's file names
 layout         what a train network saves where ([Note: checkpoint layout], [Note: resharding])
 load_plan      how a saved checkpoint maps onto a train network
 resume         ``save_train_state`` / ``load_train_state`` (collective)
-online         ``gather_full_params`` / ``save_full_checkpoint`` (collective)
+online         ``gather_full_params`` / ``save_full_checkpoint`` (collective, streamed)
+export         an export's dtype, files (one, or the sharded folder) and writing
+hf_index       the Hugging Face sharded layout: file names, index, grouping
 convert        ``convert_checkpoints``, the offline combine (one process)
 ============== ==========================================================================
 """

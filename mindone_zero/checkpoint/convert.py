@@ -9,7 +9,8 @@ import numpy as np
 from ..core.partition import merge_arrays
 from .readers import FORMATS, format_of_path, open_checkpoint
 from ..core.split_info import full_shape_of, read_split_infos
-from .writers import TensorEntry, stream_checkpoint
+from .export import check_dtype, check_export_target, check_max_shard_size, cast_tensor, plan_export, write_export
+from .writers import TensorEntry
 
 __all__ = ["convert_checkpoints", "OPTIMIZER_STATE_PREFIXES", "OPTIMIZER_SCALAR_NAMES"]
 
@@ -63,9 +64,16 @@ def _check_convert_args(src_checkpoint, src_param_split_info_json, group_size, o
         raise TypeError(f"For '{_CALLER}', the argument 'progress' must be callable or None, but got {progress!r}.")
 
 
-def _output_path(src_checkpoint: str, group_size: int, output_format: Optional[str]) -> Tuple[str, str]:
-    """MindOne's output name, with the extension switched when ``output_format`` asks for it."""
+def _output_path(src_checkpoint: str, group_size: int, output_format: Optional[str], sharded: bool) -> Tuple[str, str]:
+    """MindOne's output name, with the extension switched when ``output_format`` asks for it, or
+    dropped for the folder of a sharded export."""
     path = src_checkpoint.format(f"all_{group_size}")
+    if sharded:
+        if output_format not in (None, "safetensors"):
+            raise ValueError(f"For '{_CALLER}', the argument 'output_format' must be 'safetensors' or None when "
+                             f"'max_shard_size' is set (the sharded layout is safetensors only), but got "
+                             f"{output_format!r}.")
+        return os.path.splitext(path)[0], "safetensors"
     fmt = output_format or format_of_path(path)
     if format_of_path(path) != fmt:
         path = os.path.splitext(path)[0] + "." + fmt
@@ -143,12 +151,17 @@ def convert_checkpoints(
     output_format: Optional[str] = None,
     exclude_optimizer_states: bool = False,
     progress: Optional[Callable[[int, int, str], None]] = None,
+    dtype=None,
+    max_shard_size=None,
 ) -> str:
     """Combine per-rank ZeRO checkpoints into one file of full tensors (MindOne's naming).
 
     Not collective; runs in one process. Reads ``src_checkpoint.format(r)`` and
     ``src_param_split_info_json.format(r)`` for ``r`` in ``0 .. group_size - 1`` and writes
-    ``src_checkpoint.format(f"all_{group_size}")`` (extension switched to ``output_format``).
+    ``src_checkpoint.format(f"all_{group_size}")`` (extension switched to ``output_format``); with
+    ``max_shard_size``, the folder of that name without its extension, in the Hugging Face
+    sharded layout ([Note: sharded layout] in hf_index.py; it must not exist or be empty,
+    [Note: export folder] in export.py).
 
     For each name, in rank 0's order:
 
@@ -173,8 +186,9 @@ def convert_checkpoints(
     written as it goes, one tensor at a time (``writers``), byte for byte the file
     ``mindspore.save_checkpoint`` would write for the same tensors. At most one tensor's blocks
     from all ranks and their concatenation are held at once: the call raises the peak RSS by
-    about twice the largest tensor, whatever the checkpoint's size. ``tools/measure_combine_memory.py``
-    measures it (README, "Checkpoints"); ``tests/unit/test_checkpoint_io.py`` checks the bound.
+    about twice the largest tensor (three times with a ``dtype`` cast), whatever the checkpoint's
+    size. ``tools/measure_combine_memory.py`` measures it (README, "Checkpoints");
+    ``tests/unit/test_checkpoint_io.py`` checks the bound.
 
     Args:
         src_checkpoint: per-rank checkpoint path with ``{}`` for the rank index, ending with
@@ -185,19 +199,27 @@ def convert_checkpoints(
         output_format: ``"ckpt"``, ``"safetensors"`` or None (the input's format).
         exclude_optimizer_states: drop optimizer states (rule above).
         progress: called as ``progress(done, total, name)`` after each tensor.
+        dtype: None (as stored), ``"fp32"``, ``"fp16"``, ``"bf16"`` (or ``mindspore.float32`` /
+            ``float16`` / ``bfloat16``): floating tensors are written in that dtype; others unchanged.
+        max_shard_size: None (one file), or bytes as an int or a string such as ``"5GB"``: write
+            the sharded safetensors folder, files of at most that many bytes of data (a larger
+            tensor gets a file of its own).
 
     Returns:
-        The output path.
+        The output path (a folder with ``max_shard_size``).
 
     Raises:
         ValueError: bad arguments; a JSON whose ``group_size`` or ``rank_id`` disagrees with the
             argument or its file index, or that disagrees with rank 0's; rank files with different
             names, shapes or dtypes; a shard shape inconsistent with the JSON ``shape``; a
-            truncated or corrupted checkpoint; strings requested in ``.safetensors`` output.
+            truncated or corrupted checkpoint; strings requested in ``.safetensors`` output; an
+            unknown ``dtype``; a bad ``max_shard_size``; a sharded output folder that is a file
+            or not empty.
             Each message names the file and the problem.
         FileNotFoundError: a rank's checkpoint or JSON is missing.
     """
     _check_convert_args(src_checkpoint, src_param_split_info_json, group_size, output_format, progress)
+    target, max_size = check_dtype(dtype, _CALLER), check_max_shard_size(max_shard_size, _CALLER)
     n = int(group_size)
     ckpt_paths = [src_checkpoint.format(r) for r in range(n)]
     json_paths = [src_param_split_info_json.format(r) for r in range(n)]
@@ -207,7 +229,8 @@ def convert_checkpoints(
                 f"For '{_CALLER}',"
                 f" the {kind} file '{path}' of the group of {n} ranks does not exist."
             )
-    out_path, out_format = _output_path(src_checkpoint, n, output_format)
+    out_path, out_format = _output_path(src_checkpoint, n, output_format, max_size is not None)
+    check_export_target(out_path, max_size is not None, _CALLER, "output (named after 'src_checkpoint')")
     info = read_split_infos(json_paths, n, _CALLER, f"the argument 'group_size' is {n}")[0]
     files = [open_checkpoint(p, _CALLER) for p in ckpt_paths]
     _check_same_names(files)
@@ -222,8 +245,8 @@ def convert_checkpoints(
 
     def produce(name):
         if full_d0_of[name] is None:
-            return files[0].read(name)
-        return merge_arrays([f.read(name) for f in files], full_d0_of[name])
+            return cast_tensor(files[0].read(name), target)
+        return cast_tensor(merge_arrays([f.read(name) for f in files], full_d0_of[name]), target)
 
     done = []
 
@@ -232,7 +255,8 @@ def convert_checkpoints(
         if progress is not None:
             progress(len(done), len(plan), name)
 
-    return stream_checkpoint(out_path, out_format, _entries(files[0], plan), produce, written)
+    export = plan_export(_entries(files[0], plan), out_format, target, max_size)
+    return write_export(out_path, export, produce, written)
 
 
 def _entries(rank0, plan) -> List[TensorEntry]:

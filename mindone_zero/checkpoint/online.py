@@ -1,15 +1,27 @@
 """Online combine: the full (unpadded) parameters of a ZeRO train network, gathered from the
-ranks, in memory or written as one inference checkpoint. Collective over the world.
+ranks, in memory or streamed to an inference checkpoint one tensor at a time. Collective over the
+world.
+
+[Note: streamed export]
+``save_full_checkpoint`` never holds the model on one rank. Every rank builds the same export plan
+([Note: export order] in export.py) from the layout alone, then walks the plan's order: each
+tensor is gathered (a collective over the optimizer parallel group where the tensor is split),
+global rank 0 casts it, writes it and drops it before the next gather; the other ranks drop it at
+once. So rank 0 holds about one full tensor (its padded gather, the unpadded slice and the cast
+copy) and the others only the gather. When rank 0's writing fails half-way it still takes part in
+the remaining gathers, so no rank is left waiting in a collective; then the ranks agree (one
+all-reduce) and every rank raises.
 """
-from typing import Dict
+from typing import Dict, List
 
 import numpy as np
 
 from ..core.comm import eager_mode
-from .atomic import atomic_save_checkpoint
+from .export import (cast_tensor, check_dtype, check_export_path, check_export_target, check_max_shard_size,
+                     plan_export, write_export)
 from .layout import build_layout, world_and_rank
 from .naming import check_dir
-from .readers import FORMATS, format_of_path
+from .readers import CKPT_DTYPES
 from .resume import _agree, _attempt, _check_train_net
 
 __all__ = ["gather_full_params", "save_full_checkpoint"]
@@ -37,53 +49,125 @@ def gather_full_params(train_net, rank0_only: bool = False, include_ema: bool = 
     """
     caller = "gather_full_params"
     _check_train_net(train_net, caller)
-    if include_ema and train_net.ema is None:
-        raise ValueError(f"For '{caller}', the argument 'include_ema' is True, but 'train_net' has no EMA.")
+    _check_include_ema(train_net, include_ema, caller)
     layout = build_layout(train_net, caller)
-    items = layout.items["network"]
-    if include_ema:  # the EMA weights, not a scratch swap cache the EMA may keep beside them
-        weights = {id(e) for e in train_net.ema.ema_weight}
-        items = items + [it for it in layout.items["ema"] if id(it.param) in weights]
     keep = not rank0_only or layout.rank == 0
     out = {}
     with eager_mode():
-        for it in items:
-            if it.held.split and layout.op_size > 1:
-                value = train_net.zero_helper.op_comm.all_gather(it.param).asnumpy()[:it.held.shape[0]]
-            else:
-                value = it.param.asnumpy()
+        for it in _full_items(train_net, layout, include_ema):
+            value = _full_value(train_net, layout, it)
             if keep:
                 out[it.param.name] = value
     return out
 
 
-def save_full_checkpoint(train_net, path, include_ema: bool = False) -> str:
-    """Gather the full network (and EMA) and write one inference checkpoint at ``path`` (rank 0).
+def _check_include_ema(train_net, include_ema: bool, caller: str) -> None:
+    if include_ema and train_net.ema is None:
+        raise ValueError(f"For '{caller}', the argument 'include_ema' is True, but 'train_net' has no EMA.")
 
-    Collective (every rank must call it; it returns when the file exists). The file is written
-    atomically by global rank 0 with ``atomic_save_checkpoint``; its names are the network's, so
-    ``mindspore.load_param_into_net`` loads it into the unsharded network.
+
+def _full_items(train_net, layout, include_ema: bool) -> List:
+    """The network's ``Held`` items, then (``include_ema``) the EMA weights'."""
+    items = layout.items["network"]
+    if include_ema:  # the EMA weights, not a scratch swap cache the EMA may keep beside them
+        weights = {id(e) for e in train_net.ema.ema_weight}
+        items = items + [it for it in layout.items["ema"] if id(it.param) in weights]
+    return items
+
+
+def _is_gathered(layout, it) -> bool:
+    """Whether ``it`` is split over the optimizer parallel group, so that its full value is a collective."""
+    return bool(it.held.split) and layout.op_size > 1
+
+
+def _full_value(train_net, layout, it) -> np.ndarray:
+    """The full, unpadded value of one ``Held`` item, as a new numpy array. Collective over the
+    optimizer parallel group when ``_is_gathered``; call it in eager mode."""
+    if _is_gathered(layout, it):
+        return train_net.zero_helper.op_comm.all_gather(it.param).asnumpy()[:it.held.shape[0]]
+    return it.param.asnumpy()
+
+
+def save_full_checkpoint(train_net, path, include_ema: bool = False, *, dtype=None, max_shard_size=None) -> str:
+    """Write the full network (and EMA) as an inference checkpoint, streamed one tensor at a time.
+
+    Collective: every rank must call it, with the same arguments; it returns when the export
+    exists. Each tensor is gathered on every rank and written by global rank 0 before the next
+    one is gathered ([Note: streamed export]): rank 0 holds about one full tensor at a time, never
+    the model. The names are the network's (EMA weights: ``ema.<param name>``), so
+    ``mindspore.load_checkpoint`` / ``load_param_into_net`` load the file into the unsharded
+    network; with ``dtype=None`` it holds the same bytes as ``mindspore.save_checkpoint`` of the
+    gathered tensors would. Every file is written atomically; arguments are checked, and the ranks
+    agree on them, before any gather or file.
 
     Args:
         train_net (TrainOneStepWrapper): from ``prepare_train_network``.
-        path (str): destination ending with ``.ckpt`` or ``.safetensors``.
+        path (str): a file ending with ``.ckpt`` or ``.safetensors``; with ``max_shard_size``, a
+            folder (no such extension) that does not exist or is empty ([Note: export folder] in
+            export.py: a non-empty folder is never replaced). Parent folders are created.
         include_ema (bool): also store the EMA weights (``ema.<param name>``).
+        dtype: None (each tensor as held), ``"fp32"``, ``"fp16"``, ``"bf16"`` (or
+            ``mindspore.float32`` / ``float16`` / ``bfloat16``): floating tensors are written in
+            that dtype (numpy's rounding); other tensors unchanged.
+        max_shard_size (int or str): bytes (``5000000000``, ``"5GB"``, ``"500MB"``, ``"2GiB"``);
+            set, ``path`` becomes a folder in the Hugging Face sharded layout
+            (``model-0000k-of-0000n.safetensors`` and ``model.safetensors.index.json``,
+            [Note: sharded layout] in hf_index.py). None: one file.
 
     Returns:
         str: ``path``.
 
     Raises:
-        ValueError: ``path`` has another extension; ``include_ema`` without an EMA.
-        RuntimeError / OSError: writing failed (on rank 0, or reported by it).
+        TypeError: ``train_net`` is not a TrainOneStepWrapper; ``path`` is not a path.
+        ValueError: ``path`` has another extension (or, sharded, any of these extensions, or is a
+            file or a non-empty folder); ``dtype`` or ``max_shard_size`` is not one of the values
+            above; ``include_ema`` without an EMA. Raised on every rank when any rank finds it.
+        RuntimeError / OSError: writing failed (raised on rank 0, reported on the others).
     """
     caller = "save_full_checkpoint"
     _check_train_net(train_net, caller)
-    path = check_dir(path, caller, "path")
-    if not path.endswith(tuple("." + f for f in FORMATS)):
-        raise ValueError(f"For '{caller}', the argument 'path' must end with '.ckpt' or '.safetensors', but got {path!r}.")
-    full = gather_full_params(train_net, rank0_only=True, include_ema=include_ema)
+    checked, error = _attempt(lambda: _check_save_args(train_net, path, include_ema, dtype, max_shard_size, caller))
+    _agree(train_net, error, caller)
+    path, fmt, target, max_size = checked
+    layout = build_layout(train_net, caller)
+    items = {it.param.name: it for it in _full_items(train_net, layout, include_ema)}
+    entries = [(name, it.held.shape, _numpy_dtype(it.param)) for name, it in items.items()]
+    plan = plan_export(entries, fmt, target, max_size)
+    pending = list(reversed(plan.order))  # popped in order: the gathers every rank makes
+
+    def gather(name):
+        if name != pending[-1]:  # out of the plan's order, the ranks would meet in different collectives
+            raise RuntimeError(f"For '{caller}', the writer asked for {name!r} where the plan has {pending[-1]!r}.")
+        pending.pop()
+        return _full_value(train_net, layout, items[name])
+
     error = None
-    if world_and_rank()[1] == 0:
-        _, error = _attempt(lambda: atomic_save_checkpoint(full, path, format_of_path(path)))
+    with eager_mode():
+        if layout.rank == 0:
+            _, error = _attempt(lambda: write_export(path, plan, lambda name: cast_tensor(gather(name), target)))
+        while pending:  # every gather this rank has not made yet; on rank 0 only after a failure
+            name = pending[-1]
+            if _is_gathered(layout, items[name]):
+                gather(name)
+            else:
+                pending.pop()
     _agree(train_net, error, caller)
     return path
+
+
+def _check_save_args(train_net, path, include_ema, dtype, max_shard_size, caller):
+    """(path, format, target numpy dtype or None, max_shard_size in bytes or None); the file
+    system is looked at on global rank 0 only, the rank that writes."""
+    path = check_dir(path, caller, "path")
+    target = check_dtype(dtype, caller)
+    max_size = check_max_shard_size(max_shard_size, caller)
+    fmt = check_export_path(path, max_size is not None, caller)
+    _check_include_ema(train_net, include_ema, caller)
+    if world_and_rank()[1] == 0:
+        check_export_target(path, max_size is not None, caller)
+    return path, fmt, target, max_size
+
+
+def _numpy_dtype(param) -> np.dtype:
+    """The numpy dtype ``param.asnumpy()`` returns (bfloat16: the one importing mindspore registers)."""
+    return np.dtype(CKPT_DTYPES[str(param.dtype)])

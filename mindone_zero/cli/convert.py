@@ -6,7 +6,9 @@
         --group_size 4
 
 ``{}`` stands for the rank index 0 .. group_size-1. The output, ``src_checkpoint`` with ``{}``
-replaced by ``all_{group_size}`` (MindOne's naming), is printed on stdout; progress goes to
+replaced by ``all_{group_size}`` (MindOne's naming), is printed on stdout (with ``--max_shard_size``,
+a folder of that name without extension, in the Hugging Face sharded safetensors layout;
+``--dtype fp16|bf16|fp32`` writes floating tensors in that dtype); progress goes to
 stderr, one line per tensor. Bad input exits with status 2 and a message naming the file and
 the problem; no output file is written then. See ``mindone_zero.checkpoint.convert_checkpoints``.
 
@@ -21,6 +23,11 @@ from ..checkpoint import convert_checkpoints
 
 def _print_progress(done: int, total: int, name: str) -> None:
     print(f"[{done}/{total}] {name}", file=sys.stderr, flush=True)
+
+
+def _size_arg(text):
+    """An all-digit ``--max_shard_size`` as an int of bytes; anything else as given (checked by the combine)."""
+    return int(text) if text is not None and text.strip().isdigit() else text
 
 
 def main(argv=None) -> int:
@@ -45,6 +52,10 @@ def main(argv=None) -> int:
     parser.add_argument(
         "--exclude_optimizer_states", action="store_true", help="keep network parameters (and EMA) only"
     )
+    parser.add_argument("--dtype", choices=["fp32", "fp16", "bf16"], default=None,
+                        help="floating tensors in this dtype (default: as stored)")
+    parser.add_argument("--max_shard_size", default=None,
+                        help='write a sharded safetensors folder, files of at most this size ("5GB", "500MB", bytes)')
     parser.add_argument("--quiet", action="store_true", help="no progress lines on stderr")
     args = parser.parse_args(argv)
     try:
@@ -55,6 +66,8 @@ def main(argv=None) -> int:
             output_format=args.output_format,
             exclude_optimizer_states=args.exclude_optimizer_states,
             progress=None if args.quiet else _print_progress,
+            dtype=args.dtype,
+            max_shard_size=_size_arg(args.max_shard_size),
         )
     except (ValueError, TypeError, OSError) as err:
         parser.error(str(err))

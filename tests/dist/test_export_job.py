@@ -1,0 +1,156 @@
+"""``save_full_checkpoint`` streamed exports at N=2 and N=4: stages 0-3, both split rules, every
+dtype, one ``.ckpt`` / ``.safetensors`` file and the Hugging Face sharded folder; reloaded into the
+unsharded network and compared bit for bit with ``gather_full_params`` cast with numpy; rank 0
+holds one gathered tensor at a time; bad inputs raise on every rank and no rank hangs.
+
+One msrun job per world size runs every case (tests/dist/workers/export_worker.py).
+"""
+import json
+import os
+
+import mindspore as ms
+import numpy as np
+import pytest
+from safetensors import safe_open
+
+from export_cases import ExportLoss, ExportNet, MAX_SHARD_SIZE, cases, export_path, exports
+from msrun_harness import load_json, run_msrun
+from mindone_zero.checkpoint.hf_index import INDEX_NAME, shard_file_name
+
+WORKER = "tests/dist/workers/export_worker.py"
+WORLDS = (2, 4)
+CASES = cases()
+TARGETS = {None: None, "fp32": np.dtype(np.float32), "fp16": np.dtype(np.float16), "bf16": np.dtype("bfloat16")}
+
+
+@pytest.fixture(scope="module")
+def job(tmp_path_factory):
+    """world size -> the job's output folder; each job runs once, on first use."""
+    done = {}
+
+    def get(world):
+        if world not in done:
+            out = tmp_path_factory.mktemp(f"export_N{world}")
+            try:
+                run_msrun(WORKER, world, out, ["--cases", json.dumps(CASES)], timeout=300)
+                done[world] = out
+            except AssertionError as err:  # a failed job fails every test that reads it, once
+                done[world] = err
+        if isinstance(done[world], AssertionError):
+            raise done[world]
+        return done[world]
+
+    return get
+
+
+def _reports(out, case, world):
+    return [load_json(out / f"{case}_rank{r}.json") for r in range(world)]
+
+
+def _numpy_cast(value, dtype):
+    target = TARGETS[dtype]
+    return value if target is None or value.dtype.kind != "f" else value.astype(target)
+
+
+def _same_bits(a, b):
+    return a.dtype == b.dtype and a.shape == b.shape and a.tobytes() == b.tobytes()
+
+
+def _load(path):
+    """{name: numpy array} of a file, or of every file of a sharded folder (checked against its index)."""
+    if os.path.isfile(path):
+        return {k: v.asnumpy() for k, v in ms.load_checkpoint(path, format=path.rsplit(".", 1)[1]).items()}
+    index = json.loads(open(os.path.join(path, INDEX_NAME)).read())
+    names = sorted(os.listdir(path))
+    n = len(names) - 1
+    assert names == sorted([INDEX_NAME] + [shard_file_name(k, n) for k in range(1, n + 1)])
+    out = {}
+    for file_name in names[:-1]:
+        tensors = {k: v.asnumpy() for k, v in ms.load_checkpoint(os.path.join(path, file_name),
+                                                                  format="safetensors").items()}
+        assert set(tensors) == {k for k, f in index["weight_map"].items() if f == file_name}
+        assert sum(v.nbytes for v in tensors.values()) <= MAX_SHARD_SIZE or len(tensors) == 1
+        with safe_open(os.path.join(path, file_name), framework="np") as f:  # the safetensors package itself
+            assert sorted(f.keys()) == sorted(tensors)
+            for k in f.keys():
+                if tensors[k].dtype != np.dtype("bfloat16"):  # its numpy binding has no bf16
+                    assert _same_bits(f.get_tensor(k), tensors[k]), k
+        out.update(tensors)
+    assert sorted(index["weight_map"]) == sorted(out)
+    assert index["metadata"]["total_size"] == sum(v.nbytes for v in out.values())
+    return out
+
+
+@pytest.mark.parametrize("world", WORLDS)
+@pytest.mark.parametrize("case", CASES, ids=[c["name"] for c in CASES])
+def test_exports_match_gathered_params(job, world, case):
+    out = job(world)
+    full = dict(np.load(out / case["name"] / "full.npz"))
+    assert any(k.startswith("ema.") for k in full) and full["net.steps"].dtype == np.int32
+    reports = _reports(out, case["name"], world)
+    for name, layout, dtype, include_ema in exports(case["i"]):
+        assert all(r[name] == "ok" for r in reports), (name, [r[name] for r in reports])
+        path = export_path(str(out), case["name"], name, layout)
+        got = _load(path)
+        want = {k: _numpy_cast(v, dtype) for k, v in full.items() if include_ema or not k.startswith("ema.")}
+        assert sorted(got) == sorted(want), name
+        for k in want:
+            assert _same_bits(got[k], want[k]), (name, k)
+        if layout == "sharded":
+            assert len(os.listdir(path)) >= 3, name  # the index and at least two files
+    assert reports[0]["tmp_left"] == []
+
+
+@pytest.mark.parametrize("world", WORLDS)
+@pytest.mark.parametrize("case", [c for c in CASES if c["stage"] in (0, 3)], ids=lambda c: c["name"])
+def test_fp32_exports_load_into_the_unsharded_network(job, world, case):
+    out = job(world)
+    full = dict(np.load(out / case["name"] / "full.npz"))
+    ms.set_context(mode=ms.PYNATIVE_MODE)
+    for name, layout, dtype, _ in exports(case["i"]):
+        if dtype not in (None, "fp32") or layout == "sharded":
+            continue
+        plain = ExportLoss(ExportNet())
+        path = export_path(str(out), case["name"], name, layout)
+        not_loaded, _ = ms.load_param_into_net(plain, ms.load_checkpoint(path, format=layout))
+        assert not_loaded == []
+        for p in plain.get_parameters():
+            assert _same_bits(p.asnumpy(), full[p.name]), (name, p.name)
+
+
+@pytest.mark.parametrize("world", WORLDS)
+def test_rank0_holds_one_gathered_tensor_at_a_time(job, world):
+    out = job(world)
+    for case in CASES:
+        reports = _reports(out, case["name"], world)
+        full = np.load(out / case["name"] / "full.npz")
+        for name, _, _, include_ema in exports(case["i"]):
+            tensors = sum(1 for k in full.files if include_ema or not k.startswith("ema."))
+            spy = [r["spy"][name] for r in reports]
+            assert spy[0] == {"gathers": tensors, "max_live_at_gather": 0}, (case["name"], name)
+            assert all(s["max_live_at_gather"] == 0 and s["gathers"] <= tensors for s in spy)
+
+
+@pytest.mark.parametrize("world", WORLDS)
+def test_bad_inputs_raise_on_every_rank(job, world):
+    out = job(world)
+    reports = _reports(out, CASES[-1]["name"], world)
+    errors = [r["errors"] for r in reports]
+    message = ("ValueError: For 'save_full_checkpoint', the argument 'dtype' must be one of ['fp32', 'fp16', 'bf16'] "
+               "or None, but got 'int7'.")
+    assert all(e["dtype_int7"] == message for e in errors)
+    assert errors[1]["dtype_on_rank1"] == message
+    failed_0 = "RuntimeError: For 'save_full_checkpoint', global rank(s) [0] failed"
+    for r, e in enumerate(errors):
+        if r != 1:
+            assert e["dtype_on_rank1"].startswith("RuntimeError: For 'save_full_checkpoint', global rank(s) [1] failed")
+        assert e["max_shard_size_bad"].startswith("ValueError:") and "'max_shard_size'" in e["max_shard_size_bad"]
+        assert "'5 parsecs'" in e["max_shard_size_bad"]
+        assert e["path_npz"].startswith("ValueError:") and "'path'" in e["path_npz"] and "d.npz" in e["path_npz"]
+        assert e["sharded_path_ext"].startswith("ValueError:") and "must be a folder" in e["sharded_path_ext"]
+        assert e["sharded_folder_busy"].startswith("ValueError:" if r == 0 else failed_0)
+        for name in ("fail_file", "fail_sharded"):
+            assert e[name].startswith("OSError: No space left" if r == 0 else failed_0), (r, name, e[name])
+        assert e["after"] == "ok"  # the ranks are still in step
+    assert reports[0]["errors_left"] == ["after.ckpt", "busy"]  # nothing else: no file, folder or temporary
+    assert os.listdir(out / CASES[-1]["name"] / "errors" / "busy") == ["keep.txt"]
