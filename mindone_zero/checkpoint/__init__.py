@@ -12,6 +12,8 @@ load_plan      how a saved checkpoint maps onto a train network
 resume         ``save_train_state`` / ``load_train_state`` (collective)
 online         ``gather_full_params`` / ``save_full_checkpoint`` (collective)
 convert        ``convert_checkpoints``, the offline combine (one process)
+hf_index       the Hugging Face sharded safetensors layout (names, index)
+pretrained     ``load_full_checkpoint``: a full pretrained file into a prepared network (collective)
 ============== ==========================================================================
 """
 from ..core.atomic_files import atomic_write_json
@@ -19,6 +21,7 @@ from .atomic import atomic_save_checkpoint
 from .convert import OPTIMIZER_SCALAR_NAMES, OPTIMIZER_STATE_PREFIXES, convert_checkpoints
 from .naming import latest_checkpoint, step_dir_name
 from .online import gather_full_params, save_full_checkpoint
+from .pretrained import load_full_checkpoint
 from .readers import FORMATS, open_checkpoint
 from .resume import load_train_state, save_train_state
 from ..core.split_info import read_split_info, write_split_info
@@ -30,6 +33,7 @@ __all__ = [
     "step_dir_name",
     "gather_full_params",
     "save_full_checkpoint",
+    "load_full_checkpoint",
     "convert_checkpoints",
     "atomic_save_checkpoint",
     "atomic_write_json",
