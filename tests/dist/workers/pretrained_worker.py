@@ -3,9 +3,9 @@
 Usage (under msrun): pretrained_worker.py --out DIR --cases JSON
 A load case: {"name", "stage", "pad" (pad_uneven_params), "path" (the pretrained file or folder),
 "ref" (the same values as a full fp32 .ckpt), "via": "train" (load into the train network from
-prepare_train_network) | "net" (into the network from prepare_network, before the optimizer), "hybrid"
-(optimizer groups of 2, world 4), "shard_ema", "strip" (a prefix the file names carry), "train" (run 5 steps of each)}. Two train
-networks are built: MindOne's way (``ms.load_checkpoint`` + ``load_param_into_net`` into the full
+prepare_train_network) | "net" (into the network from prepare_network, before the optimizer),
+"hybrid" (optimizer groups of 2, world 4), "shard_ema", "strip" (a prefix the file names carry),
+"train" (run 5 steps of each)}. Two train networks are built: MindOne's way (``ms.load_checkpoint`` + ``load_param_into_net`` into the full
 network, then EMA, optimizer, ``prepare_train_network``) and ours. Writes DIR/{name}_rank{r}.npz
 (``ref/...`` and ``got/...``: every network Parameter, master shard and EMA weight this rank holds)
 and DIR/{name}_rank{r}.json (losses of each, bytes read vs this rank's block bytes).
@@ -23,7 +23,8 @@ from mindspore import Tensor
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", ".."))
 from models import LossNet, TinyNet, init_weights, make_optimizer, micro_batch  # noqa: E402
 
-from mindone_zero import EMA, create_hybrid_groups, load_full_checkpoint, prepare_network, prepare_train_network  # noqa: E402,E501
+from mindone_zero import (EMA, create_hybrid_groups, load_full_checkpoint, prepare_network,  # noqa: E402
+                          prepare_train_network)
 from mindone_zero.checkpoint import readers  # noqa: E402
 from mindone_zero.core.comm import init_data_parallel  # noqa: E402
 from mindone_zero.core.partition import zero_spec_of  # noqa: E402
