@@ -5,8 +5,9 @@ A load case: {"name", "stage", "pad" (pad_uneven_params), "path" (the pretrained
 "ref" (the same values as a full fp32 .ckpt), "via": "train" (load into the train network from
 prepare_train_network) | "net" (into the network from prepare_network, before the optimizer),
 "hybrid" (optimizer groups of 2, world 4), "shard_ema", "strip" (a prefix the file names carry),
-"train" (run 5 steps of each)}. Two train networks are built: MindOne's way (``ms.load_checkpoint`` + ``load_param_into_net`` into the full
-network, then EMA, optimizer, ``prepare_train_network``) and ours. Writes DIR/{name}_rank{r}.npz
+"train" (run 5 steps of each)}. Two train networks are built: MindOne's way (``ms.load_checkpoint``
++ ``load_param_into_net`` into the full network, then EMA, optimizer, ``prepare_train_network``)
+and ours. Writes DIR/{name}_rank{r}.npz
 (``ref/...`` and ``got/...``: every network Parameter, master shard and EMA weight this rank holds)
 and DIR/{name}_rank{r}.json (losses of each, bytes read vs this rank's block bytes).
 An "errors" case {"name", "checks": {check: [path, kwargs]}} loads each bad input into a stage-3
