@@ -64,8 +64,12 @@ def load_full_checkpoint(network, path, *, strict: bool = True, strip_prefix: Op
     """Load a full pretrained checkpoint into a prepared network, each rank reading only its blocks.
 
     Collective: every rank must call it, with the same arguments. Nothing changes on any rank unless
-    every rank has validated the whole load first; a failure on any rank raises on every rank
-    ([Note: pretrained load]). Call it before training starts.
+    every rank has validated the whole load first (names, shapes, dtypes, file sizes); a failure on
+    any rank raises on every rank ([Note: pretrained load]). Only an I/O error while reading the
+    data, after that agreement, can leave a load half done (it too raises on every rank). Call it
+    before training starts: ``set_data`` installs new tensors. String entries of a ``.ckpt``
+    (``append_dict``) are ignored. With ``optimizer_offload`` load into the network from
+    ``prepare_network`` instead (the host-side masters are out of reach here).
 
     Args:
         network (nn.Cell): the network from ``prepare_network`` (at stage 3 its split parameters hold

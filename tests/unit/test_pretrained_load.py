@@ -340,3 +340,35 @@ def test_name_map_with_prefixes_is_refused(tmp_path):
     path = _write(tmp_path, "ckpt", _pretrained())
     with pytest.raises(ValueError, match="either the argument 'name_map' or the prefixes"):
         load_full_checkpoint(TinyNet(), path, name_map=str, add_prefix="a.")
+
+
+# ----------------------------------------------------------------------------- train network
+
+
+def _train_net(**kwargs):
+    from models import LossNet, make_optimizer
+    from mindone_zero import EMA, prepare_train_network
+
+    net = init_weights(TinyNet(), seed=0)
+    loss_net = LossNet(net)
+    ema = EMA(net, ema_decay=0.9)
+    return prepare_train_network(loss_net, make_optimizer(net.trainable_params()), ema=ema, **kwargs)
+
+
+def test_a_train_network_and_its_ema_follow_the_file(tmp_path):
+    values = _pretrained()
+    path = _write(tmp_path, "safetensors", values)
+    train = _train_net()
+    assert load_full_checkpoint(train, path, add_prefix="net.") == ([], [])
+    _assert_values(train.network, {"net." + k: v for k, v in values.items()})
+    ema = {p.name: p.asnumpy() for p in train.ema.ema_weight}
+    assert ema and all(np.array_equal(v, values[k[len("ema.net."):]]) for k, v in ema.items())
+
+
+def test_a_train_network_with_optimizer_offload_is_refused(tmp_path):
+    path = _write(tmp_path, "ckpt", _pretrained())
+    train = _train_net(zero_stage=0, optimizer_offload=True)
+    if train.zero_helper.host_offload is None:
+        pytest.skip("no host offload outside data parallelism")
+    with pytest.raises(ValueError, match="optimizer_offload"):
+        load_full_checkpoint(train, path, add_prefix="net.")
