@@ -1,4 +1,4 @@
-"""msrun worker for test_pretrained_load: load_full_checkpoint against MindOne's way, and bad inputs.
+"""msrun worker for tests/dist/test_pretrained_parity.py: load_full_checkpoint vs MindOne's way, bad inputs.
 
 Usage (under msrun): pretrained_worker.py --out DIR --cases JSON
 A load case: {"name", "stage", "pad" (pad_uneven_params), "path" (the pretrained file or folder),
