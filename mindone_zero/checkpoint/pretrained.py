@@ -165,21 +165,22 @@ def _plan(network, path, strict, strip_prefix, add_prefix, name_map) -> _Plan:
         if name is None:
             continue
         if name in taken:
-            raise ValueError(f"For '{CALLER}', the argument 'name_map' maps both tensors {taken[name]!r} and "
-                             f"{file_name!r} of the argument 'path' ({path!r}) to the parameter {name!r}.")
+            how = "the argument 'name_map'" if name_map is not None else "the arguments 'strip_prefix'/'add_prefix'"
+            raise ValueError(f"For '{CALLER}', {how} map both tensors {taken[name]!r} and {file_name!r} of the "
+                             f"argument 'path' ({path!r}) to the parameter {name!r}.")
         taken[name] = file_name
         if name not in targets:
             unexpected.append(file_name)
     missing = [name for name in targets if name not in taken]
     if strict and (missing or unexpected):
-        raise ValueError(_strict_message(path, source, missing, unexpected, taken))
+        raise ValueError(_strict_message(path, source, missing, unexpected))
     items = [(targets[name], source[f], f) for name, f in taken.items() if name in targets]
     for target, reader, file_name in items:
         _check_tensor(target, reader, file_name)
     return _Plan(items, missing, unexpected)
 
 
-def _strict_message(path, source, missing, unexpected, taken) -> str:
+def _strict_message(path, source, missing, unexpected) -> str:
     parts = []
     if missing:
         parts.append(f"the parameters {missing[:_SHOWN]} ({len(missing)} in all) have no tensor in it")

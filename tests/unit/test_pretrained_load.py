@@ -372,3 +372,11 @@ def test_a_train_network_with_optimizer_offload_is_refused(tmp_path):
         pytest.skip("no host offload outside data parallelism")
     with pytest.raises(ValueError, match="optimizer_offload"):
         load_full_checkpoint(train, path, add_prefix="net.")
+
+
+def test_prefixes_that_map_two_names_to_one_raise_naming_both(tmp_path):
+    values = _pretrained()
+    path = _write(tmp_path, "ckpt", dict(values, **{"model.head.bias": values["head.bias"]}))
+    with pytest.raises(ValueError, match="'strip_prefix'/'add_prefix'") as err:
+        load_full_checkpoint(TinyNet(), path, strip_prefix="model.")
+    assert "'head.bias'" in str(err.value) and "'model.head.bias'" in str(err.value)
