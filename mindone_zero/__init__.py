@@ -1,6 +1,6 @@
 """mindone_zero: MindSpore-native ZeRO with MindOne's API (``mindone.trainers.zero``)."""
-from .checkpoint import (convert_checkpoints, gather_full_params, latest_checkpoint, load_train_state,
-                         save_full_checkpoint, save_train_state)
+from .checkpoint import (convert_checkpoints, gather_full_params, latest_checkpoint, load_full_checkpoint,
+                         load_train_state, save_full_checkpoint, save_train_state)
 from .train.ema import EMA
 from .core.groups import create_hybrid_groups
 from .core.materialize import sharded_init
@@ -26,6 +26,7 @@ __all__ = [
     "latest_checkpoint",
     "gather_full_params",
     "save_full_checkpoint",
+    "load_full_checkpoint",
     "PARALLEL_MODULES",
     "ZeroPPConfig",
     "create_hybrid_groups",

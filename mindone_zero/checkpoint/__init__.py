@@ -14,6 +14,8 @@ online         ``gather_full_params`` / ``save_full_checkpoint`` (collective, st
 export         an export's dtype, files (one, or the sharded folder) and writing
 hf_index       the Hugging Face sharded layout: file names, index, grouping
 convert        ``convert_checkpoints``, the offline combine (one process)
+hf_index       the Hugging Face sharded safetensors layout (names, index)
+pretrained     ``load_full_checkpoint``: a full pretrained file into a prepared network (collective)
 ============== ==========================================================================
 """
 from ..core.atomic_files import atomic_write_json
@@ -21,6 +23,7 @@ from .atomic import atomic_save_checkpoint
 from .convert import OPTIMIZER_SCALAR_NAMES, OPTIMIZER_STATE_PREFIXES, convert_checkpoints
 from .naming import latest_checkpoint, step_dir_name
 from .online import gather_full_params, save_full_checkpoint
+from .pretrained import load_full_checkpoint
 from .readers import FORMATS, open_checkpoint
 from .resume import load_train_state, save_train_state
 from ..core.split_info import read_split_info, write_split_info
@@ -32,6 +35,7 @@ __all__ = [
     "step_dir_name",
     "gather_full_params",
     "save_full_checkpoint",
+    "load_full_checkpoint",
     "convert_checkpoints",
     "atomic_save_checkpoint",
     "atomic_write_json",

@@ -18,15 +18,26 @@ tensor costs the file's size in memory and the file's parse time per tensor), an
 headers with seeks, decoding protobuf's wire format for these three small messages only, and
 reads a tensor's bytes straight into a numpy buffer. Encrypted files and MapParameters are not
 supported and are reported as unreadable.
+
+[Note: ranged reads]
+``read_rows(name, start, stop)`` of either reader returns rows ``[start, stop)`` of dim 0 of a
+tensor and reads only their bytes: a tensor is stored row-major, so those rows are the contiguous
+bytes ``[start * row_bytes, stop * row_bytes)`` of its data. In a ``.safetensors`` file the data
+lies at ``8 + header length + data_offsets`` (the header's JSON, read when the file is opened and
+checked against the file's size, so a truncated file is refused at open); in a ``.ckpt`` file it
+may span several records of the same tag ([Note: ckpt layout]), so the range is cut across them.
+The pretrained loader (``pretrained.load_full_checkpoint``) reads each rank's block this way.
 """
+import json
 import os
+import struct
 from typing import Dict, List, NamedTuple, Tuple, Union
 
 import mindspore  # noqa: F401  (registers numpy's bfloat16)
 import numpy as np
 
 __all__ = ["FORMATS", "CKPT_DTYPES", "SAFETENSORS_DTYPES", "TensorInfo", "format_of_path", "open_checkpoint",
-           "CkptFile", "SafetensorsFile"]
+           "CkptFile", "SafetensorsFile", "row_bytes_range"]
 
 FORMATS = ("ckpt", "safetensors")
 
@@ -60,6 +71,37 @@ def format_of_path(path: str) -> str:
 
 class _Corrupt(Exception):
     pass
+
+
+def row_bytes_range(shape: Tuple[int, ...], itemsize: int, start: int, stop) -> Tuple[int, int]:
+    """Byte range ``[begin, end)`` of rows ``[start, stop)`` of a row-major tensor of ``shape``
+    ([Note: ranged reads]); ``stop`` None means the last row. A 0-d tensor has one "row": itself,
+    read whole (``start`` 0, ``stop`` None).
+
+    Raises:
+        ValueError: a range outside ``[0, shape[0]]`` or a row range of a 0-d tensor.
+    """
+    if len(shape) == 0:
+        if start != 0 or stop is not None:
+            raise ValueError(f"For 'read_rows', a 0-d tensor is read whole, but got rows [{start}, {stop}).")
+        return 0, itemsize
+    stop = shape[0] if stop is None else stop
+    if not 0 <= start <= stop <= shape[0]:
+        raise ValueError(f"For 'read_rows', rows [{start}, {stop}) are outside the {shape[0]} rows of {shape}.")
+    row = int(np.prod(shape[1:], dtype=np.int64)) * itemsize
+    return start * row, stop * row
+
+
+def _rows_shape(shape: Tuple[int, ...], start: int, stop) -> Tuple[int, ...]:
+    if len(shape) == 0:
+        return ()
+    return ((shape[0] if stop is None else stop) - start,) + tuple(shape[1:])
+
+
+def _read_into(f, view, offset: int, path: str, name: str) -> None:
+    f.seek(offset)
+    if f.readinto(view) != len(view):
+        raise ValueError(f"The checkpoint file '{path}' was truncated while reading {name!r}.")
 
 
 def _varint(f) -> int:
@@ -223,6 +265,24 @@ class CkptFile:
             return str(np.frombuffer(buf.tobytes(), dtype=f"U{len(buf) // 4}")[0]) if len(buf) else ""
         return buf.view(CKPT_DTYPES[info.dtype]).reshape(info.shape)
 
+    def read_rows(self, name: str, start: int = 0, stop=None) -> np.ndarray:
+        """Rows ``[start, stop)`` of dim 0 of the tensor ``name`` (``stop`` None: to the end), reading
+        only their bytes, across the records they span ([Note: ranged reads]); a 0-d tensor whole."""
+        info, dtype = self.infos[name], self.numpy_dtype(name)
+        if dtype is str:
+            raise ValueError(f"For 'read_rows', {name!r} of '{self.path}' is a string entry, not a tensor.")
+        begin, end = row_bytes_range(info.shape, dtype.itemsize, start, stop)
+        buf = np.empty(end - begin, dtype=np.uint8)
+        view, pos, chunk_start = memoryview(buf), 0, 0
+        with open(self.path, "rb") as f:
+            for offset, n in self._chunks[name]:
+                lo, hi = max(begin, chunk_start), min(end, chunk_start + n)
+                if lo < hi:
+                    _read_into(f, view[pos:pos + hi - lo], offset + lo - chunk_start, self.path, name)
+                    pos += hi - lo
+                chunk_start += n
+        return buf.view(dtype).reshape(_rows_shape(info.shape, start, stop))
+
 
 class SafetensorsFile:
     """Index of a ``.safetensors`` file; ``read(name)`` loads one tensor.
@@ -252,11 +312,35 @@ class SafetensorsFile:
                 for name in f.keys():
                     tensor = f.get_slice(name)
                     self.infos[name] = TensorInfo(tuple(tensor.get_shape()), tensor.get_dtype())
+            self._base, self._offsets = self._data_offsets()
         except Exception as err:  # safetensors raises its own SafetensorsError and OSError
             raise ValueError(
                 f"For '{caller}',"
                 f" the checkpoint file '{path}' is truncated or corrupted: {err}."
             ) from None
+
+    def _data_offsets(self) -> Tuple[int, Dict[str, Tuple[int, int]]]:
+        """(where the data starts, {name: (begin, end)} relative to it), from the header's JSON,
+        every range checked against the file's size ([Note: ranged reads])."""
+        size = os.path.getsize(self.path)
+        with open(self.path, "rb") as f:
+            head = f.read(8)
+            if len(head) < 8:
+                raise _Corrupt("the file is shorter than its 8-byte header length")
+            n = struct.unpack("<Q", head)[0]
+            if 8 + n > size:
+                raise _Corrupt(f"its header of {n} bytes runs past the end of the file ({size} bytes)")
+            header = json.loads(f.read(n))
+        base, offsets = 8 + n, {}
+        for name, entry in header.items():
+            if name == "__metadata__":
+                continue
+            begin, end = (int(x) for x in entry["data_offsets"])
+            if not 0 <= begin <= end or base + end > size:
+                raise _Corrupt(f"the tensor {name!r} lies at bytes [{begin}, {end}) of the data, past the end of "
+                               f"the file ({size - base} bytes of data)")
+            offsets[name] = (begin, end)
+        return base, offsets
 
     def numpy_dtype(self, name: str):
         """The numpy dtype of the tensor ``name``.
@@ -273,6 +357,25 @@ class SafetensorsFile:
         """The tensor ``name`` as a numpy array."""
         with self._open(self.path, framework="np") as f:
             return f.get_tensor(name)
+
+    def read_rows(self, name: str, start: int = 0, stop=None) -> np.ndarray:
+        """Rows ``[start, stop)`` of dim 0 of the tensor ``name`` (``stop`` None: to the end), reading
+        only their bytes at the header's data offsets ([Note: ranged reads]); a 0-d tensor whole.
+
+        Raises:
+            ValueError: a dtype numpy cannot hold, or stored bytes that do not match the shape.
+        """
+        info, dtype = self.infos[name], self.numpy_dtype(name)
+        begin, end = row_bytes_range(info.shape, dtype.itemsize, start, stop)
+        first, last = self._offsets[name]
+        total = int(np.prod(info.shape, dtype=np.int64)) * dtype.itemsize
+        if last - first != total:
+            raise ValueError(f"The tensor {name!r} of '{self.path}' of shape {info.shape} and dtype {info.dtype} "
+                             f"holds {last - first} bytes instead of {total}.")
+        buf = np.empty(end - begin, dtype=np.uint8)
+        with open(self.path, "rb") as f:
+            _read_into(f, memoryview(buf), self._base + first + begin, self.path, name)
+        return buf.view(dtype).reshape(_rows_shape(info.shape, start, stop))
 
 
 def open_checkpoint(path: str, caller: str = "open_checkpoint"):
