@@ -174,7 +174,7 @@ def convert_checkpoints(
     ``mindspore.save_checkpoint`` would write for the same tensors. At most one tensor's blocks
     from all ranks and their concatenation are held at once: the call raises the peak RSS by
     about twice the largest tensor, whatever the checkpoint's size. ``tools/measure_combine_memory.py``
-    measures it (README, "Checkpoints"); ``tests/unit/test_checkpoint_io.py`` checks the bound.
+    measures it (docs/guides/checkpoints.md); ``tests/unit/test_checkpoint_io.py`` checks the bound.
 
     Args:
         src_checkpoint: per-rank checkpoint path with ``{}`` for the rank index, ending with
