@@ -1,7 +1,8 @@
 """Install mindone_zero and parallel_modules.
 
-`python -m pip install -e .` for the library and tools; add `[test]` for the test suite
-and `[plot]` for the benchmark plots. Packages are found, not listed, so that a new subpackage
+`python -m pip install -e .` for the library and tools; add `[test]` for the test suite,
+`[docs]` for the documentation site (`mkdocs build --strict`, also run by the tests) and
+`[plot]` for the benchmark plots. Packages are found, not listed, so that a new subpackage
 is never left out of the wheel (tests/unit/test_wheel.py builds and imports it). The console
 commands are the offline combine and the memory estimator (`mindone_zero/cli/`).
 """
@@ -28,6 +29,8 @@ setup(
     ],
     extras_require={
         "test": ["pytest", "pytest-timeout", "pytest-xdist", "setuptools", "wheel"],  # wheel: tests/unit/test_wheel.py
+        # MindOne's documentation stack; tests/unit/test_docs_build.py runs `mkdocs build --strict`.
+        "docs": ["mkdocs>=1.6", "mkdocs-material>=9.5", "mkdocstrings[python]>=0.26"],
         "plot": ["matplotlib"],
     },
 )

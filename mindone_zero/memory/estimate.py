@@ -137,11 +137,15 @@ def estimate_peak_memory(num_params, world_size: int, zero_stage: int, largest_l
     backend). Pure arithmetic; not collective.
 
     Args:
-        num_params, world_size, zero_stage, param_bytes, grad_bytes, optimizer_bytes: as in
-            ``estimate_model_states_memory``.
+        num_params: as in ``estimate_model_states_memory``.
+        world_size: as in ``estimate_model_states_memory``.
+        zero_stage: as in ``estimate_model_states_memory``.
         largest_layer_params: parameters ``L`` of the largest layer (the most that are gathered at
             once; for a Transformer block recomputed as one Cell, the whole block; with
             ``gather_units``, the largest unit), 0 <= L <= P.
+        param_bytes: as in ``estimate_model_states_memory``.
+        grad_bytes: as in ``estimate_model_states_memory``.
+        optimizer_bytes: as in ``estimate_model_states_memory``.
         reshard_after_forward: stage 3's option (``prepare_train_network``); ignored below stage 3.
         hpz_group_size: K, the size of ZeRO++'s hpZ secondary group (``zeropp.hpz_group``), or None;
             adds ``p * P / K`` at stage 3 (needs ``reshard_after_forward=True``).

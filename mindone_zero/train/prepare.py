@@ -72,9 +72,9 @@ def prepare_network(network, zero_stage=0, optimizer_parallel_group=None, parall
             partition.py.
 
     Returns:
-        The network (the top Cell itself may have been replaced by its ZeRO-3 version); at stage 3
-        it carries these options, which ``prepare_train_network`` then keeps ([Note: stage-3
-        options] in ``mindone_zero/zero3/options.py``).
+        nn.Cell: the network (the top Cell itself may have been replaced by its ZeRO-3 version); at
+            stage 3 it carries these options, which ``prepare_train_network`` then keeps ([Note:
+            stage-3 options] in ``mindone_zero/zero3/options.py``).
 
     Raises:
         TypeError / ValueError: naming the argument and the value, before anything is modified

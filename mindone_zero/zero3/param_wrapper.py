@@ -217,7 +217,9 @@ class ZeroParamWrapper(nn.Cell):
             it when it was built, so a MindOne-style layer that cuts when ``need_rewrite`` is True
             leaves the shard alone instead of cutting it a second time.
         is_split (bool): whether the parameter is held as a 1/N block (stage 3, split candidate).
-        zero_stage, optimizer_parallel_group, cell_type: the constructor arguments (MindOne's names).
+        zero_stage: the constructor argument (MindOne's name).
+        optimizer_parallel_group: the constructor argument (MindOne's name).
+        cell_type: the constructor argument (MindOne's name).
 
     Raises:
         TypeError: if ``param`` is not a Parameter, ``group`` is not None or a str,
