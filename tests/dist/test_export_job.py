@@ -154,3 +154,24 @@ def test_bad_inputs_raise_on_every_rank(job, world):
         assert e["after"] == "ok"  # the ranks are still in step
     assert reports[0]["errors_left"] == ["after.ckpt", "busy"]  # nothing else: no file, folder or temporary
     assert os.listdir(out / CASES[-1]["name"] / "errors" / "busy") == ["keep.txt"]
+
+
+@pytest.mark.parametrize("world", WORLDS)
+def test_export_reloads_with_load_full_checkpoint(job, world):
+    """Export, then ``load_full_checkpoint`` into a fresh sharded network of the same case: every
+    network tensor comes back bit for bit (as the export's dtype rounded it, in the parameter's own
+    dtype); the EMA tensors are reported unexpected, nothing missing."""
+    out = job(world)
+    for case in CASES:
+        full = dict(np.load(out / case["name"] / "full.npz"))
+        reports = _reports(out, case["name"], world)
+        for name, layout, dtype, include_ema in exports(case["i"]):
+            reloaded = dict(np.load(out / case["name"] / f"reload_{name}.npz"))
+            network = {k: v for k, v in full.items() if not k.startswith("ema.")}
+            assert sorted(reloaded) == sorted(network), (case["name"], name)
+            for k, v in network.items():
+                want = _numpy_cast(v, dtype).astype(v.dtype)
+                assert _same_bits(reloaded[k], want), (world, case["name"], name, k)
+            ema = sorted(k for k in full if k.startswith("ema.")) if include_ema else []
+            for report in reports:
+                assert report["reload"][name] == {"missing": [], "unexpected": ema}, (case["name"], name)

@@ -14,6 +14,9 @@ off the network's (x * 0.5 + 0.25 on every block) so that a swap would show. The
   earlier gathers are still alive (must be 0: one gathered tensor at a time) and how many gathers
   there were.
 
+Each export is then loaded back with ``load_full_checkpoint`` into a fresh train network of the
+case; rank 0 writes what it holds, gathered, to ``DIR/{case}/reload_{export}.npz``.
+
 The last case also runs the bad inputs (every rank must raise, none hang) and a write that fails
 half-way on rank 0, then one good export to show the ranks are still in step. Each rank writes
 ``DIR/{case}_rank{r}.json``: {export name: "ok" or the error}, and the spy's counts.
@@ -33,7 +36,7 @@ sys.path.insert(0, os.path.join(HERE, "..", "..", ".."))
 
 from export_cases import ExportLoss, ExportNet, MAX_SHARD_SIZE, export_path, exports, init_export_net  # noqa: E402
 from msrun_harness import worker_args  # noqa: E402
-from mindone_zero import EMA, prepare_train_network  # noqa: E402
+from mindone_zero import EMA, load_full_checkpoint, prepare_train_network  # noqa: E402
 from mindone_zero.checkpoint import gather_full_params, online, save_full_checkpoint  # noqa: E402
 from mindone_zero.core.comm import init_data_parallel  # noqa: E402
 
@@ -94,7 +97,21 @@ def run_exports(case, train, rank, report):
         finally:
             restore()
         report["spy"][name] = counts
+        if report[name] == "ok":
+            reload(case, name, export_path(OUT, case["name"], name, layout), rank, report)
     report["tmp_left"] = [f for f in os.listdir(folder) if f.startswith(".")] if rank == 0 else []
+
+
+def reload(case, name, path, rank, report):
+    """Load an export into a fresh train network of the case with ``load_full_checkpoint`` (each rank
+    reads its blocks); rank 0 saves what the network then holds, gathered, as ``reload_{name}.npz``.
+    The file's EMA tensors have no network parameter: they come back as unexpected."""
+    fresh = build(case)
+    missing, unexpected = load_full_checkpoint(fresh, path, strict=False)
+    report["reload"][name] = {"missing": missing, "unexpected": sorted(unexpected)}
+    full = gather_full_params(fresh)
+    if rank == 0:
+        np.savez(os.path.join(OUT, case["name"], f"reload_{name}.npz"), **full)
 
 
 def run_errors(case, train, rank, world, report):
@@ -147,7 +164,7 @@ def main():
         os.makedirs(os.path.join(OUT, case["name"]), exist_ok=True)
         if rank == 0:
             np.savez(os.path.join(OUT, case["name"], "full.npz"), **full)
-        report = {"spy": {}, "errors": {}}
+        report = {"spy": {}, "errors": {}, "reload": {}}
         run_exports(case, train, rank, report)
         if k == len(cases) - 1:
             run_errors(case, train, rank, world, report)
