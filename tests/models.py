@@ -214,3 +214,16 @@ class ScriptEMA(nn.Cell):
         for w, c in zip(self.net_weight, self.swap_cache):
             w.set_data(Tensor(c.asnumpy()))
         return True
+
+
+class LiveArrays(np.ndarray):
+    """A numpy view type that counts its instances alive (views and casts of one included): tag an
+    array with ``a.view(LiveArrays)``, read ``LiveArrays.live`` (the streamed export's tests)."""
+
+    live = 0
+
+    def __array_finalize__(self, obj):
+        LiveArrays.live += 1
+
+    def __del__(self):
+        LiveArrays.live -= 1

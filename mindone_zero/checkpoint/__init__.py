@@ -7,6 +7,7 @@ split_info     the split-info JSON: format, its one validator, group and shard-s
 readers        lazy, one-tensor-at-a-time readers of ``.ckpt`` and ``.safetensors``
 writers        streaming writers of the same formats
 naming         step folders, ``latest``, ``meta.json``, each kind's file names
+agreement      every rank raises or none: the collective error agreement
 layout         what a train network saves where ([Note: checkpoint layout], [Note: resharding])
 load_plan      how a saved checkpoint maps onto a train network
 resume         ``save_train_state`` / ``load_train_state`` (collective)
@@ -14,7 +15,6 @@ online         ``gather_full_params`` / ``save_full_checkpoint`` (collective, st
 export         an export's dtype, files (one, or the sharded folder) and writing
 hf_index       the Hugging Face sharded layout: file names, index, grouping
 convert        ``convert_checkpoints``, the offline combine (one process)
-hf_index       the Hugging Face sharded safetensors layout (names, index)
 pretrained     ``load_full_checkpoint``: a full pretrained file into a prepared network (collective)
 ============== ==========================================================================
 """

@@ -22,7 +22,8 @@ from .export import (cast_tensor, check_dtype, check_export_path, check_export_t
 from .layout import build_layout, world_and_rank
 from .naming import check_dir
 from .readers import CKPT_DTYPES
-from .resume import _agree, _attempt, _check_train_net
+from .agreement import agree, attempt
+from .resume import _check_train_net
 
 __all__ = ["gather_full_params", "save_full_checkpoint"]
 
@@ -126,8 +127,8 @@ def save_full_checkpoint(train_net, path, include_ema: bool = False, *, dtype=No
     """
     caller = "save_full_checkpoint"
     _check_train_net(train_net, caller)
-    checked, error = _attempt(lambda: _check_save_args(train_net, path, include_ema, dtype, max_shard_size, caller))
-    _agree(train_net, error, caller)
+    checked, error = attempt(lambda: _check_save_args(train_net, path, include_ema, dtype, max_shard_size, caller))
+    agree(train_net, error, caller)
     path, fmt, target, max_size = checked
     layout = build_layout(train_net, caller)
     items = {it.param.name: it for it in _full_items(train_net, layout, include_ema)}
@@ -144,14 +145,14 @@ def save_full_checkpoint(train_net, path, include_ema: bool = False, *, dtype=No
     error = None
     with eager_mode():
         if layout.rank == 0:
-            _, error = _attempt(lambda: write_export(path, plan, lambda name: cast_tensor(gather(name), target)))
+            _, error = attempt(lambda: write_export(path, plan, lambda name: cast_tensor(gather(name), target)))
         while pending:  # every gather this rank has not made yet; on rank 0 only after a failure
             name = pending[-1]
             if _is_gathered(layout, items[name]):
                 gather(name)
             else:
                 pending.pop()
-    _agree(train_net, error, caller)
+    agree(train_net, error, caller)
     return path
 
 

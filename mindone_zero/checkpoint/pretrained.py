@@ -25,13 +25,12 @@ import mindspore as ms
 import numpy as np
 from mindspore import Parameter, Tensor, nn
 
-from ..core.comm import GroupComm, eager_mode, world_group
 from ..core.partition import ShardSpec, zero_spec_of
 from ..train.ema import ema_entries
 from ..train.inventory import inventory
 from ..train.train_step import TrainOneStepWrapper
 from .hf_index import read_index
-from .layout import world_and_rank
+from .agreement import agree, attempt
 from .readers import SafetensorsFile, open_checkpoint
 
 __all__ = ["load_full_checkpoint"]
@@ -100,53 +99,11 @@ def load_full_checkpoint(network, path, *, strict: bool = True, strip_prefix: Op
             convert to one another); each names the argument or the tensor and the file.
         RuntimeError: another rank failed (this one changed nothing).
     """
-    comm = _world_comm(network)
-    plan, error = _attempt(lambda: _plan(network, path, strict, strip_prefix, add_prefix, name_map))
-    _agree(comm, error)
-    _, error = _attempt(lambda: _apply(plan.items))
-    _agree(comm, error)
+    plan, error = attempt(lambda: _plan(network, path, strict, strip_prefix, add_prefix, name_map))
+    agree(network, error, CALLER)
+    _, error = attempt(lambda: _apply(plan.items))
+    agree(network, error, CALLER)
     return plan.missing, plan.unexpected
-
-
-# ----------------------------------------------------------------------------- agreement
-
-
-_WORLD_COMM = {}
-
-
-def _world_comm(network) -> Optional[GroupComm]:
-    """The world-group Cell that agrees errors; None in a single process."""
-    if world_and_rank()[0] == 1:
-        return None
-    helper = getattr(network, "zero_helper", None) if isinstance(network, TrainOneStepWrapper) else None
-    comm = getattr(helper, "world_comm", None)
-    return comm if comm is not None else _WORLD_COMM.setdefault("world", GroupComm(world_group()))
-
-
-def _attempt(fn):
-    """(result, None) or (None, the exception ``fn`` raised)."""
-    try:
-        return fn(), None
-    except Exception as err:  # noqa: BLE001 - handed to _agree, which re-raises it
-        return None, err
-
-
-def _agree(comm: Optional[GroupComm], error: Optional[BaseException]) -> None:
-    """Collective: raise on every rank if ``error`` is set on any rank (one all-reduce of one flag per
-    global rank). The failing rank re-raises its own exception; the others raise RuntimeError."""
-    failed = []
-    if comm is not None:
-        world, rank = world_and_rank()
-        flags = np.zeros((world,), np.float32)
-        flags[rank] = 1.0 if error is not None else 0.0
-        with eager_mode():
-            total = comm.all_reduce(Tensor(flags)).asnumpy()
-        failed = [int(i) for i in np.nonzero(total > 0)[0]]
-    if error is not None:
-        raise error
-    if failed:
-        raise RuntimeError(f"For '{CALLER}', global rank(s) {failed} failed (see their logs); nothing was changed "
-                           f"here.")
 
 
 # ----------------------------------------------------------------------------- plan

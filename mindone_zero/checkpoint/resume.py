@@ -21,11 +21,11 @@ from typing import Optional
 import numpy as np
 from mindspore import Tensor
 
-from ..core.comm import GroupComm, eager_mode
 from ..train.train_step import TrainOneStepWrapper
 from ..core.atomic_files import atomic_write_json
+from .agreement import agree, attempt
 from .atomic import atomic_save_checkpoint
-from .layout import KINDS, Layout, build_layout, world_and_rank
+from .layout import KINDS, Layout, build_layout
 from .load_plan import LOAD, SavedCheckpoint, plan_load, resolve_step_dir
 from .naming import (LATEST, META, SPLIT_INFO_DIR, check_dir, check_step, is_complete, split_info_pattern,
                      step_dir_name)
@@ -33,46 +33,6 @@ from .readers import FORMATS
 from ..core.split_info import write_split_info
 
 __all__ = ["save_train_state", "load_train_state"]
-
-
-def _world_comm(train_net) -> GroupComm:
-    """The helper's world-group Cell; one of our own when ZeRO runs outside DATA_PARALLEL (stage
-    0 fallback), where the helper has none but the ranks must still agree."""
-    comm = getattr(train_net.zero_helper, "world_comm", None)
-    if comm is None:
-        comm = _FALLBACK_COMM.setdefault("world", GroupComm())
-    return comm
-
-
-_FALLBACK_COMM = {}
-
-
-def _agree(train_net, error: Optional[BaseException], caller: str) -> None:
-    """Collective: raise on every rank if ``error`` is set on any rank.
-
-    The failing rank re-raises its own exception; the others raise RuntimeError naming the
-    failing global ranks. One all-reduce of a vector of one flag per global rank.
-    """
-    world, rank = world_and_rank()
-    failed = [rank] if error is not None else []
-    if world > 1:
-        flags = np.zeros((world,), np.float32)
-        flags[rank] = 1.0 if error is not None else 0.0
-        with eager_mode():
-            total = _world_comm(train_net).all_reduce(Tensor(flags)).asnumpy()
-        failed = [int(i) for i in np.nonzero(total > 0)[0]]
-    if error is not None:
-        raise error
-    if failed:
-        raise RuntimeError(f"For '{caller}', global rank(s) {failed} failed (see their logs); nothing was changed here.")
-
-
-def _attempt(fn):
-    """(result, None) or (None, the exception ``fn`` raised)."""
-    try:
-        return fn(), None
-    except Exception as err:  # noqa: BLE001 - handed to _agree, which re-raises it
-        return None, err
 
 
 def _check_train_net(train_net, caller: str) -> None:
@@ -119,13 +79,13 @@ def save_train_state(train_net, ckpt_dir, step: int, format: str = "ckpt") -> st
         raise ValueError(f"For '{caller}', the argument 'format' must be one of {list(FORMATS)}, but got {format!r}.")
     layout = build_layout(train_net, caller)
     step_dir = os.path.join(ckpt_dir, step_dir_name(step))
-    _, error = _attempt(lambda: _prepare_step_dir(layout, step_dir))
-    _agree(train_net, error, caller)
-    _, error = _attempt(lambda: _write_rank_files(layout, step_dir, format))
+    _, error = attempt(lambda: _prepare_step_dir(layout, step_dir))
+    agree(train_net, error, caller)
+    _, error = attempt(lambda: _write_rank_files(layout, step_dir, format))
     _agree_or_clean(train_net, error, caller, layout, step_dir)
     error = None
     if layout.rank == 0:
-        _, error = _attempt(lambda: _write_meta(train_net, layout, ckpt_dir, step_dir, int(step), format))
+        _, error = attempt(lambda: _write_meta(train_net, layout, ckpt_dir, step_dir, int(step), format))
     _agree_or_clean(train_net, error, caller, layout, step_dir)
     return step_dir
 
@@ -146,7 +106,7 @@ def _prepare_step_dir(layout: Layout, step_dir: str) -> None:
 
 def _agree_or_clean(train_net, error, caller, layout, step_dir) -> None:
     try:
-        _agree(train_net, error, caller)
+        agree(train_net, error, caller)
     except BaseException:
         if layout.rank == 0 and not is_complete(step_dir):
             shutil.rmtree(step_dir, ignore_errors=True)
@@ -237,8 +197,8 @@ def load_train_state(train_net, ckpt_dir, step: Optional[int] = None) -> int:
         saved = SavedCheckpoint(resolve_step_dir(ckpt_dir, step))
         return saved.meta["step"], plan_load(build_layout(train_net, LOAD), saved)
 
-    result, error = _attempt(prepare)
-    _agree(train_net, error, LOAD)
-    _, error = _attempt(lambda: _apply(result[1]))
-    _agree(train_net, error, LOAD)
+    result, error = attempt(prepare)
+    agree(train_net, error, LOAD)
+    _, error = attempt(lambda: _apply(result[1]))
+    agree(train_net, error, LOAD)
     return result[0]

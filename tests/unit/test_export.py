@@ -10,6 +10,7 @@ import pytest
 from safetensors import safe_open
 from safetensors.numpy import load_file
 
+from models import LiveArrays
 from mindone_zero.checkpoint import atomic_save_checkpoint, convert_checkpoints, write_split_info
 from mindone_zero.checkpoint.export import cast_tensor, check_dtype, plan_export
 from mindone_zero.checkpoint.hf_index import (INDEX_NAME, group_into_shards, index_json, parse_size, shard_file_name,
@@ -239,18 +240,6 @@ def test_convert_sharded_failure_half_way_leaves_nothing(tmp_path, monkeypatch):
 # ----------------------------------------------------------------------------- online export, one process
 
 
-class _Tagged(np.ndarray):
-    """A gathered array (and every view or cast of it); ``live`` counts the instances alive."""
-
-    live = 0
-
-    def __array_finalize__(self, obj):
-        _Tagged.live += 1
-
-    def __del__(self):
-        _Tagged.live -= 1
-
-
 @pytest.mark.parametrize("dtype, max_shard_size, name", [(None, None, "full.ckpt"), ("bf16", None, "full.safetensors"),
                                                          ("fp16", "200B", "full/")])
 def test_save_full_checkpoint_one_process_streams(tmp_path, monkeypatch, dtype, max_shard_size, name):
@@ -268,8 +257,8 @@ def test_save_full_checkpoint_one_process_streams(tmp_path, monkeypatch, dtype, 
     real, seen = online._full_value, []
 
     def spy(*args):
-        seen.append(_Tagged.live)
-        return real(*args).view(_Tagged)
+        seen.append(LiveArrays.live)
+        return real(*args).view(LiveArrays)
 
     monkeypatch.setattr(online, "_full_value", spy)
     path = str(tmp_path / name)

@@ -35,22 +35,11 @@ sys.path.insert(0, os.path.join(HERE, ".."))
 sys.path.insert(0, os.path.join(HERE, "..", "..", ".."))
 
 from export_cases import ExportLoss, ExportNet, MAX_SHARD_SIZE, export_path, exports, init_export_net  # noqa: E402
+from models import LiveArrays  # noqa: E402
 from msrun_harness import worker_args  # noqa: E402
 from mindone_zero import EMA, load_full_checkpoint, prepare_train_network  # noqa: E402
 from mindone_zero.checkpoint import gather_full_params, online, save_full_checkpoint  # noqa: E402
 from mindone_zero.core.comm import init_data_parallel  # noqa: E402
-
-
-class Tagged(np.ndarray):
-    """A gathered array (and every view or cast of it): ``live`` counts the instances alive."""
-
-    live = 0
-
-    def __array_finalize__(self, obj):
-        Tagged.live += 1
-
-    def __del__(self):
-        Tagged.live -= 1
 
 
 def install_spy():
@@ -59,8 +48,8 @@ def install_spy():
 
     def spy(train_net, layout, it):
         counts["gathers"] += 1
-        counts["max_live_at_gather"] = max(counts["max_live_at_gather"], Tagged.live)
-        return real(train_net, layout, it).view(Tagged)
+        counts["max_live_at_gather"] = max(counts["max_live_at_gather"], LiveArrays.live)
+        return real(train_net, layout, it).view(LiveArrays)
 
     online._full_value = spy
     return counts, lambda: setattr(online, "_full_value", real)
