@@ -6,7 +6,9 @@ from ``prepare_network`` (``via="net"``, where fine-tuning scripts load: at stag
 only its rows) or into the train network (``via="train"``: master shards and EMA follow). TinyNet's
 dims do not divide by 2 or 4 (tests/models.py), under both split rules. Each case compares every
 network Parameter, master shard and EMA weight each rank holds; with those equal bit for bit the
-train steps are the same computation, so 5 steps' losses are compared in three cases only (a
+train steps are the same computation, so 5 steps' losses are compared in three cases only. Most
+cases build our network under ``sharded_init`` (so only the load gives it values), in both orders: the
+sharded build plus the load equal MindOne's eager build plus ``ms.load_checkpoint`` (a
 train-step compile costs about 10 s of the jobs' 90). One
 msrun job per world size runs every case; the N=2 job also runs the bad inputs, every rank raising.
 """
@@ -35,20 +37,20 @@ def _cases(world, pre):
 
     if world == 2:
         return [
-            case("s0_ckpt_train", 0, False, "ckpt", "train"),
-            case("s1_st_train_shard_ema", 1, True, "safetensors", "train", shard_ema=True, train=True),
+            case("s0_ckpt_train", 0, False, "ckpt", "train", sharded=True),
+            case("s1_st_train_shard_ema", 1, True, "safetensors", "train", shard_ema=True, train=True, sharded=True),
             case("s2_hf_train", 2, False, "hf", "train"),
-            case("s3_hf_net_pad", 3, True, "hf", "net", train=True),
-            case("s3_ckpt_train", 3, False, "ckpt", "train"),
+            case("s3_hf_net_pad", 3, True, "hf", "net", train=True, sharded=True),
+            case("s3_ckpt_train", 3, False, "ckpt", "train", sharded=True),
             case("s1_bf16_net", 1, False, "bf16", "net"),
             dict(name="errors", checks=_bad_checks(pre)),
         ]
     return [
         case("s1_ckpt_train_pad", 1, True, "ckpt", "train"),
-        case("s2_hf_train_hybrid", 2, True, "hf", "train", hybrid=True, train=True),
-        case("s3_st_net_pad", 3, True, "safetensors", "net"),
+        case("s2_hf_train_hybrid", 2, True, "hf", "train", hybrid=True, train=True, sharded=True),
+        case("s3_st_net_pad", 3, True, "safetensors", "net", sharded=True),
         case("s3_bf16_net", 3, False, "bf16", "net"),
-        case("s3_hf_train", 3, False, "hf", "train"),
+        case("s3_hf_train", 3, False, "hf", "train", sharded=True),
     ]
 
 

@@ -5,7 +5,9 @@ A load case: {"name", "stage", "pad" (pad_uneven_params), "path" (the pretrained
 "ref" (the same values as a full fp32 .ckpt), "via": "train" (load into the train network from
 prepare_train_network) | "net" (into the network from prepare_network, before the optimizer),
 "hybrid" (optimizer groups of 2, world 4), "shard_ema", "strip" (a prefix the file names carry),
-"train" (run 5 steps of each)}. Two train networks are built: MindOne's way (``ms.load_checkpoint``
+"train" (run 5 steps of each), "sharded" (ours built under ``sharded_init``: with "net" the order
+``prepare_network`` first, with "train" MindOne's order, the optimizer and EMA on the full unmaterialized
+network)}. Two train networks are built: MindOne's way (``ms.load_checkpoint``
 + ``load_param_into_net`` into the full network, then EMA, optimizer, ``prepare_train_network``)
 and ours. Writes DIR/{name}_rank{r}.npz
 (``ref/...`` and ``got/...``: every network Parameter, master shard and EMA weight this rank holds)
@@ -25,7 +27,7 @@ sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", ".."))
 from models import LossNet, TinyNet, init_weights, make_optimizer, micro_batch  # noqa: E402
 
 from mindone_zero import (EMA, create_hybrid_groups, load_full_checkpoint, prepare_network,  # noqa: E402
-                          prepare_train_network)
+                          prepare_train_network, sharded_init)
 from mindone_zero.checkpoint import readers  # noqa: E402
 from mindone_zero.core.comm import init_data_parallel  # noqa: E402
 from mindone_zero.core.partition import zero_spec_of  # noqa: E402
@@ -73,7 +75,11 @@ def mindone_way(case):
 
 def our_way(case):
     """(train network, bytes read by load_full_checkpoint, bytes of this rank's blocks in the file)."""
-    net = init_weights(TinyNet(), seed=0)
+    if case.get("sharded"):  # built without data: only the load gives the parameters their values
+        with sharded_init():
+            net = TinyNet()
+    else:
+        net = init_weights(TinyNet(), seed=0)
     strip = case.get("strip")
     READ["bytes"] = 0
     if case["via"] == "net":
