@@ -173,7 +173,7 @@ def convert_checkpoints(
     written as it goes, one tensor at a time (``writers``), byte for byte the file
     ``mindspore.save_checkpoint`` would write for the same tensors. At most one tensor's blocks
     from all ranks and their concatenation are held at once: the call raises the peak RSS by
-    about twice the largest tensor, whatever the checkpoint's size. ``tools/measure_combine_memory.py``
+    about twice the largest tensor, whatever the checkpoint's size. ``tools/bench/measure_combine_memory.py``
     measures it (README, "Checkpoints"); ``tests/unit/test_checkpoint_io.py`` checks the bound.
 
     Args:

@@ -1,5 +1,5 @@
-"""tools/profile_step.py without msrun: the settings it takes, the profiler table it reads, its report;
-and tools/benchmark_worker.py's pinning of a rank to one core."""
+"""tools/dev/profile_step.py without msrun: the settings it takes, the profiler table it reads, its report;
+and tools/bench/benchmark_worker.py's pinning of a rank to one core."""
 import os
 import subprocess
 import sys
@@ -7,9 +7,9 @@ from pathlib import Path
 
 import pytest
 
-from tools.profile_step import COLLECTIVES, main, parse_setting, read_op_types, render, split_collectives
+from tools.dev.profile_step import COLLECTIVES, main, parse_setting, read_op_types, render, split_collectives
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 HEADER = "op_type,type_occurrences,execution_frequency(per-step),total_compute_time,avg_time(ms),percent\n"
 
 
@@ -71,7 +71,7 @@ def test_kernel_types_per_step_and_the_report(tmp_path):
 
 def test_a_rank_is_pinned_to_one_core_with_all_its_threads():
     code = ("import os, threading, time\n"
-            "from tools.benchmark_worker import pin_to_core\n"
+            "from tools.bench.benchmark_worker import pin_to_core\n"
             "cores = sorted(os.sched_getaffinity(0))\n"
             "t = threading.Thread(target=time.sleep, args=(2,)); t.start()\n"
             "core = pin_to_core(3)\n"

@@ -1,10 +1,10 @@
-"""tools/compile_census.py: its arithmetic on written logs, and its argument errors. Its probe on a
+"""tools/dev/compile_census.py: its arithmetic on written logs, and its argument errors. Its probe on a
 real run (pytest and an msrun job) is tests/dist/test_compile_census_job.py."""
 import json
 
 import pytest
 
-from tools import compile_census
+from tools.dev import compile_census
 
 
 def _log(folder, pid, compiles, exit_line):

@@ -1,4 +1,4 @@
-"""tools/launch.py without MindSpore: a fake ``msrun`` first on PATH stands for the real one, so
+"""tools/dev/launch.py without MindSpore: a fake ``msrun`` first on PATH stands for the real one, so
 that the launcher's own work is checked in seconds: the command line, the error with the log
 tails, and the kill of the whole process group at the time limit."""
 import json
@@ -10,7 +10,7 @@ import time
 
 import pytest
 
-from tools.launch import REPO, MsrunError, msrun_command, msrun_env, run_msrun
+from tools.dev.launch import REPO, MsrunError, msrun_command, msrun_env, run_msrun
 
 FAKE_MSRUN = """#!{python}
 import json, os, subprocess, sys, time

@@ -1,9 +1,11 @@
-"""Benchmark ZeRO stages 0-3 at several world sizes on the demo LM: memory, speed, communication;
+"""For benchmarking: writes ``docs/benchmarks/<name>.md`` (``tools/bench/report.py``).
+
+Benchmark ZeRO stages 0-3 at several world sizes on the demo LM: memory, speed, communication;
 and the step time of every stage on a stack of large Dense layers.
 
-    python tools/benchmark.py --config configs/benchmark.yaml --out outputs/benchmark
+    python tools/bench/benchmark.py --config configs/benchmark.yaml --out outputs/benchmark
 
-One msrun job per world size (``tools/benchmark_worker.py``) runs every stage of both models,
+One msrun job per world size (``tools/bench/benchmark_worker.py``) runs every stage of both models,
 timing their steps in turns. For each (world size N, stage) the demo LM's report gives:
 
 * measured model-state bytes per rank (``mindone_zero.memory.measure.measure_model_states``)
@@ -30,12 +32,12 @@ per stage and its ratio to stage 0, with the library's collectives per step. Its
 tensors show what a stage costs per byte, where the LM's many small ones show the cost per launch.
 ``idle_collectives: [k]`` adds rows "0 (+k idle collectives)" to the LM's table: stage 0 with k
 4-byte all-reduces per step that touch nothing, the cost of synchronisation alone (for where the
-rest of a step's time goes, see ``tools/profile_step.py``).
+rest of a step's time goes, see ``tools/dev/profile_step.py``).
 
 Writes ``benchmark.md`` (the tables), ``results.json`` and, if matplotlib is installed
 (``pip install -e .[plot]``), ``benchmark.png`` into ``--out``; prints the tables. ``--zeropp``
 adds ZeRO++'s bytes per step for every combination of qwZ, hpZ and qgZ against plain stage 3
-(``tools/benchmark_zeropp.py``, into ``<out>/zeropp``).
+(``tools/bench/benchmark_zeropp.py``, into ``<out>/zeropp``).
 """
 import argparse
 import json
@@ -47,14 +49,15 @@ from typing import List, Sequence, Tuple
 
 import yaml
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
 from mindone_zero.memory.estimate import estimate_model_states_memory  # noqa: E402
 from mindone_zero.core.stage import StagePolicy  # noqa: E402
-from tools import benchmark_offload, benchmark_peak, benchmark_zeropp  # noqa: E402
-from tools.bench_common import (check_bench, load_benchmark_config, run_world, setting_label,  # noqa: E402
+from tools.bench import benchmark_offload, benchmark_peak, benchmark_zeropp  # noqa: E402
+from tools.bench.report import add_docs_flag, write_report  # noqa: E402
+from tools.bench.bench_common import (check_bench, load_benchmark_config, run_world, setting_label,  # noqa: E402
                                 setting_name, settings_of)
 
 RING = {"all_reduce": 2.0, "reduce_scatter": 1.0, "all_gather": 1.0, "broadcast": 1.0}
@@ -76,7 +79,7 @@ def native_collectives(layout: List[dict], stage: int, accum: int, clip_grad: bo
     carry the library's ``CommPlan`` (``summarize`` reads the plan where there is one).
 
     ``layout`` has, per parameter, ``shape`` (full), ``padded_shape``, ``itemsize`` and ``split``
-    (as ``tools/benchmark_worker.py`` writes it) and ``regathered`` (stage 3 gathers it again in
+    (as ``tools/bench/benchmark_worker.py`` writes it) and ``regathered`` (stage 3 gathers it again in
     backward). Tensor bytes are the full (padded) tensor a
     collective works on. Follows [Note: gradient reduction] in ``mindone_zero/train/zero_helper.py``:
     one overflow-flag all-reduce per micro-step; gradients reduced every micro-step at stages 2-3
@@ -315,17 +318,18 @@ def plot(rows: List[dict], path: Path) -> bool:
 
 def main(argv=None) -> int:
     """Run the msrun jobs, print and write the report; returns the exit code."""
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[1])
     parser.add_argument("--config", default=str(REPO / "configs" / "benchmark.yaml"))
     parser.add_argument("--out", default="outputs/benchmark")
     parser.add_argument("--world_sizes", type=int, nargs="+", help="override benchmark.world_sizes")
     parser.add_argument("--stages", type=int, nargs="+", help="override benchmark.stages (must include 0)")
     parser.add_argument("--peak_memory", action="store_true",
-                        help="then run the peak-memory section (tools/benchmark_peak.py, configs/benchmark_peak.yaml)")
+                        help="then run the peak-memory section (tools/bench/benchmark_peak.py, configs/benchmark_peak.yaml)")
     parser.add_argument("--zeropp", action="store_true",
-                        help="then report ZeRO++'s bytes per step for every combination (tools/benchmark_zeropp.py, N=4)")
+                        help="then report ZeRO++'s bytes per step for every combination (tools/bench/benchmark_zeropp.py, N=4)")
     parser.add_argument("--offload_memory", action="store_true",
-                        help="then run the offload section (tools/benchmark_offload.py, configs/benchmark_offload.yaml)")
+                        help="then run the offload section (tools/bench/benchmark_offload.py, configs/benchmark_offload.yaml)")
+    add_docs_flag(parser, "benchmark")
     args = parser.parse_args(argv)
     try:
         cfg = load_benchmark_config(args.config)
@@ -357,13 +361,16 @@ def main(argv=None) -> int:
     else:
         print("chart skipped: matplotlib is not installed (pip install -e '.[plot]')")
     print(f"tables: {out / 'benchmark.md'}")
+    if args.docs:
+        print(f"page: {write_report('benchmark', 'ZeRO stages 0-3: memory, step time, communication', report, out_dir=args.docs)}")
     code = 0
+    docs = ["--docs", args.docs]  # the sections write their own pages (peak.md, zeropp.md, offload.md)
     if args.peak_memory:
-        code = benchmark_peak.main(["--out", str(out / "peak")])
+        code = benchmark_peak.main(["--out", str(out / "peak"), *docs])
     if args.zeropp and code == 0:
-        code = benchmark_zeropp.main(["--out", str(out / "zeropp")])
+        code = benchmark_zeropp.main(["--out", str(out / "zeropp"), *docs])
     if args.offload_memory and code == 0:
-        code = benchmark_offload.main(["--out", str(out / "offload")])
+        code = benchmark_offload.main(["--out", str(out / "offload"), *docs])
     return code
 
 

@@ -1,10 +1,12 @@
-"""Run ``msrun`` as it behaves on a machine that is NOT the master host.
+"""For developers: test infrastructure (multi-node tests on one host).
+
+Run ``msrun`` as it behaves on a machine that is NOT the master host.
 
 msrun starts the scheduler when ``--master_addr`` is one of this machine's addresses. Two
 "nodes" on one host both see 127.0.0.1 as theirs, so the second would also try to start a
 scheduler on the taken port and exit non-zero. On a real second machine the master address
 is remote; this launcher makes msrun see it that way and changes nothing else.
-Usage: python tools/msrun_other_host.py <msrun arguments> (``tools/launch.py``, ``run_msrun_nodes``,
+Usage: python tools/dev/msrun_other_host.py <msrun arguments> (``tools/dev/launch.py``, ``run_msrun_nodes``,
 starts every node but the first this way)
 """
 import sys

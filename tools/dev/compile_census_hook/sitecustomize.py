@@ -1,4 +1,6 @@
-"""The probe of ``tools/compile_census.py``: that tool puts this folder first on ``PYTHONPATH``, so
+"""For developers: test infrastructure, loaded only by ``tools/dev/compile_census.py``'s runs.
+
+The probe of ``tools/dev/compile_census.py``: that tool puts this folder first on ``PYTHONPATH``, so
 every Python process of its run (pytest, its workers, msrun and the ranks) loads this file at start.
 
 With ``MINDONE_ZERO_CENSUS_DIR`` set, a process appends to ``<dir>/<pid>.tsv``:

@@ -1,7 +1,9 @@
-"""Measure the memory the offline combine (``convert_checkpoints``) needs, against the checkpoint's size.
+"""For benchmarking: writes ``docs/benchmarks/<name>.md`` (``tools/bench/report.py``).
 
-    python tools/measure_combine_memory.py                      # 8 tensors of 100 MB over 4 ranks (800 MB)
-    python tools/measure_combine_memory.py --params 4 --param_mb 10 --formats ckpt
+Measure the memory the offline combine (``convert_checkpoints``) needs, against the checkpoint's size.
+
+    python tools/bench/measure_combine_memory.py                      # 8 tensors of 100 MB over 4 ranks (800 MB)
+    python tools/bench/measure_combine_memory.py --params 4 --param_mb 10 --formats ckpt
 
 Writes per-rank files of ``--params`` fp32 tensors of about ``--param_mb`` MB each (dim 0 not
 divisible by the group, so padding is dropped on the way), split over ``--ranks`` ranks as a
@@ -21,12 +23,13 @@ from pathlib import Path
 
 import numpy as np
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
 from mindone_zero.checkpoint import atomic_save_checkpoint, write_split_info  # noqa: E402
 from mindone_zero.core.partition import ShardSpec, row_range  # noqa: E402
+from tools.bench.report import add_docs_flag, write_report  # noqa: E402
 
 _COLS = 1000
 _PEAK_SCRIPT = """
@@ -75,12 +78,13 @@ def measure(src: str, info: str, ranks: int) -> int:
 
 
 def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[1])
     parser.add_argument("--params", type=int, default=8)
     parser.add_argument("--param_mb", type=float, default=100.0)
     parser.add_argument("--ranks", type=int, default=4)
     parser.add_argument("--formats", nargs="+", default=["ckpt", "safetensors"], choices=["ckpt", "safetensors"])
     parser.add_argument("--folder", help="keep the files here instead of a temporary folder")
+    add_docs_flag(parser, "combine_memory")
     args = parser.parse_args(argv)
     for key in ("params", "ranks"):
         if getattr(args, key) < 1:
@@ -88,8 +92,11 @@ def main(argv=None) -> int:
     if not args.param_mb > 0:
         parser.error(f"the argument '--param_mb' must be > 0, but got {args.param_mb}")
     root = args.folder or tempfile.mkdtemp(prefix="combine_memory_")
-    print("| format | rank files | output | extra peak RSS of the combine | extra peak / checkpoint size |")
-    print("|---|---:|---:|---:|---:|")
+    page = [f"Offline combine (``convert_checkpoints``, a fresh process, VmHWM above VmRSS before the call) of "
+            f"{args.params} tensors of {args.param_mb:g} MB over {args.ranks} ranks:", "",
+            "| format | rank files | output | extra peak RSS of the combine | extra peak / checkpoint size |",
+            "|---|---:|---:|---:|---:|"]
+    print("\n".join(page))
     try:
         for fmt in args.formats:
             folder = os.path.join(root, fmt)
@@ -97,13 +104,16 @@ def main(argv=None) -> int:
             src, info, size = write_rank_files(folder, fmt, args.params, args.param_mb, args.ranks)
             extra = measure(src, info, args.ranks)
             out = src.format(f"all_{args.ranks}")
-            print(f"| {fmt} | {args.ranks} x {size / args.ranks / 1e6:.0f} MB | {os.path.getsize(out) / 1e6:.0f} MB | "
-                  f"{extra / 1e6:.0f} MB | {extra / size:.3f} |", flush=True)
+            page.append(f"| {fmt} | {args.ranks} x {size / args.ranks / 1e6:.0f} MB | {os.path.getsize(out) / 1e6:.0f} MB"
+                        f" | {extra / 1e6:.0f} MB | {extra / size:.3f} |")
+            print(page[-1], flush=True)
             if not args.folder:
                 shutil.rmtree(folder)
     finally:
         if not args.folder:
             shutil.rmtree(root, ignore_errors=True)
+    if args.docs:
+        print(f"page: {write_report('combine_memory', 'Memory of the offline combine', chr(10).join(page), out_dir=args.docs)}")
     return 0
 
 

@@ -7,7 +7,7 @@ from pathlib import Path
 
 from tools import device_check
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 TOOL = ROOT / "tools" / "device_check.py"
 ONE_PROCESS = ("offload_write_back", "step_float16", "overflow_detection", "memory_measure")
 

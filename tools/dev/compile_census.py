@@ -1,9 +1,11 @@
-"""Where a test run's CPU goes: MindSpore's graph compiles, per process and per msrun job.
+"""For developers: where the test suite's CPU goes.
 
-    python tools/compile_census.py                                  # the whole suite, as CI runs it
-    python tools/compile_census.py -- tests/dist/test_zeropp.py -q  # any pytest arguments after --
+Where a test run's CPU goes: MindSpore's graph compiles, per process and per msrun job.
 
-Runs ``python -m pytest`` with ``tools/compile_census_hook`` first on ``PYTHONPATH``: every
+    python tools/dev/compile_census.py                                  # the whole suite, as CI runs it
+    python tools/dev/compile_census.py -- tests/dist/test_zeropp.py -q  # any pytest arguments after --
+
+Runs ``python -m pytest`` with ``tools/dev/compile_census_hook`` first on ``PYTHONPATH``: every
 Python process of the run (pytest and its workers, msrun, every rank) logs the CPU seconds of each
 graph it compiles and its own CPU at exit. Prints, and writes to ``<out>/census.json``:
 
@@ -17,7 +19,7 @@ graph it compiles and its own CPU at exit. Prints, and writes to ``<out>/census.
 ``--floor_s`` is what a train step would cost if ZeRO added nothing to its graph: by default 0.45 s,
 MindSpore's own data-parallel step (``nn.TrainOneStepCell``, which all-reduces through
 ``nn.DistributedGradReducer``) on a network of the tests' TinyNet's size, the first row of
-``python tools/compile_cost.py --layers 4 --width 16`` (4 x Dense(16), N=2, rank 0; 2026-12-03). Most
+``python tools/bench/compile_cost.py --layers 4 --width 16`` (4 x Dense(16), N=2, rank 0; 2026-12-03). Most
 train steps of the suite are larger (TinyNet's, the demo LM's), so the floor is below what they
 would cost even then. Processes that leave without a normal exit (a pytest-xdist
 worker, a killed rank) log no exit line; their CPU is in the run's total and in "unlogged".
@@ -34,7 +36,7 @@ from collections import defaultdict
 from pathlib import Path
 from typing import Dict, List, Sequence
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 HOOK = Path(__file__).resolve().parent / "compile_census_hook"
 ENV_FOLDER = "MINDONE_ZERO_CENSUS_DIR"
 TRAIN_STEP = "TrainOneStepWrapper"
@@ -142,7 +144,7 @@ def run(pytest_args: Sequence[str], out: Path, floor_s: float) -> dict:
 
 
 def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[1])
     parser.add_argument("--out", default="outputs/compile_census")
     parser.add_argument("--floor_s", type=float, default=DEFAULT_FLOOR_S,
                         help="CPU seconds of a train-step compile in the floor (default: MindSpore's own DP step)")

@@ -1,4 +1,6 @@
-"""msrun worker of ``tools/benchmark_peak.py``: peak memory of training steps for one ZeRO setting.
+"""For benchmarking: an msrun worker, started by the benchmark scripts.
+
+msrun worker of ``tools/bench/benchmark_peak.py``: peak memory of training steps for one ZeRO setting.
 
 Builds ``layers`` x ``nn.Dense(width, width)`` under a mean-squared-error loss, AdamWeightDecay,
 wraps it with ``prepare_train_network(zero_stage, reshard_after_forward)``, then measures this
@@ -9,7 +11,7 @@ writes ``<out>/<name>_rank{r}.json``: baseline/peak/growth bytes, model-state by
 where offloaded states live), the losses, each step's seconds, and the library's ``CommPlan`` of
 one step. ``offload`` ("none", "cpu", "nvme") sets ``optimizer_offload``.
 
-Model keys of the case (defaults: the Dense stack as ``tools/benchmark_peak.py`` measures it):
+Model keys of the case (defaults: the Dense stack as ``tools/bench/benchmark_peak.py`` measures it):
 ``model`` "dense" (``layers`` x ``width``) or "lm" (``tools/lm_model.py``'s TransformerLM with
 ``vocab_size``, ``d_model``, ``n_layers``, ``d_ff``, ``n_heads``, ``num_digits``, on the
 reversal task); ``init`` "seeded" (this tool's own weights) or "mindspore" (the Cells' default
@@ -17,8 +19,8 @@ initialisation); ``activation`` "none" or "gelu" between Dense layers; ``prepare
 ``prepare_network`` before the optimizer is built, MindOne's order; False: the optimizer is built
 on the whole network, as a script that calls ``prepare_train_network`` alone does).
 
-Usage (launched by tools/benchmark_peak.py):
-``msrun ... tools/benchmark_peak_worker.py --out DIR --case JSON``
+Usage (launched by tools/bench/benchmark_peak.py):
+``msrun ... tools/bench/benchmark_peak_worker.py --out DIR --case JSON``
 """
 import argparse
 import json
@@ -28,7 +30,7 @@ import time
 from pathlib import Path
 
 os.environ.setdefault("GLOG_v", "3")
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 

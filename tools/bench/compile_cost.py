@@ -1,7 +1,9 @@
-"""What the train step costs to compile, and the graph idioms that decide it.
+"""For benchmarking: writes ``docs/benchmarks/<name>.md`` (``tools/bench/report.py``).
 
-    python tools/compile_cost.py                   # the idioms (one process), then the train step at N=2
-    python tools/compile_cost.py --world_size 0    # the idioms only
+What the train step costs to compile, and the graph idioms that decide it.
+
+    python tools/bench/compile_cost.py                   # the idioms (one process), then the train step at N=2
+    python tools/bench/compile_cost.py --world_size 0    # the idioms only
 
 Idioms, one process, GRAPH_MODE, CPU seconds of a Cell's first call (compile and run) above an
 empty Cell's, the least of ``--repeats`` fresh instances:
@@ -11,12 +13,12 @@ empty Cell's, the least of ``--repeats`` fresh instances:
 * one pass that scales each of n tensors (n = 8 and 64): a loop that grows a tuple, a comprehension,
   and ``hyper_map`` ([Note: per-tensor maps] in ``mindone_zero/core/graph_tuples.py``).
 
-Train step, an msrun job of ``--world_size`` ranks on the Dense stack of ``tools/dense_model.py``
+Train step, an msrun job of ``--world_size`` ranks on the Dense stack of ``tools/bench/dense_model.py``
 (``--layers`` x Dense(``--width``): 2 x layers parameters): the CPU seconds of the first call of
 ``prepare_train_network``'s train step at stages 0-3, with one micro-step and with two plus clipping,
 against ``nn.TrainOneStepCell`` on the same network: under ``DATA_PARALLEL`` (set by ``init_data_parallel``)
 it all-reduces the gradients through ``nn.DistributedGradReducer``, so it is MindSpore's own data-parallel
-step, which shards nothing: the floor of a ZeRO step (``tools/compile_census.py``'s ``--floor_s``).
+step, which shards nothing: the floor of a ZeRO step (``tools/dev/compile_census.py``'s ``--floor_s``).
 Rank 0's figures. Writes ``compile_cost.json`` into ``--out`` and prints the tables.
 """
 import argparse
@@ -28,7 +30,7 @@ import time
 from pathlib import Path
 
 os.environ.setdefault("GLOG_v", "3")
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
@@ -38,6 +40,7 @@ from mindspore import Tensor, nn, ops  # noqa: E402
 
 from mindone_zero.core.graph_tuples import hyper_map  # noqa: E402
 from mindone_zero.core.slicing import narrow  # noqa: E402
+from tools.bench.report import add_docs_flag, write_report  # noqa: E402
 
 SLICES = 20
 PASS_SIZES = (8, 64)
@@ -121,7 +124,7 @@ def _step_worker(args) -> None:
     """Under msrun: the first-call CPU seconds of each train step; writes step_rank{r}.json."""
     from mindone_zero import prepare_train_network
     from mindone_zero.core.comm import init_data_parallel
-    from tools.dense_model import DenseLoss, build_dense, dense_batch
+    from tools.bench.dense_model import DenseLoss, build_dense, dense_batch
 
     rank, world = init_data_parallel()
     ms.set_context(mode=ms.GRAPH_MODE)
@@ -157,13 +160,14 @@ def _table(rows: dict, columns, header: str) -> str:
 
 
 def main(argv=None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[1])
     parser.add_argument("--world_size", type=int, default=2, help="ranks of the train-step job; 0 skips it")
     parser.add_argument("--layers", type=int, default=16)
     parser.add_argument("--width", type=int, default=64)
     parser.add_argument("--repeats", type=int, default=2)
     parser.add_argument("--out", default=None, help="folder for compile_cost.json (default: a temporary one)")
     parser.add_argument("--as_step_worker", action="store_true", help=argparse.SUPPRESS)
+    add_docs_flag(parser, "compile_cost")
     args = parser.parse_args(argv)
     for name in ("world_size", "layers", "width", "repeats"):
         value = getattr(args, name)
@@ -177,23 +181,28 @@ def main(argv=None) -> None:
     out.mkdir(parents=True, exist_ok=True)
     report = {"idioms": measure_idioms(args.repeats)}
     idioms = report["idioms"]
-    print("Compile CPU seconds above an empty Cell (one process):")
-    print(_table({"20 slices": idioms["narrow"]}, list(idioms["narrow"]), "idiom"))
-    print(_table({f"{n} tensors": idioms[f"pass_{n}"] for n in PASS_SIZES}, ["loop", "comprehension", "hyper_map"],
-                 "one pass over"), end="\n\n")
+    page = ["Compile CPU seconds above an empty Cell (one process):", "",
+            _table({"20 slices": idioms["narrow"]}, list(idioms["narrow"]), "idiom"), "",
+            _table({f"{n} tensors": idioms[f"pass_{n}"] for n in PASS_SIZES}, ["loop", "comprehension", "hyper_map"],
+                   "one pass over"), ""]
+    print("\n".join(page), flush=True)
     if args.world_size:
-        from tools.launch import run_msrun
+        from tools.dev.launch import run_msrun
 
         run_msrun(Path(__file__), args.world_size, out, ["--as_step_worker", "--layers", str(args.layers), "--width",
                                                          str(args.width)], timeout=1200, caller="compile_cost")
         with open(out / "step_rank0.json") as f:
             report["train_step"] = json.load(f)
-        print(f"First call of the train step, CPU seconds (compile and one step), rank 0 of {args.world_size}, "
-              f"{args.layers} x Dense({args.width}):")
-        print(_table({k: {"CPU s": v} for k, v in report["train_step"].items()}, ["CPU s"], "train step"))
+        step = [f"First call of the train step, CPU seconds (compile and one step), rank 0 of {args.world_size}, "
+                f"{args.layers} x Dense({args.width}):", "",
+                _table({k: {"CPU s": v} for k, v in report["train_step"].items()}, ["CPU s"], "train step")]
+        print("\n".join(step))
+        page += step
     with open(out / "compile_cost.json", "w") as f:
         json.dump(report, f, indent=1)
     print(f"\nwrote {out / 'compile_cost.json'}")
+    if args.docs:
+        print(f"page: {write_report('compile_cost', 'What the train step costs to compile', chr(10).join(page), out_dir=args.docs)}")
 
 
 if __name__ == "__main__":

@@ -1,7 +1,9 @@
-"""ZeRO++ communication per step: every combination of qwZ, hpZ and qgZ against plain stage 3.
+"""For benchmarking: writes ``docs/benchmarks/<name>.md`` (``tools/bench/report.py``).
 
-    python tools/benchmark_zeropp.py --world_size 4 --out outputs/benchmark/zeropp
-    python tools/benchmark.py ... --zeropp          # the same, after the main tables
+ZeRO++ communication per step: every combination of qwZ, hpZ and qgZ against plain stage 3.
+
+    python tools/bench/benchmark_zeropp.py --world_size 4 --out outputs/benchmark/zeropp
+    python tools/bench/benchmark.py ... --zeropp          # the same, after the main tables
 
 One msrun job of ``--world_size`` CPU workers (default 4) builds the demo LM (``model:`` of
 ``--config``, default ``configs/train_lm.yaml``) at stage 3 with ``reshard_after_forward=True``
@@ -15,7 +17,7 @@ secondary group (what crosses nodes, the paper's measure), in Φ (the fp32 param
 against plain stage 3 (3Φ: forward gather, backward re-gather, gradient reduce-scatter). The
 paper's figures (fp16 weights, int4 gradients) are 3Φ -> 0.75Φ across nodes.
 
-    python tools/benchmark_zeropp.py --block_sweep --out outputs/benchmark/zeropp_blocks
+    python tools/bench/benchmark_zeropp.py --block_sweep --out outputs/benchmark/zeropp_blocks
 
 measures what the quantization block size trades, in one process (no msrun): for the matrices of a
 demo LM made large (``--sweep_model``, default d_model 1024, d_ff 4096, 2 layers: tensors of 1-4 M
@@ -30,11 +32,12 @@ import os
 import sys
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
-from tools.launch import run_msrun  # noqa: E402
+from tools.bench.report import add_docs_flag, write_report  # noqa: E402
+from tools.dev.launch import run_msrun  # noqa: E402
 
 COMBOS = [dict(zip(("qwZ", "hpZ", "qgZ"), bits)) for bits in itertools.product((False, True), repeat=3)]
 
@@ -147,15 +150,17 @@ def block_sweep(model_cfg: dict, blocks=SWEEP_BLOCKS) -> str:
 
 
 def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[1])
     parser.add_argument("--config", default=str(REPO / "configs" / "train_lm.yaml"))
     parser.add_argument("--world_size", type=int, default=4)
     parser.add_argument("--out", default="outputs/benchmark/zeropp")
     parser.add_argument("--as_worker", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--block_sweep", action="store_true",
-                        help="measure the quantization error against the block size instead (one process)")
+                        help="measure the quantization error against the block size instead (one process; "
+                             "its page: DIR/zeropp_blocks.md)")
     parser.add_argument("--sweep_model", type=json.loads, default=SWEEP_MODEL,
                         help="the LM of --block_sweep, as JSON (keys of tools/lm_model.TransformerLM)")
+    add_docs_flag(parser, "zeropp")
     args = parser.parse_args(argv)
     out = Path(args.out).resolve()
     if args.block_sweep:
@@ -163,6 +168,8 @@ def main(argv=None) -> int:
         report = block_sweep(args.sweep_model)
         (out / "blocks.md").write_text(report + "\n")
         print(report)
+        if args.docs:
+            print(f"page: {write_report('zeropp_blocks', 'ZeRO++: quantization error against the block size', report, out_dir=args.docs)}")
         return 0
     if args.as_worker:
         worker(args.config, out)
@@ -175,6 +182,8 @@ def main(argv=None) -> int:
     report = render(json.loads((out / "plans.json").read_text()))
     (out / "zeropp.md").write_text(report + "\n")
     print(report)
+    if args.docs:
+        print(f"page: {write_report('zeropp', 'ZeRO++: communication per step', report, out_dir=args.docs)}")
     return 0
 
 

@@ -1,4 +1,4 @@
-"""tools/benchmark.py without msrun: the native-path communication count, its config, the report."""
+"""tools/bench/benchmark.py without msrun: the native-path communication count, its config, the report."""
 import importlib.util
 import json
 from pathlib import Path
@@ -6,10 +6,10 @@ from pathlib import Path
 import pytest
 import yaml
 
-from tools.bench_common import load_benchmark_config, setting_label, setting_name, settings_of
-from tools.benchmark import native_collectives, plot, render_dense_table, render_tables, ring_volume, summarize
+from tools.bench.bench_common import load_benchmark_config, setting_label, setting_name, settings_of
+from tools.bench.benchmark import native_collectives, plot, render_dense_table, render_tables, ring_volume, summarize
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 
 # A (5, 3) fp32 parameter sharded over 2 ranks (padded to 6 rows) and a replicated 0-d one.
 LAYOUT = [

@@ -14,7 +14,7 @@ from tools.estimate_memory import count_params_from_config
 from tools.lm_model import SEP, LMLoss, build_lm, init_lm_weights, reversal_batch
 from tools.train_config import DEFAULTS, build_config, load_config, per_rank_batch, unit_names
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 
 ms.set_device("CPU")
 CONFIG = ROOT / "configs" / "train_lm.yaml"

@@ -1,4 +1,6 @@
-"""The benchmark's second model: a stack of square Dense layers (issue 11's 4 x Dense(1024, 1024)).
+"""For benchmarking: a model the benchmark scripts share.
+
+The benchmark's second model: a stack of square Dense layers (issue 11's 4 x Dense(1024, 1024)).
 
 Few, large tensors (4.2M parameters in 8 tensors at the default size), the opposite of the demo
 LM's many small ones: its step time shows what each stage costs per byte rather than per launch.

@@ -1,8 +1,10 @@
-"""Benchmark section: peak RSS and step time per rank with and without optimizer offload.
+"""For benchmarking: writes ``docs/benchmarks/<name>.md`` (``tools/bench/report.py``).
 
-    python tools/benchmark_offload.py --config configs/benchmark_offload.yaml --out outputs/benchmark/offload
+Benchmark section: peak RSS and step time per rank with and without optimizer offload.
 
-One msrun job per model and setting (``tools/benchmark_peak_worker.py``, the peak-memory worker,
+    python tools/bench/benchmark_offload.py --config configs/benchmark_offload.yaml --out outputs/benchmark/offload
+
+One msrun job per model and setting (``tools/bench/benchmark_peak_worker.py``, the peak-memory worker,
 with ``offload`` "none", "cpu" or "nvme"), AdamWeightDecay, ``steps`` steps at ``zero_stage``
 (stage 3 frees gathered weights after forward). ``models`` lists the models side by side, each a
 name plus the worker's model keys (``model`` "dense" or "lm", ``init``, ``activation``,
@@ -20,11 +22,12 @@ import time
 from pathlib import Path
 from typing import List
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
-from tools.bench_common import MB, load_section, run_section, run_setting  # noqa: E402
+from tools.bench.bench_common import MB, load_section, run_section, run_setting  # noqa: E402
+from tools.bench.report import DOCS, write_report  # noqa: E402
 
 SETTINGS = [[3, "none"], [3, "nvme"], [3, "cpu"], [2, "none"], [2, "nvme"]]
 DEFAULTS = {"world_size": 2, "steps": 6, "mode": "graph", "timeout_s": 600, "chunk_size": 2 ** 20,
@@ -188,7 +191,8 @@ def render_sweep(numel: int, rows: List[dict]) -> str:
 
 def main(argv=None) -> int:
     """Run one msrun job per model and setting, print and write the table; returns the exit code.
-    ``--chunk_sweep NUMEL`` instead times the host update alone per chunk size (no msrun)."""
+    ``--chunk_sweep NUMEL`` instead times the host update alone per chunk size (no msrun), into
+    the page ``docs/benchmarks/offload_chunks.md`` (``--docs DIR`` as for the main table)."""
     argv = list(sys.argv[1:] if argv is None else argv)
     if "--chunk_sweep" in argv:
         import tempfile
@@ -196,10 +200,14 @@ def main(argv=None) -> int:
         numel = int(argv[argv.index("--chunk_sweep") + 1])
         with tempfile.TemporaryDirectory() as folder:
             rows = sweep_chunk_sizes(numel, [2 ** 18, 2 ** 20, 2 ** 22, 2 ** 24], folder)
-        print(render_sweep(numel, rows))
+        table = render_sweep(numel, rows)
+        print(table)
+        docs = argv[argv.index("--docs") + 1] if "--docs" in argv else str(DOCS)
+        if docs:
+            print(f"page: {write_report('offload_chunks', 'Offload: chunk size of the file store', table, out_dir=docs)}")
         return 0
     return run_section(argv, __doc__, str(REPO / "configs" / "benchmark_offload.yaml"),
-                         "outputs/benchmark/offload", load_offload_config, _run_offload, "offload")
+                       "outputs/benchmark/offload", load_offload_config, _run_offload, "offload", "Peak memory and step time with and without optimizer offload")
 
 
 if __name__ == "__main__":

@@ -1,13 +1,15 @@
-"""What the benchmark scripts share: the benchmark's config, the config sections of the others,
+"""For benchmarking: code the benchmark scripts share.
+
+What the benchmark scripts share: the benchmark's config, the config sections of the others,
 their msrun jobs and the command line of a benchmark section.
 
 * ``load_benchmark_config`` and the settings it expands to (``settings_of``, ``setting_name``,
-  ``setting_label``): read by ``tools/benchmark.py``, its worker ``tools/benchmark_worker.py`` and
-  ``tools/profile_step.py``;
-* ``load_section``: one section of a YAML file over defaults (``tools/benchmark_peak.py``,
-  ``tools/benchmark_offload.py``);
+  ``setting_label``): read by ``tools/bench/benchmark.py``, its worker ``tools/bench/benchmark_worker.py`` and
+  ``tools/dev/profile_step.py``;
+* ``load_section``: one section of a YAML file over defaults (``tools/bench/benchmark_peak.py``,
+  ``tools/bench/benchmark_offload.py``);
 * ``run_world`` (an msrun job of a tools worker with ``--config``) and ``run_setting`` (one job
-  of the peak-memory worker ``tools/benchmark_peak_worker.py``), both through ``tools/launch.py``;
+  of the peak-memory worker ``tools/bench/benchmark_peak_worker.py``), both through ``tools/dev/launch.py``;
 * ``run_section``: the command line of a section (``--config``, ``--out``, table and JSON written).
 """
 import argparse
@@ -19,7 +21,8 @@ from typing import List, Sequence, Tuple
 import yaml
 
 from mindone_zero.core.stage import STAGES
-from tools.launch import log_tails, run_msrun
+from tools.bench.report import add_docs_flag, write_report
+from tools.dev.launch import log_tails, run_msrun
 from tools.train_config import build_config
 
 MB = 1e6
@@ -51,10 +54,10 @@ BENCH_DEFAULTS = {
     # cluster; False lets the ranks' threads share all cores, competing with each other
     "pin_ranks": False,
 }
-# The Dense stack (tools/dense_model.py), issue 11's 4 x Dense(1024, 1024) with AdamWeightDecay.
+# The Dense stack (tools/bench/dense_model.py), issue 11's 4 x Dense(1024, 1024) with AdamWeightDecay.
 DENSE_DEFAULTS = {"world_sizes": [2], "layers": 4, "width": 1024, "batch_per_rank": 32,
                   "gradient_accumulation_steps": 1,
-                  # the "3 (units)" run's gather units for the Dense stack (tools/dense_model.py, then mindspore.nn)
+                  # the "3 (units)" run's gather units for the Dense stack (tools/bench/dense_model.py, then mindspore.nn)
                   "stage3_units": ["Dense"]}
 
 
@@ -195,7 +198,7 @@ def run_world(config_path: str, world: int, out: Path, timeout_s: int, worker: s
     out.mkdir(parents=True, exist_ok=True)
     for stale in out.glob("*stage*_rank*.json"):
         stale.unlink()  # never report an earlier run's numbers
-    run_msrun(f"tools/{worker}", world, out, ["--config", str(Path(config_path).resolve()), *worker_args],
+    run_msrun(f"tools/bench/{worker}", world, out, ["--config", str(Path(config_path).resolve()), *worker_args],
               timeout=timeout_s, caller=what)
 
 
@@ -206,7 +209,7 @@ def case_name(stage: int, reshard: bool, offload: str = "none") -> str:
 
 
 def run_setting(cfg: dict, stage: int, reshard: bool, out: Path, offload: str = "none", model=None) -> List[dict]:
-    """One msrun job of ``tools/benchmark_peak_worker.py`` for one setting (``offload``: "none",
+    """One msrun job of ``tools/bench/benchmark_peak_worker.py`` for one setting (``offload``: "none",
     "cpu" or "nvme", with ``cfg["chunk_size"]``) at ``cfg["world_size"]`` ranks; returns every
     rank's result. ``model`` (a name and the worker's model keys, see that worker) replaces the
     config's Dense stack.
@@ -228,7 +231,7 @@ def run_setting(cfg: dict, stage: int, reshard: bool, out: Path, offload: str = 
     for stale in out.glob(f"{name}_rank*.json"):
         stale.unlink()  # never report an earlier run's numbers
     log_dir = out / "msrun_logs" / name
-    run_msrun("tools/benchmark_peak_worker.py", world, out, ["--case", json.dumps(case)], timeout=cfg["timeout_s"],
+    run_msrun("tools/bench/benchmark_peak_worker.py", world, out, ["--case", json.dumps(case)], timeout=cfg["timeout_s"],
               log_dir=log_dir, caller="benchmark_peak")
     paths = [out / f"{name}_rank{r}.json" for r in range(world)]
     missing = [p.name for p in paths if not p.exists()]
@@ -239,12 +242,14 @@ def run_setting(cfg: dict, stage: int, reshard: bool, out: Path, offload: str = 
 
 
 # ----------------------------------------------------------------------------- command line of a section
-def run_section(argv, doc: str, default_config: str, default_out: str, load, run, stem: str) -> int:
+def run_section(argv, doc: str, default_config: str, default_out: str, load, run, stem: str, title: str) -> int:
     """The CLI of a benchmark section: ``--config`` read by ``load``, ``run(cfg, out)`` giving
-    (rows, table), written to ``<out>/<stem>.md`` and ``.json`` and printed; returns 0."""
-    parser = argparse.ArgumentParser(description=doc.split("\n\n")[0])
+    (rows, table), written to ``<out>/<stem>.md`` and ``.json``, to the stamped page
+    ``docs/benchmarks/<stem>.md`` titled ``title`` (``--docs``) and printed; returns 0."""
+    parser = argparse.ArgumentParser(description=doc.split("\n\n")[1])
     parser.add_argument("--config", default=default_config)
     parser.add_argument("--out", default=default_out)
+    add_docs_flag(parser, stem)
     args = parser.parse_args(argv)
     try:
         cfg = load(args.config)
@@ -256,4 +261,6 @@ def run_section(argv, doc: str, default_config: str, default_out: str, load, run
     (out / f"{stem}.md").write_text(table + "\n")
     (out / f"{stem}.json").write_text(json.dumps(rows, indent=1))
     print(table)
+    if args.docs:
+        print(f"page: {write_report(stem, title, table, out_dir=args.docs)}")
     return 0

@@ -1,7 +1,7 @@
-"""tools/benchmark_peak.py without msrun: its config checks and the table from per-rank results."""
+"""tools/bench/benchmark_peak.py without msrun: its config checks and the table from per-rank results."""
 import pytest
 
-from tools.benchmark_peak import PEAK_DEFAULTS, load_peak_config, render, summarize
+from tools.bench.benchmark_peak import PEAK_DEFAULTS, load_peak_config, render, summarize
 
 MB = 10 ** 6
 

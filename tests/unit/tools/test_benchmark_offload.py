@@ -1,10 +1,10 @@
-"""tools/benchmark_offload.py without msrun: its config checks and the table from per-rank results."""
+"""tools/bench/benchmark_offload.py without msrun: its config checks and the table from per-rank results."""
 import re
 
 import pytest
 import yaml
 
-from tools.benchmark_offload import DEFAULTS, load_offload_config, render, summarize
+from tools.bench.benchmark_offload import DEFAULTS, load_offload_config, render, summarize
 
 MB = 10 ** 6
 

@@ -1,4 +1,6 @@
-"""msrun worker of ``tools/benchmark.py``: every ZeRO stage of the config on the demo LM and,
+"""For benchmarking: an msrun worker, started by the benchmark scripts.
+
+msrun worker of ``tools/bench/benchmark.py``: every ZeRO stage of the config on the demo LM and,
 at the world sizes the config's ``dense`` section names, on the Dense stack.
 
 For each (model, stage) it builds the model afresh, wraps it with ``prepare_train_network``,
@@ -11,7 +13,7 @@ in front for the Dense stack; each rank pinned to a core with ``pin_ranks``): th
 the timed step durations, the shard layout of every parameter, and the library's ``CommPlan`` of
 one optimizer step (``train_net.comm_plan``) and of one with a single micro-step (``plan_comm(1)``).
 
-Usage (launched by tools/benchmark.py): ``msrun ... tools/benchmark_worker.py --config C --out DIR``
+Usage (launched by tools/bench/benchmark.py): ``msrun ... tools/bench/benchmark_worker.py --config C --out DIR``
 """
 import argparse
 import json
@@ -22,7 +24,7 @@ from pathlib import Path
 from typing import Tuple
 
 os.environ.setdefault("GLOG_v", "3")
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
@@ -32,9 +34,10 @@ from mindspore import Tensor, nn, ops  # noqa: E402
 from mindone_zero import prepare_train_network  # noqa: E402
 from mindone_zero.core.comm import init_data_parallel  # noqa: E402
 from mindone_zero.memory.measure import measure_model_states  # noqa: E402
-from tools.bench_common import load_benchmark_config, settings_of, setting_name  # noqa: E402
-from tools import dense_model, lm_model  # noqa: E402
-from tools.dense_model import DenseLoss, build_dense, dense_batch  # noqa: E402
+from tools.bench.bench_common import load_benchmark_config, settings_of, setting_name  # noqa: E402
+from tools import lm_model  # noqa: E402
+from tools.bench import dense_model  # noqa: E402
+from tools.bench.dense_model import DenseLoss, build_dense, dense_batch  # noqa: E402
 from tools.lm_model import LMLoss, build_lm, init_lm_weights, reversal_batch  # noqa: E402
 
 
@@ -102,7 +105,7 @@ class IdleCollectives(nn.Cell):
     """A loss network with ``forward`` idle all-reduces before its forward starts (on its first
     input) and ``backward`` at the start of its backward, per call (micro-step), so that forward's
     compute lies between them, as between a unit's all-gather and reduce-scatter: stage 0 plus
-    synchronisation and nothing else ("0 (+k idle collectives)" in ``tools/benchmark.py``).
+    synchronisation and nothing else ("0 (+k idle collectives)" in ``tools/bench/benchmark.py``).
     Values are untouched."""
 
     def __init__(self, network: nn.Cell, forward: int, backward: int):
@@ -277,7 +280,7 @@ def start_worker(config_path: str) -> Tuple[dict, int, int]:
 
 def main(argv=None) -> int:
     """Worker entry point (under msrun): every stage of ``--config``, results in ``--out``."""
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[1])
     parser.add_argument("--config", required=True)
     parser.add_argument("--out", required=True)
     args = parser.parse_args(argv)

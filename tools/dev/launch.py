@@ -1,7 +1,9 @@
-"""Launch ``msrun`` jobs on this machine: the one launcher of the tools and the tests.
+"""For developers: test and tool infrastructure (the tests, the benchmarks and the demo job use it).
 
-    from tools.launch import run_msrun
-    run_msrun("tools/benchmark_peak_worker.py", 4, "outputs/peak", ["--case", "{...}"], timeout=600)
+Launch ``msrun`` jobs on this machine: the one launcher of the tools and the tests.
+
+    from tools.dev.launch import run_msrun
+    run_msrun("tools/bench/benchmark_peak_worker.py", 4, "outputs/peak", ["--case", "{...}"], timeout=600)
 
 Every job gets a free port, the repository first on ``PYTHONPATH`` and a log folder of its own
 (msrun writes each worker's output to ``worker_<rank>.log`` there). A job with a time limit runs
@@ -18,9 +20,9 @@ import time
 from pathlib import Path
 from typing import List, Optional, Sequence
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 # msrun as it behaves on a machine that is not the master host (see that script)
-OTHER_HOST = REPO / "tools" / "msrun_other_host.py"
+OTHER_HOST = REPO / "tools" / "dev" / "msrun_other_host.py"
 OUTPUT_TAIL = 3000  # characters of msrun's own output in an error
 
 

@@ -1,10 +1,12 @@
-"""Benchmark section: peak memory per rank of ZeRO training steps, stages 0-3, stage 3 both ways.
+"""For benchmarking: writes ``docs/benchmarks/<name>.md`` (``tools/bench/report.py``).
 
-    python tools/benchmark_peak.py --config configs/benchmark_peak.yaml --out outputs/benchmark/peak
-    python tools/benchmark.py ... --peak_memory     # the same, after the main tables
+Benchmark section: peak memory per rank of ZeRO training steps, stages 0-3, stage 3 both ways.
+
+    python tools/bench/benchmark_peak.py --config configs/benchmark_peak.yaml --out outputs/benchmark/peak
+    python tools/bench/benchmark.py ... --peak_memory     # the same, after the main tables
 
 One msrun job per setting (a fresh process each, so that no setting inherits another's allocator
-pools) runs ``tools/benchmark_peak_worker.py``: ``layers`` x ``nn.Dense(width, width)`` (8 x 2048
+pools) runs ``tools/bench/benchmark_peak_worker.py``: ``layers`` x ``nn.Dense(width, width)`` (8 x 2048
 by default: 33.6 M fp32 parameters, 134 MB) under an MSE loss with AdamWeightDecay, ``steps``
 training steps, built in MindOne's order (``prepare_network`` first, so that at stage 3 the
 optimizer states are created at shard size). For each setting the table gives, per rank (the largest over ranks):
@@ -29,12 +31,12 @@ import sys
 from pathlib import Path
 from typing import List
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
 from mindone_zero.memory.estimate import estimate_model_states_memory, estimate_peak_memory  # noqa: E402
-from tools.bench_common import MB, case_name, load_section, run_section, run_setting  # noqa: E402
+from tools.bench.bench_common import MB, case_name, load_section, run_section, run_setting  # noqa: E402
 
 PEAK_DEFAULTS = {
     "world_size": 4,
@@ -134,7 +136,7 @@ def _run_peak(cfg: dict, out: Path):
 def main(argv=None) -> int:
     """Run one msrun job per setting, print and write the table; returns the exit code."""
     return run_section(argv, __doc__, str(REPO / "configs" / "benchmark_peak.yaml"), "outputs/benchmark/peak",
-                         load_peak_config, _run_peak, "peak")
+                       load_peak_config, _run_peak, "peak", "Peak memory per rank of ZeRO training steps")
 
 
 if __name__ == "__main__":

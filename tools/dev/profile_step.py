@@ -1,12 +1,14 @@
-"""Where a training step's time goes: MindSpore's profiler over the steps of one ZeRO setting,
+"""For developers: where a step's time goes, by kernel type.
+
+Where a training step's time goes: MindSpore's profiler over the steps of one ZeRO setting,
 summed per kernel type, several settings side by side.
 
-    python tools/profile_step.py --model lm --settings 0 3 3:units,keep --world_size 2
+    python tools/dev/profile_step.py --model lm --settings 0 3 3:units,keep --world_size 2
 
 Each setting (``stage`` or ``stage:flags``, flags from ``keep`` (``reshard_after_forward=False``)
 and ``units`` (the config's gather units)) runs in its own msrun job on the model of
 ``configs/benchmark.yaml`` (``lm``: the demo LM, ``dense``: the Dense stack), built and stepped as
-``tools/benchmark.py`` does (each rank pinned to a core with ``pin_ranks``). After
+``tools/bench/benchmark.py`` does (each rank pinned to a core with ``pin_ranks``). After
 ``warmup_steps`` steps the profiler records ``--steps`` optimizer steps; rank 0's kernels are
 summed per type into milliseconds and launches per step.
 
@@ -31,11 +33,11 @@ from pathlib import Path
 from statistics import median
 from typing import Dict, List, Tuple
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
-from tools.bench_common import load_benchmark_config, run_world, setting_label, setting_name  # noqa: E402
+from tools.bench.bench_common import load_benchmark_config, run_world, setting_label, setting_name  # noqa: E402
 
 COLLECTIVES = ("AllReduce", "AllGather", "ReduceScatter", "Broadcast", "AllToAll", "Send", "Receive")
 # The compute kernels whose launches per step show a recomputed forward ([Note: reshard after forward]):
@@ -88,7 +90,7 @@ def worker(args) -> int:
     """One setting under msrun: warm up, profile ``--steps`` steps, write ``profile_rank<r>.json``."""
     from mindspore import Profiler
 
-    from tools.benchmark_worker import DenseWorkload, LMWorkload, StageRun, plan_entries, start_worker
+    from tools.bench.benchmark_worker import DenseWorkload, LMWorkload, StageRun, plan_entries, start_worker
 
     cfg, rank, world = start_worker(args.config)
     out = Path(args.out)
@@ -138,7 +140,7 @@ def render(model: str, world: int, steps: int, results: Dict[str, dict], top: in
 
 
 def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[1])
     parser.add_argument("--config", default=str(REPO / "configs" / "benchmark.yaml"))
     parser.add_argument("--out", default="outputs/profile")
     parser.add_argument("--model", choices=("lm", "dense"), default="lm")
