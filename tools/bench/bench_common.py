@@ -231,8 +231,8 @@ def run_setting(cfg: dict, stage: int, reshard: bool, out: Path, offload: str = 
     for stale in out.glob(f"{name}_rank*.json"):
         stale.unlink()  # never report an earlier run's numbers
     log_dir = out / "msrun_logs" / name
-    run_msrun("tools/bench/benchmark_peak_worker.py", world, out, ["--case", json.dumps(case)], timeout=cfg["timeout_s"],
-              log_dir=log_dir, caller="benchmark_peak")
+    run_msrun("tools/bench/benchmark_peak_worker.py", world, out, ["--case", json.dumps(case)],
+              timeout=cfg["timeout_s"], log_dir=log_dir, caller="benchmark_peak")
     paths = [out / f"{name}_rank{r}.json" for r in range(world)]
     missing = [p.name for p in paths if not p.exists()]
     if missing:

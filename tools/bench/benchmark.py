@@ -324,11 +324,14 @@ def main(argv=None) -> int:
     parser.add_argument("--world_sizes", type=int, nargs="+", help="override benchmark.world_sizes")
     parser.add_argument("--stages", type=int, nargs="+", help="override benchmark.stages (must include 0)")
     parser.add_argument("--peak_memory", action="store_true",
-                        help="then run the peak-memory section (tools/bench/benchmark_peak.py, configs/benchmark_peak.yaml)")
+                        help="then run the peak-memory section (tools/bench/benchmark_peak.py, "
+                             "configs/benchmark_peak.yaml)")
     parser.add_argument("--zeropp", action="store_true",
-                        help="then report ZeRO++'s bytes per step for every combination (tools/bench/benchmark_zeropp.py, N=4)")
+                        help="then report ZeRO++'s bytes per step for every combination "
+                             "(tools/bench/benchmark_zeropp.py, N=4)")
     parser.add_argument("--offload_memory", action="store_true",
-                        help="then run the offload section (tools/bench/benchmark_offload.py, configs/benchmark_offload.yaml)")
+                        help="then run the offload section (tools/bench/benchmark_offload.py, "
+                             "configs/benchmark_offload.yaml)")
     add_docs_flag(parser, "benchmark")
     args = parser.parse_args(argv)
     try:
@@ -362,7 +365,8 @@ def main(argv=None) -> int:
         print("chart skipped: matplotlib is not installed (pip install -e '.[plot]')")
     print(f"tables: {out / 'benchmark.md'}")
     if args.docs:
-        print(f"page: {write_report('benchmark', 'ZeRO stages 0-3: memory, step time, communication', report, out_dir=args.docs)}")
+        title = "ZeRO stages 0-3: memory, step time, communication"
+        print(f"page: {write_report('benchmark', title, report, out_dir=args.docs)}")
     code = 0
     docs = ["--docs", args.docs]  # the sections write their own pages (peak.md, zeropp.md, offload.md)
     if args.peak_memory:

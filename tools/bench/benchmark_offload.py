@@ -204,10 +204,12 @@ def main(argv=None) -> int:
         print(table)
         docs = argv[argv.index("--docs") + 1] if "--docs" in argv else str(DOCS)
         if docs:
-            print(f"page: {write_report('offload_chunks', 'Offload: chunk size of the file store', table, out_dir=docs)}")
+            title = "Offload: chunk size of the file store"
+            print(f"page: {write_report('offload_chunks', title, table, out_dir=docs)}")
         return 0
     return run_section(argv, __doc__, str(REPO / "configs" / "benchmark_offload.yaml"),
-                       "outputs/benchmark/offload", load_offload_config, _run_offload, "offload", "Peak memory and step time with and without optimizer offload")
+                       "outputs/benchmark/offload", load_offload_config, _run_offload, "offload",
+                       "Peak memory and step time with and without optimizer offload")
 
 
 if __name__ == "__main__":

@@ -169,7 +169,8 @@ def main(argv=None) -> int:
         (out / "blocks.md").write_text(report + "\n")
         print(report)
         if args.docs:
-            print(f"page: {write_report('zeropp_blocks', 'ZeRO++: quantization error against the block size', report, out_dir=args.docs)}")
+            title = "ZeRO++: quantization error against the block size"
+            print(f"page: {write_report('zeropp_blocks', title, report, out_dir=args.docs)}")
         return 0
     if args.as_worker:
         worker(args.config, out)

@@ -202,7 +202,8 @@ def main(argv=None) -> None:
         json.dump(report, f, indent=1)
     print(f"\nwrote {out / 'compile_cost.json'}")
     if args.docs:
-        print(f"page: {write_report('compile_cost', 'What the train step costs to compile', chr(10).join(page), out_dir=args.docs)}")
+        body = "\n".join(page)
+        print(f"page: {write_report('compile_cost', 'What the train step costs to compile', body, out_dir=args.docs)}")
 
 
 if __name__ == "__main__":

@@ -104,8 +104,8 @@ def main(argv=None) -> int:
             src, info, size = write_rank_files(folder, fmt, args.params, args.param_mb, args.ranks)
             extra = measure(src, info, args.ranks)
             out = src.format(f"all_{args.ranks}")
-            page.append(f"| {fmt} | {args.ranks} x {size / args.ranks / 1e6:.0f} MB | {os.path.getsize(out) / 1e6:.0f} MB"
-                        f" | {extra / 1e6:.0f} MB | {extra / size:.3f} |")
+            page.append(f"| {fmt} | {args.ranks} x {size / args.ranks / 1e6:.0f} MB | "
+                        f"{os.path.getsize(out) / 1e6:.0f} MB | {extra / 1e6:.0f} MB | {extra / size:.3f} |")
             print(page[-1], flush=True)
             if not args.folder:
                 shutil.rmtree(folder)
@@ -113,7 +113,8 @@ def main(argv=None) -> int:
         if not args.folder:
             shutil.rmtree(root, ignore_errors=True)
     if args.docs:
-        print(f"page: {write_report('combine_memory', 'Memory of the offline combine', chr(10).join(page), out_dir=args.docs)}")
+        body = "\n".join(page)
+        print(f"page: {write_report('combine_memory', 'Memory of the offline combine', body, out_dir=args.docs)}")
     return 0
 
 

@@ -128,7 +128,8 @@ def test_the_checks_see_a_cycle_a_hidden_import_and_a_private_name(tmp_path):
     assert reached(nested, {"bench.y"}) == {"bench.y", "a", "b", "c"}
     assert sorted(find_cycle(graph)[:-1]) == ["a", "b", "c"]
     assert find_cycle({"a": {"b"}, "b": set()}) == []
-    assert private_imports("def f():\n    from tools.bench.benchmark import _free_port, run\n") == ["tools.bench.benchmark._free_port"]
+    assert (private_imports("def f():\n    from tools.bench.benchmark import _free_port, run\n")
+            == ["tools.bench.benchmark._free_port"])
     assert sys_path_changes("import sys\nsys.path.insert(0, 'x')\nif __name__ == '__main__':\n"
                             "    sys.path.append('y')\n") == [2]
 
