@@ -323,6 +323,7 @@ def main(argv=None) -> int:
     parser.add_argument("--out", default="outputs/benchmark")
     parser.add_argument("--world_sizes", type=int, nargs="+", help="override benchmark.world_sizes")
     parser.add_argument("--stages", type=int, nargs="+", help="override benchmark.stages (must include 0)")
+    parser.add_argument("--timeout_s", type=int, help="override benchmark.timeout_s, the bound of each msrun job")
     parser.add_argument("--peak_memory", action="store_true",
                         help="then run the peak-memory section (tools/bench/benchmark_peak.py, "
                              "configs/benchmark_peak.yaml)")
@@ -336,8 +337,8 @@ def main(argv=None) -> int:
     args = parser.parse_args(argv)
     try:
         cfg = load_benchmark_config(args.config)
-        for key in ("world_sizes", "stages"):
-            if getattr(args, key):
+        for key in ("world_sizes", "stages", "timeout_s"):
+            if getattr(args, key) is not None:
                 cfg["benchmark"][key] = getattr(args, key)
         check_bench(cfg["benchmark"])
     except (ValueError, OSError) as err:
