@@ -5,9 +5,10 @@
 
 A page is its title, then a stamp (the command that produced it, the UTC date, the git commit,
 MindSpore's and Python's versions, the machine and its 1-minute load average before the run),
-then the benchmark's own Markdown. The load average is read when this module is imported, which
-a benchmark does at its start: every row of one run shares the machine's state, and the figure says
-what that state was (the machine may be shared). The page is written to a temporary name and
+then the benchmark's own Markdown. The commit and the load average are read when this module is
+imported, which a benchmark does at its start: the commit is the code that ran (an edit made while
+it runs does not mark the page), and every row of one run shares the machine's state, which the
+load figure describes (the machine may be shared). The page is written to a temporary name and
 renamed into place, so a reader never sees half a page. Imports nothing of the library or of
 MindSpore (its version is read from the installed distribution).
 """
@@ -52,6 +53,9 @@ def git_commit(repo: Path = REPO) -> str:
     except (OSError, subprocess.SubprocessError):
         return "unknown"
     return head + ("+dirty" if status else "")
+
+
+COMMIT_AT_START = git_commit()  # the code a benchmark runs: read at its start, as LOAD_AT_START
 
 
 def _cpu_model() -> str:
@@ -107,7 +111,7 @@ def stamp(command: Sequence[str]) -> str:
     load = "n/a (no /proc/loadavg)" if LOAD_AT_START is None else f"{LOAD_AT_START:.2f}"
     rows = [("command", f"`{shlex.join([str(c) for c in command])}`"),
             ("date (UTC)", datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M")),
-            ("commit", git_commit()),
+            ("commit", COMMIT_AT_START),
             ("MindSpore", _mindspore_version()),
             ("Python", platform.python_version()),
             ("machine", machine()),

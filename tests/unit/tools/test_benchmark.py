@@ -7,7 +7,8 @@ import pytest
 import yaml
 
 from tools.bench.bench_common import load_benchmark_config, setting_label, setting_name, settings_of
-from tools.bench.benchmark import native_collectives, plot, render_dense_table, render_tables, ring_volume, summarize
+from tools.bench.benchmark import (main, native_collectives, plot, render_dense_table, render_tables, ring_volume,
+                                   summarize)
 
 ROOT = Path(__file__).resolve().parents[3]
 
@@ -224,3 +225,12 @@ def test_idle_collectives_must_leave_the_losses_of_stage_0(tmp_path):
     _fake_results(tmp_path, 2, 0, 0.2, memory, idle=8, losses=(3.0, 2.5))
     with pytest.raises(RuntimeError, match="stage 0 with 8 idle collectives gave other losses than stage 0"):
         summarize(cfg, tmp_path, 2)
+
+
+@pytest.mark.parametrize("argv, fragment", [(["--timeout_s", "0"], "'benchmark.timeout_s' must be an integer >= 1"),
+                                            (["--stages", "1", "3"], "benchmark.stages")])
+def test_command_line_overrides_are_checked_before_any_job(argv, fragment, tmp_path, capsys):
+    with pytest.raises(SystemExit) as err:
+        main(argv + ["--out", str(tmp_path / "out"), "--docs", str(tmp_path / "docs")])
+    assert err.value.code == 2 and fragment in capsys.readouterr().err
+    assert not (tmp_path / "out").exists() and not (tmp_path / "docs").exists()
