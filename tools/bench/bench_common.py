@@ -185,10 +185,12 @@ def load_section(path: str, section: str, defaults: dict, caller: str) -> dict:
 
 
 # ----------------------------------------------------------------------------- msrun jobs
-def run_world(config_path: str, world: int, out: Path, timeout_s: int, worker: str = "benchmark_worker.py",
-              worker_args: Sequence[str] = (), what: str = "benchmark") -> None:
-    """One msrun job with ``world`` CPU workers running ``tools/<worker>`` (by default every stage
-    of the benchmark) with ``--config``, ``--out`` and ``worker_args``; results in ``out``.
+def run_world(config_path: str, world: int, out: Path, timeout_s: int,
+              worker: str = "tools/bench/benchmark_worker.py", worker_args: Sequence[str] = (),
+              what: str = "benchmark") -> None:
+    """One msrun job with ``world`` CPU workers running ``worker`` (a path from the repository root;
+    by default every stage of the benchmark) with ``--config``, ``--out`` and ``worker_args``;
+    results in ``out``.
 
     Raises:
         MsrunError (a RuntimeError): the job failed or timed out, with the tail of the worker logs;
@@ -198,7 +200,7 @@ def run_world(config_path: str, world: int, out: Path, timeout_s: int, worker: s
     out.mkdir(parents=True, exist_ok=True)
     for stale in out.glob("*stage*_rank*.json"):
         stale.unlink()  # never report an earlier run's numbers
-    run_msrun(f"tools/bench/{worker}", world, out, ["--config", str(Path(config_path).resolve()), *worker_args],
+    run_msrun(worker, world, out, ["--config", str(Path(config_path).resolve()), *worker_args],
               timeout=timeout_s, caller=what)
 
 

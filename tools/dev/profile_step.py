@@ -171,7 +171,7 @@ def main(argv=None) -> int:
                 stale.unlink()
         print(f"profiling {args.model} stage {setting_label(stage, reshard, units)} at N={args.world_size} ...",
               flush=True)
-        run_world(args.config, args.world_size, folder, cfg["benchmark"]["timeout_s"], worker="profile_step.py",
+        run_world(args.config, args.world_size, folder, cfg["benchmark"]["timeout_s"], worker="tools/dev/profile_step.py",
                   worker_args=["--one_setting", text, "--model", args.model, "--steps", str(args.steps)],
                   what="profile_step")
         results[setting_label(stage, reshard, units)] = json.loads((folder / "profile_rank0.json").read_text())
