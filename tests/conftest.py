@@ -27,7 +27,7 @@ for p in (ROOT, ROOT / "tests"):
 # CPU-s, 130-157 s), and the gain comes from the shorter jobs' start-up and the one-process tests
 # filling the gaps: the suite keeps 1.89 of the 2 cores busy (README, "Quick start").
 #
-# Where the CPU goes: ``python tools/compile_census.py`` runs the suite as CI does and logs every
+# Where the CPU goes: ``python tools/dev/compile_census.py`` runs the suite as CI does and logs every
 # graph compile of every process. 2026-12-03 (1542 tests, 23 min, 2612 CPU-s at 1.89 cores): 482
 # train-step compiles took 1380 CPU-s (mean 2.86 s), the tests' own graphs (reference networks, jit
 # functions) 277, everything else 954 (31 msrun launches of about 7-10 CPU-s each, one-process

@@ -1,7 +1,7 @@
 """Launch ``msrun`` CPU jobs from pytest and collect each rank's results.
 
 A worker script writes its results under ``--out DIR`` (one file per rank and case, npz or
-JSON); the test reads them back. The jobs are launched by ``tools/launch.py`` (the launcher of
+JSON); the test reads them back. The jobs are launched by ``tools/dev/launch.py`` (the launcher of
 the tools too): a free port and a log folder per launch, and a bounded wall time; a hung job is
 killed and the failing worker's log tail is shown. Here a failure is an AssertionError.
 """
@@ -10,8 +10,8 @@ import os
 from pathlib import Path
 from typing import Sequence
 
-from tools import launch
-from tools.launch import REPO  # noqa: F401 - the tests read REPO
+from tools.dev import launch
+from tools.dev.launch import REPO  # noqa: F401 - the tests read REPO
 
 # Under pytest-xdist two jobs share the cores ([Note: test scheduling] in tests/conftest.py), so a
 # job may take up to twice as long as alone: its time limit, a bound for a hung job, doubles.

@@ -1,4 +1,6 @@
-"""Combine per-rank ZeRO checkpoints offline, from a checkout (installed: ``mindone-zero-convert``).
+"""For users: a command-line tool.
+
+Combine per-rank ZeRO checkpoints offline, from a checkout (installed: ``mindone-zero-convert``).
 
     python tools/convert_checkpoints.py --src_checkpoint "ckpt/rank_{}/net.ckpt" \\
         --src_param_split_info_json "params_info/params_split_info_{}.json" --group_size 4

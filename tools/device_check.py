@@ -1,4 +1,6 @@
-"""Check mindone_zero on this machine's accelerator: one line per check, exit 1 on any failure.
+"""For users: a command-line tool, run on the machine with the accelerator.
+
+Check mindone_zero on this machine's accelerator: one line per check, exit 1 on any failure.
 
     python tools/device_check.py --device Ascend                      # one process, no communication
     msrun --worker_num=1 --local_worker_num=1 --master_port=8129 --log_dir=devchk_logs \\
@@ -335,7 +337,7 @@ def run_collectives(report: Reporter, world: int, rank: int) -> None:
 
 
 def parse_args(argv=None):
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[1])
     parser.add_argument("--device", default=None, help="Ascend, GPU or CPU (default: MindSpore's default target)")
     parser.add_argument("--mode", choices=("graph", "pynative"), default="graph")
     parser.add_argument("--out", default="device_check_out", help="folder for the split-info files it writes")

@@ -1,4 +1,6 @@
-"""Model-state memory per device of ZeRO stages 0-3, from a checkout (installed:
+"""For users: a command-line tool.
+
+Model-state memory per device of ZeRO stages 0-3, from a checkout (installed:
 ``mindone-zero-estimate-memory``).
 
     python tools/estimate_memory.py --params 7.5e9 --world-size 64

@@ -1,4 +1,6 @@
-"""The demo job's model and data: a small pre-LN Transformer language model and a
+"""For users: part of the demo job (``tools/train.py``); the tests and benchmarks use it too.
+
+The demo job's model and data: a small pre-LN Transformer language model and a
 deterministic sequence-reversal task.
 
 The model is built from plain MindSpore Cells (``nn.Embedding``, ``nn.LayerNorm``, ``nn.Dense``

@@ -1,4 +1,6 @@
-"""Train the demo Transformer language model with ZeRO on a synthetic sequence-reversal task.
+"""For users: the demo job (the README's first command).
+
+Train the demo Transformer language model with ZeRO on a synthetic sequence-reversal task.
 
 Under msrun (the README's first command)::
 
@@ -34,7 +36,7 @@ REPO = Path(__file__).resolve().parents[1]
 if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
-from tools.launch import msrun_command, msrun_env  # noqa: E402
+from tools.dev.launch import msrun_command, msrun_env  # noqa: E402
 from tools.train_config import add_override_flags, load_config, overrides_from_args  # noqa: E402
 
 EVAL_STREAM = 10**9  # data "step" of the evaluation batch: never a training step
@@ -43,7 +45,7 @@ RTOL_COMBINED = 1e-5
 
 def parse_args(argv):
     """(args, config) from the command line; exits with a usage error on a bad config."""
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[1],
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--config", default=None, help="YAML config (sections model, data, train)")
     parser.add_argument("--resume", action="store_true", help="continue from the latest checkpoint")
@@ -66,7 +68,7 @@ def under_msrun() -> bool:
 
 
 def launch_msrun(argv, cfg) -> int:
-    """Run this script under msrun with ``train.world_size`` workers (``tools/launch.py`` picks
+    """Run this script under msrun with ``train.world_size`` workers (``tools/dev/launch.py`` picks
     the port and the environment); waits as long as the job runs and returns msrun's exit code."""
     if os.environ.get(_LAUNCHED):
         raise RuntimeError("For 'tools/train.py', msrun started this script without setting MS_ROLE; not relaunching.")

@@ -1,4 +1,6 @@
-"""Configuration of ``tools/train.py``: defaults, YAML file, command-line overrides, checks.
+"""For users: part of the demo job (``tools/train.py``).
+
+Configuration of ``tools/train.py``: defaults, YAML file, command-line overrides, checks.
 
 A config has three sections, ``model``, ``data`` and ``train`` (see ``configs/train_lm.yaml``
 for what each key means). Values are taken, later winning, from ``DEFAULTS``, the YAML file and

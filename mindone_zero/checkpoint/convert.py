@@ -187,7 +187,7 @@ def convert_checkpoints(
     ``mindspore.save_checkpoint`` would write for the same tensors. At most one tensor's blocks
     from all ranks and their concatenation are held at once: the call raises the peak RSS by
     about twice the largest tensor (three times with a ``dtype`` cast), whatever the checkpoint's
-    size. ``tools/measure_combine_memory.py`` measures it (docs/guides/checkpoints.md);
+    size. ``tools/bench/measure_combine_memory.py`` measures it (docs/guides/checkpoints.md);
     ``tests/unit/test_checkpoint_io.py`` checks the bound.
 
     Args:

@@ -5,7 +5,7 @@ Work done on every gradient, parameter or buffer runs through ``hyper_map`` (``o
 an ``ops.MultitypeFuncGraph``, not through a Python loop or comprehension in ``construct``. The graph
 compiler (MindSpore 2.10) unrolls a loop into one growing tuple per iteration, and compiles a
 comprehension at three to four times that cost; a HyperMap is one small graph per distinct element
-signature. ``python tools/compile_cost.py`` (one process, this 2-core machine), compile time of one
+signature. ``python tools/bench/compile_cost.py`` (one process, this 2-core machine), compile time of one
 pass that scales each tensor: 8 tensors, 0.08-0.11 s as a loop, 0.30-0.33 s as a comprehension,
 0.03-0.05 s through ``hyper_map``; 64 tensors, 0.75-0.79 s, 2.9-3.0 s and 0.04-0.06 s. What cannot
 be a map stays a short loop over static indices: sums that must keep their order (the global norm).
@@ -22,7 +22,7 @@ train/fusion.py), and the hot maps call primitives (``ops.Mul()``, ...) rather t
 around them (``ops.cast``, ``*``, ``Tensor.all``), which are graphs of their own per tensor. Nodes after
 type inference (``save_graphs``), TinyNet of the parity tests, one process with the collectives
 replaced by identities: stage 0 5037 -> 3388, stage 1 9175 -> 6289, stage 1 with 2 micro-steps and
-clipping 11296 -> 8022 (``nn.TrainOneStepCell``: 1620). ``python tools/compile_cost.py`` (16 x
+clipping 11296 -> 8022 (``nn.TrainOneStepCell``: 1620). ``python tools/bench/compile_cost.py`` (16 x
 Dense(64), N=2, first call): stage 0 2.2-2.5 -> 1.7 s, stage 1 3.6-4.0 -> 2.6-2.8 s, stage 2
 3.9-4.3 -> 2.4-2.8 s, stage 3 5.4-6.4 -> 4.9-5.5 s (two runs each, one micro-step).
 """

@@ -21,7 +21,7 @@ Narrow stays where the block is used at once (unpacking a bucket, copying into a
 ``ops.narrow`` (MindSpore 2.10) checks its arguments with Python validators that the graph compiler
 parses and type-infers again at every call with new arguments. ``narrow`` here computes the Slice's
 begin and size in Python once (``ops.constexpr``) and runs the same Slice primitive, so its results
-and views are the same. ``python tools/compile_cost.py`` (one process, this 2-core machine): 20
+and views are the same. ``python tools/bench/compile_cost.py`` (one process, this 2-core machine): 20
 slices at different offsets added 1.2-1.5 s of compile time with ``ops.narrow`` and 0.4 s with
 ``narrow``. A fused all-reduce bucket cuts each of its tensors with two or three slices.
 Indexing (``x[a:b]``, ``x[:, a:b]``) is the same story: the graph compiler runs MindSpore's tensor

@@ -22,7 +22,7 @@ from typing import Optional
 __all__ = ["OffloadConfig", "DEFAULT_CHUNK_SIZE"]
 
 # 1 MiB (DeepSpeed's aio block size): the host update's peak growth is about 4 chunks (4 MB here,
-# 67 MB at 16 MiB) at no measurable cost in time (`tools/benchmark_offload.py --chunk_sweep`);
+# 67 MB at 16 MiB) at no measurable cost in time (`tools/bench/benchmark_offload.py --chunk_sweep`);
 # smaller chunks only add system calls, which a real NVMe drive pays for.
 DEFAULT_CHUNK_SIZE = 2 ** 20
 _KEYS = ("device", "path", "nvme_path", "chunk_size", "keep_files")

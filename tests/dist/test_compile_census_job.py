@@ -1,4 +1,4 @@
-"""tools/compile_census.py's probe on a real run: a pytest run that compiles one train step itself
+"""tools/dev/compile_census.py's probe on a real run: a pytest run that compiles one train step itself
 and launches an msrun job (N=2) whose ranks compile one each, each step called twice. The census
 must find the three compiles (not the calls that find the graph compiled), in the processes that
 made them, and the one launch."""
@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from tools import compile_census
+from tools.dev import compile_census
 
 WORLD = 2
 _WORKER = '''
@@ -34,7 +34,7 @@ if __name__ == "__main__":
 _TEST = '''
 import mindspore as ms
 
-from tools.launch import run_msrun
+from tools.dev.launch import run_msrun
 from census_worker import one_step
 
 

@@ -1,4 +1,4 @@
-"""What a ZeRO-3 step executes, counted by MindSpore's profiler (tools/profile_step.py) over 2
+"""What a ZeRO-3 step executes, counted by MindSpore's profiler (tools/dev/profile_step.py) over 2
 optimizer steps of the demo LM (N=2, 2 micro-steps each, clipping), against stage 0:
 
 * the collectives are the ones its CommPlan records, per-Cell coalesced gathers and gather units
@@ -9,7 +9,7 @@ optimizer steps of the demo LM (N=2, 2 micro-steps each, clipping), against stag
   more all-gathers than keeping the gathered weights does."""
 import json
 
-from tools.profile_step import COLLECTIVES, COMPUTE, main
+from tools.dev.profile_step import COLLECTIVES, COMPUTE, main
 
 
 def test_executed_kernels_match_the_comm_plan_and_stage_0(tmp_path):

@@ -1,5 +1,5 @@
 """The graph helpers of ``mindone_zero.core``: ``narrow`` and ``copy_slice`` (slicing.py) and ``take`` / ``hyper_map``
-(graph_tuples.py), in GRAPH_MODE and PYNATIVE_MODE; and ``tools/compile_cost.py``'s arguments."""
+(graph_tuples.py), in GRAPH_MODE and PYNATIVE_MODE."""
 import numpy as np
 import pytest
 import mindspore as ms
@@ -7,7 +7,6 @@ from mindspore import Tensor, nn, ops
 
 from mindone_zero.core.graph_tuples import hyper_map, take
 from mindone_zero.core.slicing import copy_slice, narrow
-from tools import compile_cost
 
 ms.set_device("CPU")
 
@@ -94,12 +93,3 @@ def test_take_picks_in_index_order_and_hyper_map_maps_each(mode, index):
     assert len(got) == len(index)
     for j, (i, y) in enumerate(zip(index, got)):
         assert np.array_equal(y.asnumpy(), xs[i].asnumpy() * 2.0 + ks[j])
-
-
-@pytest.mark.parametrize("argv, named", [(["--world_size", "-1"], "--world_size"), (["--layers", "0"], "--layers"),
-                                         (["--repeats", "0"], "--repeats")])
-def test_compile_cost_rejects_bad_arguments_before_any_work(argv, named, tmp_path, capsys):
-    with pytest.raises(SystemExit) as err:
-        compile_cost.main(argv + ["--out", str(tmp_path / "out")])
-    assert err.value.code == 2 and named in capsys.readouterr().err
-    assert not (tmp_path / "out").exists()

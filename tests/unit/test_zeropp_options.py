@@ -161,34 +161,9 @@ def test_peak_estimate_adds_the_secondary_shards():
         estimate_peak_memory(1000, 8, 3, 100, reshard_after_forward=False, hpz_group_size=4)
 
 
-def test_benchmark_table_ratios():
-    from tools.benchmark_zeropp import COMBOS, render, volumes
-
-    plain = [["all_gather", "w", 1000, 4], ["all_gather", "w", 1000, 4], ["reduce_scatter", "w", 1000, 4],
-             ["all_reduce", "w", 4, 4]]
-    every = [["all_gather", "w", 250, 4], ["all_gather", "w", 4, 4], ["all_gather", "bench_node", 1000, 2],
-             ["all_gather", "bench_node", 1000, 2], ["all_to_all", "w", 250, 4], ["all_to_all", "w", 4, 4]]
-    assert volumes(plain, "bench_node") == (pytest.approx(2250.0), pytest.approx(2250.0))  # the 4-byte flag is left out
-    assert volumes(every, "bench_node")[1] == pytest.approx(381.0)
-    results = [{"combo": c, "phi": 1000, "entries": every if all(c.values()) else plain} for c in COMBOS]
-    table = render({"world": 4, "secondary": "bench_node", "results": results})
-    assert "| - | - | - | 2250 | 3.00 | 1.000 | 2250 | 3.00 | 1.000 |" in table
-    assert "| yes | yes | yes | 1381 | 1.84 | 0.614 | 381 | 0.51 | 0.169 |" in table
-
-
 def test_estimator_cli_prints_the_hpz_row(capsys):
     from tools.estimate_memory import main
 
     assert main(["--params", "1000", "--world-size", "4", "--largest-layer", "100", "--hpz-group-size", "2"]) == 0
     # stage 3, fp16 + Adam: 4000 of states + 4 * 100 of a gathered layer + 2 * 1000 / 2 of secondary shards
     assert "| True, hpZ over 2 ranks | 5400 |" in capsys.readouterr().out
-
-
-def test_block_sweep_error_is_zero_on_exact_blocks_and_grows_with_the_block():
-    from tools.benchmark_zeropp import relative_error
-
-    exact = np.arange(-127, 128, dtype=np.float32)  # one block whose largest value is 127: scale 1, exact
-    assert relative_error(exact, 255) == 0.0
-    heavy = np.random.default_rng(0).standard_t(2, size=8192).astype(np.float32)  # gradient-like tails
-    errors = [relative_error(heavy, b) for b in (64, 512, 8192)]
-    assert 0 < errors[0] < errors[1] < errors[2], errors

@@ -1,0 +1,37 @@
+"""tools/bench/benchmark_zeropp.py without msrun: its table from plan entries, and its block sweep's error."""
+import numpy as np
+import pytest
+import mindspore as ms
+
+from tools.bench.benchmark_zeropp import COMBOS, relative_error, render, volumes
+
+ms.set_device("CPU")
+
+
+@pytest.fixture(autouse=True)
+def pynative():
+    mode = ms.get_context("mode")
+    ms.set_context(mode=ms.PYNATIVE_MODE)
+    yield
+    ms.set_context(mode=mode)
+
+
+def test_benchmark_table_ratios():
+    plain = [["all_gather", "w", 1000, 4], ["all_gather", "w", 1000, 4], ["reduce_scatter", "w", 1000, 4],
+             ["all_reduce", "w", 4, 4]]
+    every = [["all_gather", "w", 250, 4], ["all_gather", "w", 4, 4], ["all_gather", "bench_node", 1000, 2],
+             ["all_gather", "bench_node", 1000, 2], ["all_to_all", "w", 250, 4], ["all_to_all", "w", 4, 4]]
+    assert volumes(plain, "bench_node") == (pytest.approx(2250.0), pytest.approx(2250.0))  # the 4-byte flag is left out
+    assert volumes(every, "bench_node")[1] == pytest.approx(381.0)
+    results = [{"combo": c, "phi": 1000, "entries": every if all(c.values()) else plain} for c in COMBOS]
+    table = render({"world": 4, "secondary": "bench_node", "results": results})
+    assert "| - | - | - | 2250 | 3.00 | 1.000 | 2250 | 3.00 | 1.000 |" in table
+    assert "| yes | yes | yes | 1381 | 1.84 | 0.614 | 381 | 0.51 | 0.169 |" in table
+
+
+def test_block_sweep_error_is_zero_on_exact_blocks_and_grows_with_the_block():
+    exact = np.arange(-127, 128, dtype=np.float32)  # one block whose largest value is 127: scale 1, exact
+    assert relative_error(exact, 255) == 0.0
+    heavy = np.random.default_rng(0).standard_t(2, size=8192).astype(np.float32)  # gradient-like tails
+    errors = [relative_error(heavy, b) for b in (64, 512, 8192)]
+    assert 0 < errors[0] < errors[1] < errors[2], errors

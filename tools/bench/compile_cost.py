@@ -1,0 +1,210 @@
+"""For benchmarking: writes ``docs/benchmarks/<name>.md`` (``tools/bench/report.py``).
+
+What the train step costs to compile, and the graph idioms that decide it.
+
+    python tools/bench/compile_cost.py                   # the idioms (one process), then the train step at N=2
+    python tools/bench/compile_cost.py --world_size 0    # the idioms only
+
+Idioms, one process, GRAPH_MODE, CPU seconds of a Cell's first call (compile and run) above an
+empty Cell's, the least of ``--repeats`` fresh instances:
+
+* 20 slices of one tensor at different offsets: ``ops.narrow`` against ``mindone_zero``'s ``narrow``
+  ([Note: compiling a narrow] in ``mindone_zero/core/slicing.py``);
+* one pass that scales each of n tensors (n = 8 and 64): a loop that grows a tuple, a comprehension,
+  and ``hyper_map`` ([Note: per-tensor maps] in ``mindone_zero/core/graph_tuples.py``).
+
+Train step, an msrun job of ``--world_size`` ranks on the Dense stack of ``tools/bench/dense_model.py``
+(``--layers`` x Dense(``--width``): 2 x layers parameters): the CPU seconds of the first call of
+``prepare_train_network``'s train step at stages 0-3, with one micro-step and with two plus clipping,
+against ``nn.TrainOneStepCell`` on the same network: under ``DATA_PARALLEL`` (set by ``init_data_parallel``)
+it all-reduces the gradients through ``nn.DistributedGradReducer``, so it is MindSpore's own data-parallel
+step, which shards nothing: the floor of a ZeRO step (``tools/dev/compile_census.py``'s ``--floor_s``).
+Rank 0's figures. Writes ``compile_cost.json`` into ``--out`` and prints the tables.
+"""
+import argparse
+import json
+import os
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+os.environ.setdefault("GLOG_v", "3")
+REPO = Path(__file__).resolve().parents[2]
+if str(REPO) not in sys.path:
+    sys.path.insert(0, str(REPO))
+
+import numpy as np  # noqa: E402
+import mindspore as ms  # noqa: E402
+from mindspore import Tensor, nn, ops  # noqa: E402
+
+from mindone_zero.core.graph_tuples import hyper_map  # noqa: E402
+from mindone_zero.core.slicing import narrow  # noqa: E402
+from tools.bench.report import add_docs_flag, write_report  # noqa: E402
+
+SLICES = 20
+PASS_SIZES = (8, 64)
+STEP_CASES = ((1, False), (2, True))  # (micro-steps, clip)
+
+
+class _Empty(nn.Cell):
+    def construct(self, xs):
+        return xs
+
+
+class _Slices(nn.Cell):
+    """``SLICES`` slices of width 3 of a (4, SLICES + 2) tensor, through ``cut``."""
+
+    def __init__(self, cut):
+        super().__init__()
+        self.cut = cut
+
+    def construct(self, x):
+        out = ()
+        for i in range(SLICES):
+            out += (self.cut(x, 1, i, 3),)
+        return out
+
+
+_scale = ops.MultitypeFuncGraph("scale")
+
+
+@_scale.register("Tensor", "Tensor")
+def _scale_tensor(s, x):
+    return x * ops.cast(s, x.dtype)
+
+
+class _Loop(nn.Cell):
+    def construct(self, xs, s):
+        out = ()
+        for x in xs:
+            out += (x * ops.cast(s, x.dtype),)
+        return out
+
+
+class _Comprehension(nn.Cell):
+    def construct(self, xs, s):
+        return tuple([x * ops.cast(s, x.dtype) for x in xs])
+
+
+class _HyperMap(nn.Cell):
+    def construct(self, xs, s):
+        return hyper_map(ops.partial(_scale, s), xs)
+
+
+def _first_call_cpu(cell, *args) -> float:
+    start = time.process_time()
+    cell(*args)
+    return time.process_time() - start
+
+
+def _least(build, args, repeats: int) -> float:
+    return min(_first_call_cpu(build(), *args) for _ in range(repeats))
+
+
+def measure_idioms(repeats: int) -> dict:
+    """CPU seconds above an empty Cell's of each idiom ({"narrow": {...}, "pass_8": {...}, ...})."""
+    ms.set_context(mode=ms.GRAPH_MODE)
+    x = Tensor(np.arange(4 * (SLICES + 2), dtype=np.float32).reshape(4, SLICES + 2))
+    _first_call_cpu(_Empty(), x)  # the process's first compile carries one-time costs
+    base = _least(_Empty, (x,), repeats)
+    out = {"narrow": {"ops.narrow": _least(lambda: _Slices(ops.narrow), (x,), repeats) - base,
+                      "mindone_zero narrow": _least(lambda: _Slices(narrow), (x,), repeats) - base}}
+    for n in PASS_SIZES:
+        xs = tuple(Tensor(np.ones((i % 5 + 1, 3), np.float32)) for i in range(n))
+        s = Tensor(2.0, ms.float32)
+        empty = _least(_Empty, (xs,), repeats)
+        out[f"pass_{n}"] = {name: _least(cls, (xs, s), repeats) - empty
+                            for name, cls in (("loop", _Loop), ("comprehension", _Comprehension),
+                                              ("hyper_map", _HyperMap))}
+    return out
+
+
+def _step_worker(args) -> None:
+    """Under msrun: the first-call CPU seconds of each train step; writes step_rank{r}.json."""
+    from mindone_zero import prepare_train_network
+    from mindone_zero.core.comm import init_data_parallel
+    from tools.bench.dense_model import DenseLoss, build_dense, dense_batch
+
+    rank, world = init_data_parallel()
+    ms.set_context(mode=ms.GRAPH_MODE)
+    x, y = dense_batch(0, 0, 2 * world, args.width)
+    inputs = (Tensor(x[2 * rank:2 * rank + 2]), Tensor(y[2 * rank:2 * rank + 2]))
+
+    def loss_net():
+        return DenseLoss(build_dense(args.layers, args.width, seed=0))
+
+    net = loss_net()
+    _first_call_cpu(nn.TrainOneStepCell(net, nn.Momentum(net.trainable_params(), 0.01, 0.9)), *inputs)  # warm-up
+    net = loss_net()
+    results = {"nn.TrainOneStepCell": _first_call_cpu(
+        nn.TrainOneStepCell(net, nn.Momentum(net.trainable_params(), 0.01, 0.9)), *inputs)}
+    for stage in range(4):
+        for accum, clip in STEP_CASES:
+            net = loss_net()
+            train = prepare_train_network(net, nn.Momentum(net.trainable_params(), 0.01, 0.9), zero_stage=stage,
+                                          gradient_accumulation_steps=accum, clip_grad=clip,
+                                          params_split_info=os.path.join(args.out, "split_info"))
+            train.set_train(True)
+            results[f"stage {stage}, {accum} micro-step{'s' if accum > 1 else ''}{', clip' if clip else ''}"] = \
+                _first_call_cpu(train, *inputs)
+    with open(os.path.join(args.out, f"step_rank{rank}.json"), "w") as f:
+        json.dump(results, f)
+
+
+def _table(rows: dict, columns, header: str) -> str:
+    lines = [f"| {header} | " + " | ".join(columns) + " |", "|---|" + "---:|" * len(columns)]
+    for name, values in rows.items():
+        lines.append(f"| {name} | " + " | ".join(f"{values[c]:.2f}" for c in columns) + " |")
+    return "\n".join(lines)
+
+
+def main(argv=None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[1])
+    parser.add_argument("--world_size", type=int, default=2, help="ranks of the train-step job; 0 skips it")
+    parser.add_argument("--layers", type=int, default=16)
+    parser.add_argument("--width", type=int, default=64)
+    parser.add_argument("--repeats", type=int, default=2)
+    parser.add_argument("--out", default=None, help="folder for compile_cost.json (default: a temporary one)")
+    parser.add_argument("--as_step_worker", action="store_true", help=argparse.SUPPRESS)
+    add_docs_flag(parser, "compile_cost")
+    args = parser.parse_args(argv)
+    for name in ("world_size", "layers", "width", "repeats"):
+        value = getattr(args, name)
+        if value < (0 if name == "world_size" else 1):
+            parser.error(f"argument --{name}: must be >= {0 if name == 'world_size' else 1}, got {value}")
+    if args.as_step_worker:
+        _step_worker(args)
+        return
+    ms.set_device("CPU")
+    out = Path(args.out or tempfile.mkdtemp(prefix="compile_cost_"))
+    out.mkdir(parents=True, exist_ok=True)
+    report = {"idioms": measure_idioms(args.repeats)}
+    idioms = report["idioms"]
+    page = ["Compile CPU seconds above an empty Cell (one process):", "",
+            _table({"20 slices": idioms["narrow"]}, list(idioms["narrow"]), "idiom"), "",
+            _table({f"{n} tensors": idioms[f"pass_{n}"] for n in PASS_SIZES}, ["loop", "comprehension", "hyper_map"],
+                   "one pass over"), ""]
+    print("\n".join(page), flush=True)
+    if args.world_size:
+        from tools.dev.launch import run_msrun
+
+        run_msrun(Path(__file__), args.world_size, out, ["--as_step_worker", "--layers", str(args.layers), "--width",
+                                                         str(args.width)], timeout=1200, caller="compile_cost")
+        with open(out / "step_rank0.json") as f:
+            report["train_step"] = json.load(f)
+        step = [f"First call of the train step, CPU seconds (compile and one step), rank 0 of {args.world_size}, "
+                f"{args.layers} x Dense({args.width}):", "",
+                _table({k: {"CPU s": v} for k, v in report["train_step"].items()}, ["CPU s"], "train step")]
+        print("\n".join(step))
+        page += step
+    with open(out / "compile_cost.json", "w") as f:
+        json.dump(report, f, indent=1)
+    print(f"\nwrote {out / 'compile_cost.json'}")
+    if args.docs:
+        body = "\n".join(page)
+        print(f"page: {write_report('compile_cost', 'What the train step costs to compile', body, out_dir=args.docs)}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,122 @@
+"""For benchmarking: writes ``docs/benchmarks/<name>.md`` (``tools/bench/report.py``).
+
+Measure the memory the offline combine (``convert_checkpoints``) needs, against the checkpoint's size.
+
+    python tools/bench/measure_combine_memory.py                      # 8 tensors of 100 MB over 4 ranks (800 MB)
+    python tools/bench/measure_combine_memory.py --params 4 --param_mb 10 --formats ckpt
+
+Writes per-rank files of ``--params`` fp32 tensors of about ``--param_mb`` MB each (dim 0 not
+divisible by the group, so padding is dropped on the way), split over ``--ranks`` ranks as a
+ZeRO run saves them, with their split-info JSON; then combines them in a fresh Python process
+per format and reports that process's extra peak resident memory: VmHWM after the call minus
+VmRSS before it (after ``import mindspore``), both read from ``/proc/self/status``, next to the
+size of the rank files. Rank files and outputs go to a temporary folder (``--folder`` to keep
+them), removed at the end. Needs about 2 x the checkpoint size of free disk per format.
+"""
+import argparse
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+import numpy as np
+
+REPO = Path(__file__).resolve().parents[2]
+if str(REPO) not in sys.path:
+    sys.path.insert(0, str(REPO))
+
+from mindone_zero.checkpoint import atomic_save_checkpoint, write_split_info  # noqa: E402
+from mindone_zero.core.partition import ShardSpec, row_range  # noqa: E402
+from tools.bench.report import add_docs_flag, write_report  # noqa: E402
+
+_COLS = 1000
+_PEAK_SCRIPT = """
+import sys
+sys.path.insert(0, {root!r})
+import mindspore
+from mindone_zero.checkpoint import convert_checkpoints
+def mb(key):
+    for line in open("/proc/self/status"):
+        if line.startswith(key):
+            return int(line.split()[1]) * 1024
+before = mb("VmRSS")
+convert_checkpoints({src!r}, {info!r}, {ranks})
+print(before, mb("VmHWM"))
+"""
+
+
+def _block(index: int, rows: int, ranks: int, rank: int) -> np.ndarray:
+    """Rank ``rank``'s padded block of tensor ``index`` (values depend on the row, zero padding)."""
+    start, stop = row_range(rows, ranks, rank)
+    block = np.zeros((stop - start, _COLS), np.float32)
+    real = max(0, min(stop, rows) - start)
+    block[:real] = (np.arange(start, start + real, dtype=np.float32)[:, None] + index)
+    return block
+
+
+def write_rank_files(folder: str, fmt: str, params: int, param_mb: float, ranks: int):
+    """Per-rank checkpoints and split-info JSON; returns (ckpt pattern, json pattern, bytes of rank files)."""
+    rows = int(param_mb * 1e6 / (4 * _COLS)) | 1  # odd: never divisible by an even group
+    names = [f"layers.{i}.weight" for i in range(params)]
+    total = 0
+    for r in range(ranks):
+        path = os.path.join(folder, f"net_rank{r}.{fmt}")
+        atomic_save_checkpoint({n: _block(i, rows, ranks, r) for i, n in enumerate(names)}, path)
+        total += os.path.getsize(path)
+        write_split_info([ShardSpec(n, (rows, _COLS), ranks, r, True) for n in names], os.path.join(folder, "info"), r)
+    return os.path.join(folder, "net_rank{}." + fmt), os.path.join(folder, "info", "params_split_info_{}.json"), total
+
+
+def measure(src: str, info: str, ranks: int) -> int:
+    """Extra peak resident bytes of ``convert_checkpoints`` in a fresh process."""
+    script = _PEAK_SCRIPT.format(root=str(REPO), src=src, info=info, ranks=ranks)
+    res = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, check=True)
+    before, peak = (int(x) for x in res.stdout.split()[-2:])
+    return peak - before
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[1])
+    parser.add_argument("--params", type=int, default=8)
+    parser.add_argument("--param_mb", type=float, default=100.0)
+    parser.add_argument("--ranks", type=int, default=4)
+    parser.add_argument("--formats", nargs="+", default=["ckpt", "safetensors"], choices=["ckpt", "safetensors"])
+    parser.add_argument("--folder", help="keep the files here instead of a temporary folder")
+    add_docs_flag(parser, "combine_memory")
+    args = parser.parse_args(argv)
+    for key in ("params", "ranks"):
+        if getattr(args, key) < 1:
+            parser.error(f"the argument '--{key}' must be >= 1, but got {getattr(args, key)}")
+    if not args.param_mb > 0:
+        parser.error(f"the argument '--param_mb' must be > 0, but got {args.param_mb}")
+    root = args.folder or tempfile.mkdtemp(prefix="combine_memory_")
+    page = [f"Offline combine (``convert_checkpoints``, a fresh process, VmHWM above VmRSS before the call) of "
+            f"{args.params} tensors of {args.param_mb:g} MB over {args.ranks} ranks:", "",
+            "| format | rank files | output | extra peak RSS of the combine | extra peak / checkpoint size |",
+            "|---|---:|---:|---:|---:|"]
+    print("\n".join(page))
+    try:
+        for fmt in args.formats:
+            folder = os.path.join(root, fmt)
+            os.makedirs(folder, exist_ok=True)
+            src, info, size = write_rank_files(folder, fmt, args.params, args.param_mb, args.ranks)
+            extra = measure(src, info, args.ranks)
+            out = src.format(f"all_{args.ranks}")
+            page.append(f"| {fmt} | {args.ranks} x {size / args.ranks / 1e6:.0f} MB | "
+                        f"{os.path.getsize(out) / 1e6:.0f} MB | {extra / 1e6:.0f} MB | {extra / size:.3f} |")
+            print(page[-1], flush=True)
+            if not args.folder:
+                shutil.rmtree(folder)
+    finally:
+        if not args.folder:
+            shutil.rmtree(root, ignore_errors=True)
+    if args.docs:
+        body = "\n".join(page)
+        print(f"page: {write_report('combine_memory', 'Memory of the offline combine', body, out_dir=args.docs)}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
