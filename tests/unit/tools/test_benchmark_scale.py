@@ -1,0 +1,62 @@
+"""tools/bench/benchmark_scale.py: the pretrained file it writes (each format, read back), its table,
+and its argument checks (before any work)."""
+import json
+
+import numpy as np
+import pytest
+from safetensors.numpy import load_file
+
+from mindone_zero.checkpoint.hf_index import INDEX_NAME
+from mindone_zero.checkpoint.readers import open_checkpoint
+from tools.bench import benchmark_scale as bs
+
+
+@pytest.mark.parametrize("fmt", ["safetensors", "ckpt", "hf"])
+def test_pretrained_file_holds_every_tensor(tmp_path, fmt):
+    path = bs.write_pretrained(tmp_path / "pre", fmt, layers=3, width=8)
+    want = dict(bs._tensors(3, 8))
+    if fmt == "hf":
+        index = json.loads((path / INDEX_NAME).read_text())
+        assert sorted(index["weight_map"]) == sorted(want)
+        got = {}
+        for name in sorted(set(index["weight_map"].values())):
+            got.update(load_file(str(path / name)))
+    else:
+        f = open_checkpoint(str(path))
+        got = {name: f.read(name) for name in want}
+    assert {k: v.shape for k, v in got.items()} == want
+    assert all(v.dtype == np.float32 and np.isfinite(v).all() and v.std() > 0 for v in got.values())
+
+
+def _way(growths, held):
+    phases = [{"name": n, "growth": g} for n, g in growths.items()]
+    return [{"phases": phases, "held_after_steps": held}, {"phases": phases, "held_after_steps": held // 2}]
+
+
+def test_table_in_multiples_of_the_model_and_of_the_largest_tensor():
+    m, largest = 1000, 100
+    results = {
+        "mindone": _way({"build": 1000, "load pretrained": 2000, "optimizer + prepare_train_network": 80,
+                         "3 train steps": 1200, "export": 640}, 1950),
+        "sharded": _way({"build": 0, "prepare_network": 330, "load pretrained": 10,
+                         "optimizer + prepare_train_network": 20, "3 train steps": 1500, "export": 150}, 1900),
+        "sharded_mindone_order": _way({"build": 0, "optimizer + prepare_train_network": 300, "load pretrained": 10,
+                                       "3 train steps": 1500, "export": 150}, 1900),
+    }
+    table = bs.render(results, m, largest, world=4)
+    rows = [line for line in table.splitlines() if line.startswith("| ")][1:]
+    assert [r.split(" (")[0] for r in rows] == ["| build", "| prepare_network", "| load pretrained",
+                                                "| optimizer + prepare_train_network", "| 3 train steps",
+                                                "| export", "| export, rank 0", "| held after the steps"]
+    assert "| load pretrained (max over ranks, x M) | 2.00 | 0.01 | 0.01 | <= 0.35 |" in rows
+    assert "| prepare_network (max over ranks, x M) | - | 0.33 | - | <= 0.35 |" in rows
+    assert "| export, rank 0 (x the largest tensor) | 6.40 | 1.50 | 1.50 | <= 2.0 |" in rows
+    assert "| held after the steps (x M) | 1.95 | 1.90 | 1.90 | - |" in rows
+
+
+@pytest.mark.parametrize("arg", ["--layers", "--width", "--world", "--steps", "--timeout"])
+def test_bad_sizes_exit_before_any_work(tmp_path, arg, capsys):
+    with pytest.raises(SystemExit) as err:
+        bs.main([arg, "0", "--out", str(tmp_path / "out"), "--docs", ""])
+    assert err.value.code == 2 and f"'{arg}' must be >= 1, but got 0" in capsys.readouterr().err
+    assert not (tmp_path / "out").exists()

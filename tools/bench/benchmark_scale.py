@@ -1,0 +1,134 @@
+"""For developers: per-rank peak memory of a model's life at ZeRO stage 3 (build, load pretrained,
+prepare, train, export), MindOne's way against the sharded way, side by side in one run.
+
+Builds ``layers`` x Dense(width, width) (default 16 x 4096: 1.07 GB of fp32, M), writes a full
+pretrained checkpoint of it (one tensor at a time), then runs one msrun job of ``--world`` ranks per
+way (tools/bench/benchmark_scale_worker.py says what each does) and prints, for every phase, the
+largest per-rank growth of the peak resident set as a multiple of M, and the export's growth on
+rank 0 as a multiple of the largest tensor. It writes the table to docs/benchmarks/scale.md (``--docs
+DIR`` elsewhere, ``--docs ''`` nowhere), stamped with the command, date, commit and machine.
+
+Usage: python tools/bench/benchmark_scale.py [--layers 16] [--width 4096] [--world 4] [--steps 3]
+       [--format safetensors|ckpt|hf] [--out outputs/benchmark_scale] [--docs DIR]
+"""
+import argparse
+import json
+import shutil
+import sys
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[2]
+if str(REPO) not in sys.path:
+    sys.path.insert(0, str(REPO))
+
+import numpy as np  # noqa: E402
+
+from mindone_zero.checkpoint.hf_index import group_into_shards, index_json, shard_file_name, write_index  # noqa: E402
+from mindone_zero.checkpoint.writers import stream_checkpoint  # noqa: E402
+from tools.bench.report import add_docs_flag, write_report  # noqa: E402
+from tools.dev.launch import run_msrun  # noqa: E402
+
+WAYS = (("mindone", "MindOne's way"), ("sharded", "sharded, prepare_network first"),
+        ("sharded_mindone_order", "sharded, MindOne's order"))
+GOAL_SHARE, GOAL_EXPORT = 0.35, 2.0  # issue 35: every phase but the steps <= 0.35 M; export <= 2x largest tensor
+
+
+def _tensors(layers: int, width: int):
+    """(name, shape) of the model's tensors, in the network's order."""
+    out = []
+    for i in range(layers):
+        out += [(f"net.{i}.weight", (width, width)), (f"net.{i}.bias", (width,))]
+    return out
+
+
+def write_pretrained(path: Path, fmt: str, layers: int, width: int) -> Path:
+    """A full checkpoint of the model, written one tensor at a time (random values, seeded)."""
+    tensors = _tensors(layers, width)
+    rng = np.random.default_rng(0)
+
+    def produce(name):
+        shape = dict(tensors)[name]
+        return (rng.standard_normal(shape, dtype=np.float32) / np.float32(np.sqrt(width)))
+
+    entries = [(n, s, np.dtype(np.float32)) for n, s in tensors]
+    if fmt != "hf":
+        target = path.with_suffix("." + fmt)
+        return Path(stream_checkpoint(str(target), fmt, entries, produce))
+    path.mkdir(parents=True, exist_ok=True)
+    groups = group_into_shards([(n, 4 * int(np.prod(s))) for n, s in tensors], 2 ** 28)
+    for k, names in enumerate(groups):
+        stream_checkpoint(str(path / shard_file_name(k + 1, len(groups))), "safetensors",
+                          [e for e in entries if e[0] in names], produce)
+    write_index(str(path), index_json(groups, sum(4 * int(np.prod(s)) for _, s in tensors)))
+    return path
+
+
+def run_way(way: str, args, pretrained: Path, out: Path) -> list:
+    """Each rank's result of one way's job."""
+    case = dict(way=way, layers=args.layers, width=args.width, steps=args.steps, pretrained=str(pretrained),
+                export=str(out / f"export_{way}.safetensors"))
+    job = out / way
+    run_msrun("tools/bench/benchmark_scale_worker.py", args.world, job, ["--case", json.dumps(case)],
+              timeout=args.timeout, caller="benchmark_scale")
+    return [json.loads((job / f"{way}_rank{r}.json").read_text()) for r in range(args.world)]
+
+
+def render(results: dict, model_bytes: int, largest: int, world: int) -> str:
+    """The Markdown table: per phase, the largest per-rank growth / M for each way, and the goals."""
+    names = []  # the phases in the order of the way that has them all
+    for way in sorted(results, key=lambda w: -len(results[w][0]["phases"])):
+        for ph in results[way][0]["phases"]:
+            if ph["name"] not in names:
+                names.append(ph["name"])
+    head = "| phase | " + " | ".join(label for _, label in WAYS) + " | goal (sharded ways) |"
+    lines = [head, "|---|" + "---:|" * (len(WAYS) + 1)]
+    for name in names:
+        cells = []
+        for way, _ in WAYS:
+            growth = [next((p["growth"] for p in r["phases"] if p["name"] == name), None) for r in results[way]]
+            cells.append("-" if growth[0] is None else f"{max(growth) / model_bytes:.2f}")
+        goal = "-" if "train step" in name else f"<= {GOAL_SHARE}"
+        lines.append(f"| {name} (max over ranks, x M) | " + " | ".join(cells) + f" | {goal} |")
+    exports = [f"{next(p['growth'] for p in results[w][0]['phases'] if p['name'] == 'export') / largest:.2f}"
+               for w, _ in WAYS]
+    lines.append("| export, rank 0 (x the largest tensor) | " + " | ".join(exports) + f" | <= {GOAL_EXPORT} |")
+    held = [f"{max(r['held_after_steps'] for r in results[w]) / model_bytes:.2f}" for w, _ in WAYS]
+    lines.append("| held after the steps (x M) | " + " | ".join(held) + " | - |")
+    return (f"N={world}, ZeRO stage 3, GRAPH_MODE, AdamWeightDecay. M = {model_bytes / 1e9:.2f} GB (the model's fp32 "
+            f"bytes); a rank's block is {1 / world:.2f} M; the largest tensor is {largest / 2 ** 20:.0f} MiB. Each "
+            f"phase: the peak resident set (VmHWM, reset before the phase) above the resident set when the phase "
+            f"started, the largest over the ranks.\n\n" + "\n".join(lines) + "\n")
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--layers", type=int, default=16)
+    parser.add_argument("--width", type=int, default=4096)
+    parser.add_argument("--world", type=int, default=4)
+    parser.add_argument("--steps", type=int, default=3)
+    parser.add_argument("--format", choices=("safetensors", "ckpt", "hf"), default="safetensors")
+    parser.add_argument("--out", default="outputs/benchmark_scale")
+    parser.add_argument("--timeout", type=int, default=1800)
+    add_docs_flag(parser, "scale")
+    args = parser.parse_args(argv)
+    for key in ("layers", "width", "world", "steps", "timeout"):
+        if getattr(args, key) < 1:
+            parser.error(f"the argument '--{key}' must be >= 1, but got {getattr(args, key)}")
+    out = Path(args.out).resolve()
+    shutil.rmtree(out, ignore_errors=True)
+    out.mkdir(parents=True)
+    pretrained = write_pretrained(out / "pretrained", args.format, args.layers, args.width)
+    results = {way: run_way(way, args, pretrained, out) for way, _ in WAYS}
+    model_bytes = sum(4 * int(np.prod(s)) for _, s in _tensors(args.layers, args.width))
+    table = render(results, model_bytes, 4 * args.width * args.width, args.world)
+    print(table)
+    (out / "results.json").write_text(json.dumps(results, indent=1))
+    if args.docs:
+        body = f"Pretrained file format: {args.format}.\n\n{table}"
+        print(f"page: {write_report('scale', 'Big models: memory per phase at stage 3', body, out_dir=args.docs)}")
+    shutil.rmtree(pretrained) if pretrained.is_dir() else pretrained.unlink()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

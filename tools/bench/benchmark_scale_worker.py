@@ -1,0 +1,127 @@
+"""For developers: the msrun worker of ``tools/bench/benchmark_scale.py``. One rank's peak memory
+growth through a model's life at ZeRO stage 3, one way of doing it per job.
+
+Usage (launched by benchmark_scale.py): ``msrun ... benchmark_scale_worker.py --out DIR --case JSON``
+with the case keys ``way`` ("mindone", "sharded" or "sharded_mindone_order"), ``layers``, ``width``, ``steps``, ``pretrained``
+(the full checkpoint to load) and ``export`` (the path the full model is exported to).
+
+* ``mindone`` (MindOne's order, as its scripts do it): build the network eagerly, ``ms.load_checkpoint``
+  the full file into it, build the optimizer on the full network, ``prepare_train_network``.
+* ``sharded``: build under ``mindone_zero.sharded_init()``, ``prepare_network`` (each rank keeps its
+  blocks), ``load_full_checkpoint`` into the shards, the optimizer, ``prepare_train_network``.
+* ``sharded_mindone_order``: build under ``sharded_init()``, the optimizer on the full (unmaterialized)
+  network, ``prepare_train_network``, then ``load_full_checkpoint`` into the train network.
+
+Both then run ``steps`` training steps and ``save_full_checkpoint``. Each phase's growth is its peak
+resident set (VmHWM, reset before the phase) above the resident set when it started
+(``mindone_zero.memory.measure.measure_peak_memory``). Writes ``DIR/<way>_rank{r}.json``.
+"""
+import argparse
+import json
+import os
+import sys
+from pathlib import Path
+
+os.environ.setdefault("GLOG_v", "3")
+REPO = Path(__file__).resolve().parents[2]
+if str(REPO) not in sys.path:
+    sys.path.insert(0, str(REPO))
+
+import numpy as np  # noqa: E402
+import mindspore as ms  # noqa: E402
+from mindspore import Tensor, nn  # noqa: E402
+
+from mindone_zero import (load_full_checkpoint, prepare_network, prepare_train_network, save_full_checkpoint,  # noqa: E402
+                          sharded_init)
+from mindone_zero.core.comm import init_data_parallel  # noqa: E402
+from mindone_zero.memory.measure import measure_peak_memory, memory_in_use  # noqa: E402
+
+
+class DenseStack(nn.Cell):
+    """``layers`` x Dense(width, width) under a mean-squared-error loss (parameters ``net.<i>.*``)."""
+
+    def __init__(self, layers: int, width: int):
+        super().__init__()
+        self.net = nn.SequentialCell([nn.Dense(width, width) for _ in range(layers)])
+
+    def construct(self, x, y):
+        return ((self.net(x) - y) ** 2).mean()
+
+
+def mindone_load(path: str, net: nn.Cell) -> None:
+    """``ms.load_checkpoint`` of the whole file into the full network (of each file of a sharded folder)."""
+    if os.path.isdir(path):
+        for name in sorted(f for f in os.listdir(path) if f.endswith(".safetensors")):
+            ms.load_checkpoint(os.path.join(path, name), net, format="safetensors")
+    else:
+        ms.load_checkpoint(path, net, format="safetensors" if path.endswith(".safetensors") else "ckpt")
+
+
+def phases(case: dict, rank: int):
+    """The way's phases in order, as (name, callable); each callable keeps its result in ``state``."""
+    state = {}
+    layers, width = case["layers"], case["width"]
+    rng = np.random.default_rng(100 + rank)
+    batch = [Tensor(rng.standard_normal((2, width)).astype(np.float32)) for _ in range(2)]
+
+    def build():
+        if case["way"] != "mindone":
+            with sharded_init():
+                state["net"] = DenseStack(layers, width)
+        else:
+            state["net"] = DenseStack(layers, width)
+
+    def shard():
+        state["net"] = prepare_network(state["net"], zero_stage=3)
+
+    def load():
+        if case["way"] != "mindone":  # the prepared network, or the train network
+            load_full_checkpoint(state.get("train", state["net"]), case["pretrained"])
+        else:
+            mindone_load(case["pretrained"], state["net"])
+
+    def prepare():
+        opt = nn.AdamWeightDecay(state["net"].trainable_params(), learning_rate=1e-4)
+        state["train"] = prepare_train_network(state["net"], opt, zero_stage=3)
+
+    def train():
+        out = None
+        for _ in range(case["steps"]):
+            out = state["train"](*batch)
+        return out
+
+    def export():
+        save_full_checkpoint(state["train"], case["export"])
+
+    steps = f"{case['steps']} train step{'s' if case['steps'] > 1 else ''}"
+    if case["way"] == "sharded":
+        return [("build", build), ("prepare_network", shard), ("load pretrained", load),
+                ("optimizer + prepare_train_network", prepare), (steps, train), ("export", export)]
+    if case["way"] == "sharded_mindone_order":
+        return [("build", build), ("optimizer + prepare_train_network", prepare), ("load pretrained", load),
+                (steps, train), ("export", export)]
+    return [("build", build), ("load pretrained", load), ("optimizer + prepare_train_network", prepare),
+            (steps, train), ("export", export)]
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--out", required=True)
+    parser.add_argument("--case", required=True)
+    args = parser.parse_args()
+    case = json.loads(args.case)
+    ms.set_context(mode=ms.GRAPH_MODE)
+    rank, _ = init_data_parallel()
+    start = memory_in_use()
+    result = {"phases": []}
+    for name, run in phases(case, rank):
+        peak = measure_peak_memory(run)
+        result["phases"].append({"name": name, "growth": peak.growth_bytes})
+        if "train step" in name:
+            result["held_after_steps"] = memory_in_use() - start
+    with open(os.path.join(args.out, f"{case['way']}_rank{rank}.json"), "w") as f:
+        json.dump(result, f)
+
+
+if __name__ == "__main__":
+    main()
