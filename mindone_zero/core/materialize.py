@@ -17,11 +17,17 @@ blocks plus one full tensor:
 Two MindSpore 2.10 behaviours need care:
 
 * ``Parameter.clone`` (what an optimizer does to create its moments, ``ParameterTuple.clone``, and
-  MindOne's EMA) shares the source's ``init_mode`` Tensor and then sets that Tensor's ``init`` to
-  None. The source then fails to initialize (``TypeError: init_data must be set Tensor.init``):
-  MindOne's order, optimizer first and ``prepare_train_network`` after, crashed this way. The
-  Parameter's own ``init`` attribute still names the initializer, so ``initializer_of`` reads it
-  from there, and ``restore_initializer`` puts it back where ``init_data`` looks for it.
+  MindOne's EMA) copies the Parameter through ``__reduce_ex__``, which builds the copy from the
+  source's ``init_mode`` Tensor outside any delayed-initialisation context: it runs the source's
+  initializer (a full tensor per copy, and numpy draws) and leaves that Tensor's ``init`` None. The
+  source then fails to initialize (``TypeError: init_data must be set Tensor.init``): MindOne's
+  order, optimizer first and ``prepare_train_network`` after, crashed this way, and an optimizer
+  built on the full network cost the model's size once more. The Parameter's own ``init`` attribute
+  still names the initializer, so ``initializer_of`` reads it from there, and
+  ``restore_initializer`` puts it back where ``init_data`` looks for it. A Parameter built under
+  ``sharded_init`` copies without any of this: ``sharded_init`` installs (once) a ``__reduce_ex__``
+  that, for such a Parameter only while it is unmaterialized, makes the copy unmaterialized too,
+  with the same initializer and recorded random state; every other Parameter copies as before.
 * A random initializer (``Normal``, ``Uniform``, ``TruncatedNormal``, ``HeUniform``, ``HeNormal``,
   ``XavierUniform``, ``XavierNormal``, ``VarianceScaling``, ``Orthogonal``, ``Sparse``) draws its
   values from numpy's global random state when it runs, as ``init_data`` does. Materialized here in
@@ -87,6 +93,7 @@ def sharded_init():
         ...     network = MyModel(config)   # no parameter memory yet
         >>> network = prepare_network(network, zero_stage=3)   # each rank holds its blocks
     """
+    _install_unmaterialized_copies()
     created = []
     original = Parameter.__dict__[_NEW_ARGS]
 
@@ -105,6 +112,37 @@ def sharded_init():
         setattr(Parameter, _NEW_ARGS, original)
         Parameter.init_param = previous
         _replay(created)
+
+
+def _install_unmaterialized_copies() -> None:
+    """Make a copy of a Parameter built under ``sharded_init`` and not yet materialized stay so
+    ([Note: delayed initialisation]). Installed once; other Parameters copy as before."""
+    original = Parameter.__dict__["__reduce_ex__"]
+    if getattr(original, "_zero_unmaterialized", False):
+        return
+
+    def reduce_ex(self, protocol):
+        mode = getattr(self, "init_mode", None)
+        state = getattr(mode, _STATE_ATTR, None) if mode is not None else None
+        if state is None or not self.has_init:
+            return original(self, protocol)
+        return (_unmaterialized_copy, (initializer_of(self), tuple(self.shape), self.dtype, state, self.name,
+                                       self.requires_grad, self.layerwise_parallel))
+
+    reduce_ex._zero_unmaterialized = True
+    Parameter.__reduce_ex__ = reduce_ex
+
+
+def _unmaterialized_copy(init, shape, dtype, state, name, requires_grad, layerwise_parallel):
+    """A new unmaterialized Parameter with ``init`` and the random state recorded for its source."""
+    data = initializer(init, shape, dtype)
+    setattr(data, _STATE_ATTR, state)
+    previous = getattr(Parameter, "init_param", True)
+    Parameter.init_param = False
+    try:
+        return Parameter(data, name, requires_grad, layerwise_parallel)
+    finally:
+        Parameter.init_param = previous
 
 
 def _replay(created) -> None:
@@ -196,8 +234,15 @@ def block_of(param, spec: ShardSpec) -> np.ndarray:
 
 def set_value(param: Parameter, value: np.ndarray, dtype=None) -> None:
     """Replace ``param``'s data with ``value`` (in ``dtype``, by default ``param``'s), dropping what
-    delayed initialisation kept on it."""
-    param.set_data(Tensor(value, dtype if dtype is not None else param.dtype))
+    delayed initialisation kept on it. An array that owns its memory in that dtype is handed over
+    without a copy: a block of zeros (``block_of`` of a ``Zero`` initializer) then takes no memory
+    until it is first written, as MindSpore's own delayed zeros."""
+    dtype = dtype if dtype is not None else param.dtype
+    owned = value.flags.owndata and value.flags.c_contiguous and dtype != ms.bfloat16
+    if owned and value.dtype == np.dtype(ms.dtype_to_nptype(dtype)):
+        param.set_data(Tensor.from_numpy(value))
+    else:
+        param.set_data(Tensor(value, dtype))
     if getattr(param, "init_mode", None) is not None:
         param.init_mode = None
 

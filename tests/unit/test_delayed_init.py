@@ -14,6 +14,7 @@ from mindspore.nn.utils import no_init_parameters
 from mindone_zero import sharded_init
 from mindone_zero.core import materialize as mat
 from mindone_zero.core.partition import ShardSpec, split_array
+from mindone_zero.memory.measure import memory_in_use
 
 SHAPE = (6, 5)
 # every initializer MindSpore 2.10 registers, with the arguments it needs
@@ -147,3 +148,26 @@ def test_bfloat16_parameters():
     mat.set_value(p, mat.block_of(p, spec))
     assert p.dtype == ms.bfloat16 and not mat.is_unmaterialized(p)
     np.testing.assert_array_equal(p.astype(ms.float32).asnumpy(), eager[:2])
+
+
+def test_copies_stay_unmaterialized_without_drawing():
+    """An optimizer or EMA built on a ``sharded_init`` network clones every parameter: the copies
+    stay unmaterialized (no memory, no random draws) and the sources keep their initializers."""
+    np.random.seed(5)
+    eager = nn.SequentialCell([nn.Dense(512, 512) for _ in range(4)])
+    np.random.seed(5)
+    with sharded_init():
+        net = nn.SequentialCell([nn.Dense(512, 512) for _ in range(4)])
+    state = np.random.get_state()
+    before = memory_in_use()
+    optimizer = nn.AdamWeightDecay(net.trainable_params())
+    same = ms.ParameterTuple(net.trainable_params()).clone(prefix="ema", init="same")
+    assert memory_in_use() - before < 2 ** 20  # the model is 4 MiB; MindSpore's copies would run every initializer
+    assert _same_state(np.random.get_state(), state)
+    assert all(mat.is_unmaterialized(p) for p in list(optimizer.moments1) + list(optimizer.moments2) + list(same))
+    assert all(p.init_mode.init is not None for p in net.trainable_params())
+    for p, e, copy in zip(net.trainable_params(), eager.trainable_params(), same):
+        np.testing.assert_array_equal(mat.host_value(copy), e.asnumpy())  # a 'same' copy: the source's values
+        mat.materialize(p)
+        np.testing.assert_array_equal(p.asnumpy(), e.asnumpy())
+    assert not mat.block_of(optimizer.moments1[0], ShardSpec("m", (512, 512), 2, 1, True)).any()
