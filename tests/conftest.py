@@ -25,7 +25,7 @@ for p in (ROOT, ROOT / "tests"):
 # With ``-n 0`` the same order runs in one process. The jobs are bound by CPU work, so side by side
 # they slow each other (two N=2 parity jobs at once: 289 and 287 CPU-s, 298 s; one alone: 231-282
 # CPU-s, 130-157 s), and the gain comes from the shorter jobs' start-up and the one-process tests
-# filling the gaps: the suite keeps 1.89 of the 2 cores busy (README, "Quick start").
+# filling the gaps: the suite keeps 1.89 of the 2 cores busy.
 #
 # Where the CPU goes: ``python tools/dev/compile_census.py`` runs the suite as CI does and logs every
 # graph compile of every process. 2026-12-03 (1542 tests, 23 min, 2612 CPU-s at 1.89 cores): 482

@@ -9,7 +9,7 @@
 * ``{"device": "nvme", "path": DIR, "chunk_size": BYTES, "keep_files": False}``: ZeRO-Infinity;
   the optimizer states live in files under ``DIR`` (DeepSpeed's ``nvme_path`` is accepted for
   ``path``) and are updated ``chunk_size`` bytes per state at a time (default 1 MiB, chosen by
-  measurement: README, "Optimizer offload"), so host memory for them stays about one chunk. Each
+  measurement: docs/benchmarks/offload_chunks.md), so host memory for them stays about one chunk. Each
   rank keeps its files in a fresh folder ``DIR/rank{g}_*``, removed when the train network is
   freed or the process exits, unless ``keep_files`` is True. Those files are working state, not
   checkpoints: ``save_train_state`` saves the states like any others.

@@ -28,8 +28,8 @@ Each rule follows the kernel the MindSpore optimizer runs on the device (MindSpo
 
 Adam, Momentum and SGD then divide the gradient by their ``loss_scale`` (``scale_grad``).
 Everything is computed in float32, as the kernels do; only the nnacl path repeats the kernels'
-fused operations, so the numpy rules agree with the device within round-off (README, "Optimizer
-offload", for the measured tolerance).
+fused operations, so the numpy rules agree with the device within round-off (tests/unit/test_offload.py
+checks the tolerance).
 """
 from dataclasses import dataclass
 from typing import Dict, Tuple

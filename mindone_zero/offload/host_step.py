@@ -35,7 +35,7 @@ peak (the outputs sit in MindSpore's memory pool, which keeps freed blocks for t
 graph, and the peak is inside that graph). The update allocates nothing per element where the
 nnacl kernel runs ([Note: host kernel parity] in nnacl.py): states in memory are updated in place,
 states in files through one buffer per state per chunk (``chunk_size``, 1 MiB by default; its cost
-measured in the README, "Optimizer offload"). The states' device copies are freed when they are
+measured on docs/benchmarks/offload_chunks.md). The states' device copies are freed when they are
 moved into the store, but glibc keeps freed blocks of a few MB in its heap (they stay in the
 resident set); ``malloc_trim`` once the store is filled returns them to the OS, which lowered the
 peak RSS of a stage-3 run with its states in files by about 20 MB (the baseline by about 135 MB;

@@ -10,7 +10,7 @@ function here, through ``ctypes``, on each chunk gives the on-device run's bits:
 element depends only on that element's inputs, not on where a chunk (or one of the kernel's thread
 ranges) starts or ends, measured on MindSpore 2.10 (tests/unit/test_offload.py, chunks of 10 and
 1000 floats). Where the library or the function is missing (another MindSpore build), the host
-falls back to numpy, which agrees within the tolerance the README states.
+falls back to numpy, which agrees within the tolerance tests/unit/test_offload.py checks.
 """
 import ctypes
 import os

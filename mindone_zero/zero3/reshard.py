@@ -21,7 +21,7 @@ what must not be kept.) Evidence: on blocks of LayerNorm + Dense + GELU + Dense,
 profiler counts as many MatMul, LayerNorm and GeLU kernels per step as at stage 0, with units and
 per layer, and the AllGather count shows the backward re-gathers
 (tests/dist/test_profile_collectives.py); the peak-memory benchmark's freeing row stays where
-recomputing the readers put it (README).
+recomputing the readers put it (docs/benchmarks/peak.md).
 
 A reader is recomputed whole instead (the fallback: ``Cell.recompute()`` as before, which holds the
 re-gathered tensor inside the recomputed region) when re-gathering alone would not free the

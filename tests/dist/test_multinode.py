@@ -1,6 +1,6 @@
 """Two msrun "machines" on loopback (``--node_rank`` 0 and 1, two workers each) train with
 hybrid groups: shards within a node ({0,1}, {2,3}), replicas across nodes ({0,2}, {1,3}).
-This is the README's multi-node launch, with 127.0.0.1 as the master address; the groups come from
+This is the multi-node launch of docs/guides/hybrid-groups.md, with 127.0.0.1 as the master address; the groups come from
 ``create_hybrid_groups(2)``, whose names must each stand for one rank set across both "machines"."""
 import json
 

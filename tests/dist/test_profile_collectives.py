@@ -23,7 +23,7 @@ def test_executed_kernels_match_the_comm_plan_and_stage_0(tmp_path):
     assert planned == {"0": 3, "3": 93, "3 (units)": 15, "3 (units, keep)": 11}
     # Per layer, MindSpore drops the backward re-gather of a tensor that no backward op reads: the 3
     # LayerNorm betas and the 2 embedding tables of the demo LM, each of the 2 micro-steps. The
-    # CommPlan still counts them (an over-count of 10 small all-gathers, README); units gather each
+    # CommPlan still counts them (an over-count of 10 small all-gathers); units gather each
     # block's tensors together, and keeping re-gathers nothing, so those match exactly.
     assert executed == dict(planned, **{"3": planned["3"] - 10})
     assert (tmp_path / "profile.md").read_text().count("| collectives in the CommPlan | 3 | 93 | 15 | 11 |") == 1

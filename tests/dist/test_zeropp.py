@@ -5,7 +5,7 @@ Two msrun jobs (tests/dist/workers/zeropp_worker.py), each running several cases
 * N=2: the demo LM (configs/train_lm.yaml's model with one layer of width 32) for 200 steps
   without ZeRO++ and with qwZ + qgZ (int8 blocks of 2048), at learning rates 1e-3 and 3e-3: the final
   loss with quantization within 5% of the unquantized one at 1e-3, within 50% at 3e-3 (where the
-  loss falls fast and the curves cross; README "Accuracy, measured"); vectors (biases, LayerNorm
+  loss falls fast and the curves cross); vectors (biases, LayerNorm
   weights) are not quantized.
 * N=4, hpZ group = each half of the ranks: TinyNet (uneven shapes: dim 0 of 7 and 11 over 4
   ranks, so sharded with ``pad_uneven_params=True``; a LayerNorm through the generic path, an
@@ -64,7 +64,7 @@ def _cross_volume(entries):
                if not g.startswith("hpz_") and not (k == "all_reduce" and b == 4))
 
 
-# Final-loss tolerance per learning rate (README, "Accuracy, measured"): at 3e-3 the quantized and plain
+# Final-loss tolerance per learning rate: at 3e-3 the quantized and plain
 # curves cross and differ by tens of percent at any one step (measured +25% at the end), so 50% there.
 FINAL_TOLERANCE = {1e-3: 0.05, 3e-3: 0.5}
 

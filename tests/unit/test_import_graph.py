@@ -144,7 +144,7 @@ def test_no_cycle_between_packages():
     graph = package_graph()
     assert {"mindone_zero.core", "mindone_zero.zero3", "mindone_zero.train", "parallel_modules"} <= set(graph)
     assert find_cycles(graph) == [], graph
-    # the layering the README's "Code layout" describes
+    # the layering docs/design.md describes
     assert graph["mindone_zero.core"] == set()
     assert graph["mindone_zero.zero3"] == {"mindone_zero.core"}
     assert graph["parallel_modules"] == {"mindone_zero.zero3"}

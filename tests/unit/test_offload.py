@@ -129,7 +129,7 @@ def test_host_adamw_is_mindspore_cpu_kernel_bit_for_bit():
     numpy_rule = type(rule)(**dict(rule.__dict__, kernel="numpy"))
     w_np = _host_adamw(numpy_rule, hyper.lr, hyper.weight_decay, weights, grads_per_step, 1000)[0]
     assert sum(int((w_np[k] != device[0][k]).sum()) for k in range(len(shapes))) > 0
-    for k in range(len(shapes)):  # the numpy fallback's tolerance (README)
+    for k in range(len(shapes)):  # the numpy fallback's tolerance
         np.testing.assert_allclose(w_np[k], device[0][k], rtol=1e-6, atol=1e-7)
 
 
@@ -190,7 +190,7 @@ def test_host_step_drops_each_gradient_once_used():
 
 @pytest.mark.parametrize("optimizer", ["adam", "momentum", "sgd"])
 def test_numpy_rules_on_the_gelu_network(optimizer):
-    """The numpy rules on a second model (README's tolerance): Adam within 1e-6 relative (measured:
+    """The numpy rules on a second model (the tolerance of test_host_adamw_is_mindspore_cpu_kernel_bit_for_bit's numpy fallback): Adam within 1e-6 relative (measured:
     8e-8 on the losses, 8% of elements not bitwise), Momentum and SGD bit for bit."""
     device = _gelu_run(False, optimizer)
     losses, params = _gelu_run(True, optimizer)
