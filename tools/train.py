@@ -407,7 +407,14 @@ def run(args, cfg) -> dict:
     rank, world = init_data_parallel(train["device"])
     ms.set_context(mode=ms.GRAPH_MODE if train["mode"] == "graph" else ms.PYNATIVE_MODE)
     check_fresh_run(cfg, args.resume)
+    cache = None
+    if train["compile_cache"]:  # before the first compile; [Note: compile cache] in tools/compile_cache.py
+        from tools.compile_cache import enable_compile_cache
+
+        cache = enable_compile_cache(train["compile_cache"], cfg, world)
     job = Job(cfg, rank, world)
+    if cache is not None:
+        job.log(f"compile cache: {cache}")
     if world != train["world_size"]:
         job.log(f"note: running on {world} ranks (msrun), not train.world_size={train['world_size']}")
     job.log(f"ZeRO stage {train['zero_stage']}, {world} ranks, global batch {train['global_batch_size']} "

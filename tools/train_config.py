@@ -44,6 +44,9 @@ DEFAULTS: Dict[str, Dict[str, Any]] = {
         "ckpt_interval": 50,
         "output_dir": "outputs/train_lm",
         "init_seed": 0,
+        # a folder: MindSpore's compile cache in a subfolder keyed by what decides the graphs, so that a
+        # restart skips the compile ([Note: compile cache] in tools/compile_cache.py); "": off
+        "compile_cache": "",
     },
 }
 

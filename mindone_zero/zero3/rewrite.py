@@ -565,9 +565,32 @@ def apply_rewrites(plans: List[RewritePlan], make_wrapper: Callable[[Parameter, 
                 if not target.emit:
                     methods[key] = target.func
         for read in plan.reads.values():
-            setattr(plan.cell, read.attr, make_wrapper(read.param, read.compute_dtype, plan.cell))
+            _attach_wrapper(plan.cell, read.attr, make_wrapper(read.param, read.compute_dtype, plan.cell), read.param)
         if methods:
             object.__setattr__(plan.cell, "__class__", _dynamic_class(plan.original_class, methods))
+
+
+# [Note: lazy_inline key]
+# MindSpore's ``@lazy_inline`` (on a Cell's ``__init__``; Ascend) gives the Cell a key,
+# ``cell_init_args`` = "lazy_inline_<class>" + its init arguments, and Cells with equal keys are
+# compiled as one reusable subgraph: a stack of N equal blocks compiles one block. Every child Cell
+# later set as an attribute of such a Cell appends its repr to the key (``Cell._set_attr_for_cell``).
+# ZeRO-3 keeps the decorated Cell itself (its class, or a subclass of it: [Note: generic rewrite]) and
+# replaces child layers in place (``_cells``, which appends nothing), so the key keeps the
+# decorator's prefix, and ``no_inline`` (``policy="front"``) stays. Two things are set as attributes
+# and do append: the gather wrapper of a parameter the Cell reads itself (here) and a unit's
+# ``ZeroUnitGather`` (zero3/units.py). A wrapper's repr names its parameter ("blocks.3.scale"), which
+# would make every instance's key differ and MindSpore compile each block apart, losing what the
+# decorator is for; so the wrapper is appended with that name taken out: equal blocks keep equal
+# keys. A unit's gather names no parameter. (The keys are what can be checked on CPU,
+# tests/unit/test_lazy_inline.py; that Ascend then compiles one block is MindSpore's contract.)
+def _attach_wrapper(cell: nn.Cell, attr: str, wrapper: nn.Cell, param: Parameter) -> None:
+    """``cell.<attr> = wrapper``, keeping a ``@lazy_inline`` key free of the parameter's name
+    ([Note: lazy_inline key])."""
+    key = getattr(cell, "_cell_init_args", None)
+    setattr(cell, attr, wrapper)
+    if isinstance(key, str):
+        cell.cell_init_args = key + str({attr: repr(wrapper).replace(param.name, "")})
 
 
 def _dynamic_class(original: type, methods: Dict[str, types.FunctionType]) -> type:

@@ -57,6 +57,7 @@ from typing import Dict, List, Optional, Tuple
 
 from mindspore import Parameter, nn, ops
 
+from ..core.graph_tuples import hyper_map, take
 from .coalesce import COALESCE_MAX_BYTES, ZeroGatherGroup, gather_settings, gathered_nbytes
 
 __all__ = ["GatherUnit", "ZeroUnitGather", "UNIT_ARG", "UNIT_GATHER_ATTR", "find_units",
@@ -153,6 +154,38 @@ def param_path(root: nn.Cell, param: Parameter) -> Optional[List]:
     return search(root, [])
 
 
+# Per-element work of a unit runs through hyper_map and take ([Note: per-tensor maps] in
+# core/graph_tuples.py): the loops that grew tuples here made a third of the nodes type inference
+# visits in a 24-block model's stage-3 step with gather units (tools/bench/benchmark_compile.py).
+_same_shape = ops.MultitypeFuncGraph("same_shape")
+
+
+@_same_shape.register("Tensor")
+def _same_shape_tensor(x):
+    """PYNATIVE: a same-shape reshape gives the custom bprop the shard's real shape (see ZeroParamWrapper)."""
+    return x.reshape(x.shape)
+
+
+_cast_to = ops.MultitypeFuncGraph("cast_to")
+
+
+@_cast_to.register("TypeType", "Tensor")
+def _cast_to_tensor(dtype, x):
+    return x.astype(dtype)
+
+
+_after = ops.MultitypeFuncGraph("after")
+
+
+@_after.register("Tensor", "Tensor")
+@_after.register("Tuple", "Tensor")
+@_after.register("List", "Tensor")
+@_after.register("Number", "Tensor")
+def _after_tensor(after, x):
+    """``x``, once ``after`` (the unit root's first input) exists."""
+    return ops.depend(x, after)
+
+
 class _UnitPart(ZeroGatherGroup):
     """The elements of one unit with one gather setting: one all-gather, one reduce-scatter."""
 
@@ -161,11 +194,7 @@ class _UnitPart(ZeroGatherGroup):
         self.select = select
 
     def construct(self, xs):
-        ys = ()
-        for i in self.select:
-            # PYNATIVE: a same-shape reshape gives the custom bprop the shard's real shape (see ZeroParamWrapper).
-            ys = ys + (xs[i].reshape(xs[i].shape),)
-        return self.gather(ys)
+        return self.gather(hyper_map(_same_shape, take(xs, self.select)))
 
 
 class _UnitCasts(nn.Cell):
@@ -178,10 +207,7 @@ class _UnitCasts(nn.Cell):
         self.param_names = tuple(g.param_name for g in gathers)
 
     def construct(self, xs):
-        ys = ()
-        for i in self.select:
-            ys = ys + (xs[i].astype(self.compute_dtype),)
-        return ys
+        return hyper_map(ops.partial(_cast_to, self.compute_dtype), take(xs, self.select))
 
 
 class _UnitSingle(nn.Cell):
@@ -233,17 +259,11 @@ class ZeroUnitGather(nn.Cell):
 
     def construct(self, xs, after=None):
         if after is not None:  # [Note: gather order] in param_wrapper.py: wait for the root's input
-            tied = ()
-            for x in xs:
-                tied = tied + (ops.depend(x, after),)
-            xs = tied
+            xs = hyper_map(ops.partial(_after, after), xs)
         outs = ()
-        for part in self.parts:
+        for part in self.parts:  # a few parts: one per gather setting
             outs = outs + part(xs)
-        res = ()
-        for i in self.order:
-            res = res + (outs[i],)
-        return res
+        return take(outs, self.order)
 
     def groups(self) -> List[ZeroGatherGroup]:
         """The coalesced parts (for ``CommPlan``: one all-gather and one reduce-scatter each, with the

@@ -1,0 +1,453 @@
+"""Time to first step: what the train step costs to compile, at every ZeRO stage.
+
+    python tools/bench/benchmark_compile.py               # defaults: N=2, 24 and 48 blocks, one round
+    python tools/bench/benchmark_compile.py --rounds 2 --steps 5 --cache_rounds 2
+
+Writes its tables into ``docs/benchmarks/compile.md`` (``tools.bench.report.write_report``: the
+page is stamped with this command, the date, the commit, the versions and the machine's load
+average), and the raw figures into ``<out>/compile.json``.
+
+The model is a pre-norm MLP language model written here, outside the library (issue 37's): an
+Embedding(64, 96); per block LayerNorm(96), Dense(96, 256) without bias, GELU, Dense(256, 96)
+without bias and a residual; an output Dense(96, 64) without bias: 2 + 4 x blocks parameter
+tensors. AdamWeightDecay, no clipping, no loss scale, GRAPH_MODE, 4 sequences of 16 tokens per rank.
+
+Three msrun jobs of ``--world_size`` ranks (rank 0's figures are reported):
+
+1. *Timing*. Each train step (``nn.TrainOneStepCell`` under ``DATA_PARALLEL``, which all-reduces
+   its gradients through ``nn.DistributedGradReducer``: MindSpore's own data-parallel step; this
+   library at stages 0-3; stage 3 with ``gather_units=(Block,)``; MindOne's ``prepare_train_network``
+   at stages 0 and 1 where ``mindone.trainers.zero`` imports) is built on a fresh network at every
+   depth, and its first call (compile and one step) timed in wall and CPU seconds (the process's
+   CPU, all threads), then ``--steps`` more calls, whose median is the step time. Every round runs
+   every row once, in the same order, so rows of one round are measured side by side;
+   ``--rounds`` repeats that.
+2. *Graph size* (``--no_graphs`` skips it; ``--graph_depths``, by default the first depth). The
+   same steps compiled once more with
+   ``MS_DEV_DUMP_IR_PASSES`` saving two IRs: the nodes after type inference (the frontend graph,
+   every specialised subgraph: where most compile time goes, [Note: compile cost] in
+   ``mindone_zero/core/graph_tuples.py``) and the nodes of the final kernel graphs (what runs). Kernel
+   nodes that come from a CPU emulation of a missing collective (``GroupComm``'s emulation branches
+   in ``mindone_zero/core/comm.py``) are counted apart, less the all-reduce that stands in for the
+   native collective: that part would not exist on Ascend.
+3. *Compile cache* (``--cache_rounds 0`` skips it). MindSpore's compile cache
+   (``MS_COMPILER_CACHE_ENABLE=1``, ``MS_COMPILER_CACHE_PATH``): one job compiles the steps of the
+   first depth (``nn.TrainOneStepCell`` and ``--cache_stages``, by default 0 and 3) into an empty
+   cache folder (cold), a second job, a new process as a restart is,
+   runs the same steps from that folder (warm); rounds interleave cold and warm.
+   ``docs/guides/compile-time.md`` says what invalidates the cache.
+
+Keep the machine otherwise idle where you can: the rows are comparable within one run only.
+"""
+import argparse
+import importlib.util
+import json
+import os
+import re
+import statistics
+import sys
+import time
+from pathlib import Path
+
+os.environ.setdefault("GLOG_v", "3")
+REPO = Path(__file__).resolve().parents[2]
+if str(REPO) not in sys.path:
+    sys.path.insert(0, str(REPO))
+
+from mindspore import nn  # noqa: E402
+
+VOCAB, WIDTH, HIDDEN, SEQ, BATCH_PER_RANK = 64, 96, 256, 16, 4
+DUMP_PASSES = "type_inference,hwopt_common_final_graph"
+NODE = re.compile(r"^  %\d+\(")
+FILE_LINE = re.compile(r"# In file (\S+?):(\d+),")  # a statement's line (a function's range has "~")
+
+
+# ----------------------------------------------------------------------------- the model (built in the worker)
+class Block(nn.Cell):
+    """Pre-norm MLP block: ``x + fc2(gelu(fc1(ln(x))))``."""
+
+    def __init__(self):
+        super().__init__()
+        self.ln = nn.LayerNorm((WIDTH,))
+        self.fc1 = nn.Dense(WIDTH, HIDDEN, has_bias=False)
+        self.act = nn.GELU()
+        self.fc2 = nn.Dense(HIDDEN, WIDTH, has_bias=False)
+
+    def construct(self, x):
+        return x + self.fc2(self.act(self.fc1(self.ln(x))))
+
+
+class MLPLM(nn.Cell):
+    """Embedding, ``depth`` blocks, output head; returns the mean next-token cross-entropy."""
+
+    def __init__(self, depth):
+        super().__init__()
+        self.embedding = nn.Embedding(VOCAB, WIDTH)
+        self.blocks = nn.SequentialCell([Block() for _ in range(depth)])
+        self.head = nn.Dense(WIDTH, VOCAB, has_bias=False)
+        self.loss = nn.SoftmaxCrossEntropyWithLogits(sparse=True, reduction="mean")
+
+    def construct(self, ids, targets):
+        x = self.blocks(self.embedding(ids).reshape((-1, WIDTH)))
+        return self.loss(self.head(x), targets.reshape((-1,)))
+
+
+def _build_net(depth: int):
+    import numpy as np
+    from mindspore import Tensor
+
+    net = MLPLM(depth)
+    rng = np.random.default_rng(0)
+    for p in net.get_parameters():  # identical on every rank
+        if p.name.endswith("gamma"):
+            value = np.ones(p.shape)
+        elif p.name.endswith("beta"):
+            value = np.zeros(p.shape)
+        else:
+            value = rng.standard_normal(p.shape) * 0.02
+        p.set_data(Tensor(value.astype(np.float32), p.dtype))
+    return net
+
+
+def rows_of(args) -> list:
+    """(label, kind, zero_stage, gather units) of every row, in the order each round runs them."""
+    rows = [("nn.TrainOneStepCell (DATA_PARALLEL)", "ms", None, False)]
+    if args.mindone:
+        rows += [(f"MindOne stage {s}", "mindone", s, False) for s in (0, 1)]
+    rows += [(f"stage {s}", "zero", s, False) for s in args.stages]
+    if 3 in args.stages and args.units:
+        rows.append(("stage 3, gather_units=(Block,)", "zero", 3, True))
+    return rows
+
+
+def _build_step(kind: str, stage, units: bool, depth: int, out: str):
+    net = _build_net(depth)
+    opt = nn.AdamWeightDecay(net.trainable_params(), 1e-3)
+    if kind == "ms":
+        train = nn.TrainOneStepCell(net, opt)
+    elif kind == "mindone":
+        from mindone.trainers.zero import prepare_train_network as mindone_prepare
+        from mindspore.communication.management import GlobalComm
+
+        train = mindone_prepare(net, opt, zero_stage=stage, optimizer_parallel_group=GlobalComm.WORLD_COMM_GROUP)
+    else:
+        from mindone_zero import prepare_train_network
+
+        train = prepare_train_network(net, opt, zero_stage=stage, gather_units=(Block,) if units else None,
+                                      params_split_info=os.path.join(out, "split_info"))
+    train.set_train(True)
+    return train
+
+
+def _inputs(rank: int):
+    import numpy as np
+    from mindspore import Tensor
+
+    rng = np.random.default_rng([1, rank])
+    ids = rng.integers(0, VOCAB, size=(BATCH_PER_RANK, SEQ + 1)).astype(np.int32)
+    return Tensor(ids[:, :-1].copy()), Tensor(ids[:, 1:].copy())
+
+
+def _loss_of(result) -> float:
+    loss = result[0] if isinstance(result, tuple) else result
+    return float(loss.asnumpy())
+
+
+def _time_first(train, inputs, steps: int) -> dict:
+    wall, cpu = time.perf_counter(), time.process_time()
+    loss = _loss_of(train(*inputs))
+    first = {"first_wall_s": time.perf_counter() - wall, "first_cpu_s": time.process_time() - cpu, "loss": loss}
+    later = []
+    for _ in range(steps):
+        start = time.perf_counter()
+        _loss_of(train(*inputs))
+        later.append(time.perf_counter() - start)
+    first["step_s"] = later
+    return first
+
+
+def _warm_up(inputs):
+    """The process's first compile carries one-time costs; pay them on a small step first."""
+
+    net = _build_net(1)
+    _loss_of(nn.TrainOneStepCell(net, nn.AdamWeightDecay(net.trainable_params(), 1e-3))(*inputs))
+
+
+# ----------------------------------------------------------------------------- graph sizes
+def emulation_lines() -> tuple:
+    """(comm.py's path, the statement lines of ``GroupComm``'s CPU emulation branches)."""
+    import inspect
+
+    from mindone_zero.core import comm
+
+    lines = set()
+    for method in (comm.GroupComm._reduce_scatter, comm.GroupComm._all_gather, comm.GroupComm._broadcast):
+        source, start = inspect.getsourcelines(method)
+        for offset, text in enumerate(source[1:], 1):
+            stripped = text.strip()
+            if stripped and not stripped.startswith("#") and "self._native" not in stripped \
+                    and "_op(" not in stripped and "_broadcast0(" not in stripped:
+                lines.add(start + offset)
+    return inspect.getsourcefile(comm), frozenset(lines)
+
+
+def count_ir(path: Path, emulation=None) -> dict:
+    """Nodes of a saved IR file; with ``emulation`` (comm.py's path, lines), also the nodes whose
+    source stack passes through those lines, and how many of them are AllReduce."""
+    nodes, emulated, stand_in = 0, 0, 0
+    current, in_emulation = None, False
+
+    def close():
+        nonlocal emulated, stand_in
+        if current is not None and in_emulation:
+            emulated += 1
+            stand_in += "AllReduce(" in current
+
+    for line in path.read_text(errors="replace").splitlines():
+        if NODE.match(line):
+            close()
+            nodes, current, in_emulation = nodes + 1, line, False
+        elif emulation is not None and current is not None and "# In file" in line:
+            found = FILE_LINE.search(line)
+            if found and found.group(1) == emulation[0] and int(found.group(2)) in emulation[1]:
+                in_emulation = True
+    close()
+    return {"nodes": nodes, "emulation_nodes": emulated, "emulation_allreduce": stand_in}
+
+
+def graph_size(folder: Path, emulation) -> dict:
+    """Nodes after type inference (the largest such IR of the compile) and of the kernel graphs,
+    with the CPU-emulation part of the latter."""
+    inferred = [count_ir(p)["nodes"] for p in folder.rglob("*type_inference*.ir")]
+    kernel = [count_ir(p, emulation) for p in folder.rglob("hwopt_common_final_graph*.ir")]
+    return {"type_inference_nodes": max(inferred) if inferred else None,
+            "kernel_nodes": sum(k["nodes"] for k in kernel),
+            "emulation_nodes": sum(k["emulation_nodes"] for k in kernel),
+            "emulation_extra": sum(k["emulation_nodes"] - k["emulation_allreduce"] for k in kernel)}
+
+
+# ----------------------------------------------------------------------------- the msrun worker
+def worker(args) -> None:
+    """One job's work on this rank (``--job timing|graphs|cache``); writes ``<job>_rank<r>.json``."""
+    import mindspore as ms
+
+    from mindone_zero.core.comm import init_data_parallel
+
+    rank, _ = init_data_parallel()
+    ms.set_context(mode=ms.GRAPH_MODE)
+    inputs = _inputs(rank)
+    _warm_up(inputs)
+    rows, depths, results = rows_of(args), args.depths, []
+    if args.job == "cache":
+        depths = depths[:1]
+        rows = [r for r in rows if r[1] == "ms" or (r[1] == "zero" and r[2] in args.cache_stages and not r[3])]
+    elif args.job == "graphs":
+        depths = args.graph_depths or depths[:1]
+    emulation = emulation_lines() if args.job == "graphs" else None
+    for round_ in range(args.rounds if args.job == "timing" else 1):
+        for depth in depths:
+            for label, kind, stage, units in rows:
+                train = _build_step(kind, stage, units, depth, args.out)
+                entry = {"round": round_, "depth": depth, "row": label}
+                if args.job == "graphs":
+                    folder = Path(args.out) / "graphs" / f"rank{rank}" / f"{depth}_{re.sub(r'[^0-9A-Za-z]+', '_', label)}"
+                    ms.set_context(save_graphs=1, save_graphs_path=str(folder))
+                    train(*inputs)
+                    ms.set_context(save_graphs=0)
+                    entry.update(graph_size(folder, emulation))
+                else:
+                    entry.update(_time_first(train, inputs, args.steps if args.job == "timing" else 0))
+                results.append(entry)
+                print(json.dumps(entry), flush=True)
+    with open(os.path.join(args.out, f"{args.job}{args.tag}_rank{rank}.json"), "w") as f:
+        json.dump(results, f)
+
+
+# ----------------------------------------------------------------------------- the tables
+def _fmt(values, digits=1) -> str:
+    return " / ".join(f"{v:.{digits}f}" for v in values)
+
+
+def timing_table(results: list, rows: list, depths: list) -> str:
+    lines = ["| train step | blocks | first call, wall (s) | first call, CPU (s) | median step (s) | "
+             "first call / nn.TrainOneStepCell's |", "|---|---:|---:|---:|---:|---:|"]
+    for depth in depths:
+        base = [r["first_wall_s"] for r in results if r["depth"] == depth and r["row"] == rows[0][0]]
+        for label, *_ in rows:
+            mine = [r for r in results if r["depth"] == depth and r["row"] == label]
+            if not mine:
+                continue
+            walls = [r["first_wall_s"] for r in mine]
+            steps = [s for r in mine for s in r["step_s"]]
+            ratio = _fmt([w / b for w, b in zip(walls, base)], 2) if base else "-"
+            lines.append(f"| {label} | {depth} | {_fmt(walls)} | {_fmt([r['first_cpu_s'] for r in mine])} | "
+                         f"{statistics.median(steps):.3f} | {ratio} |" if steps else
+                         f"| {label} | {depth} | {_fmt(walls)} | {_fmt([r['first_cpu_s'] for r in mine])} | - | "
+                         f"{ratio} |")
+    return "\n".join(lines)
+
+
+def growth_table(results: list, rows: list, depths: list) -> str:
+    if len(depths) < 2:
+        return ""
+    small, big = depths[0], depths[-1]
+    lines = [f"| train step | first call at {big} / at {small} blocks, wall (per round) | same, CPU | block ratio |",
+             "|---|---:|---:|---:|"]
+    for label, *_ in rows:
+        a = [r for r in results if r["depth"] == small and r["row"] == label]
+        b = [r for r in results if r["depth"] == big and r["row"] == label]
+        if a and b:
+            wall = _fmt([y["first_wall_s"] / x["first_wall_s"] for x, y in zip(a, b)], 2)
+            cpu = _fmt([y["first_cpu_s"] / x["first_cpu_s"] for x, y in zip(a, b)], 2)
+            lines.append(f"| {label} | {wall} | {cpu} | {big / small:.2f} |")
+    return "\n".join(lines)
+
+
+def graphs_table(results: list) -> str:
+    lines = ["| train step | blocks | nodes after type inference | kernel-graph nodes | of which CPU emulation "
+             "(less the stand-in all-reduces) |", "|---|---:|---:|---:|---:|"]
+    for r in results:
+        lines.append(f"| {r['row']} | {r['depth']} | {r['type_inference_nodes']} | {r['kernel_nodes']} | "
+                     f"{r['emulation_nodes']} ({r['emulation_extra']}) |")
+    return "\n".join(lines)
+
+
+def cache_table(cold: list, warm: list) -> str:
+    lines = ["| train step | cold: first call, wall (s) | warm: first call, wall (s) | cold CPU (s) | warm CPU (s) "
+             "| same loss |", "|---|---:|---:|---:|---:|---|"]
+    for label in dict.fromkeys(r["row"] for r in cold):
+        c = [r for r in cold if r["row"] == label]
+        w = [r for r in warm if r["row"] == label]
+        same = all(a["loss"] == b["loss"] for a, b in zip(c, w))
+        lines.append(f"| {label} | {_fmt([r['first_wall_s'] for r in c])} | {_fmt([r['first_wall_s'] for r in w])} "
+                     f"| {_fmt([r['first_cpu_s'] for r in c])} | {_fmt([r['first_cpu_s'] for r in w])} | "
+                     f"{'yes' if same else 'NO'} |")
+    return "\n".join(lines)
+
+
+# ----------------------------------------------------------------------------- the driver
+def mindone_status() -> str:
+    """"" when ``mindone.trainers.zero`` imports, else why not."""
+    if importlib.util.find_spec("mindone") is None:
+        return "MindOne is not installed here (no module named 'mindone'): its rows are skipped."
+    try:
+        import mindone.trainers.zero  # noqa: F401
+    except Exception as err:  # noqa: BLE001 (any failure to import means: skip, saying why)
+        return f"MindOne does not import here ({type(err).__name__}: {err}): its rows are skipped."
+    return ""
+
+
+def _job(args, out: Path, job: str, tag: str = "", env=None) -> list:
+    from tools.dev.launch import run_msrun
+
+    flags = ["--as_worker", "--job", job, "--tag", tag, "--depths", *map(str, args.depths), "--stages",
+             *map(str, args.stages), "--rounds", str(args.rounds), "--steps", str(args.steps)]
+    flags += ["--graph_depths", *map(str, args.graph_depths)] if args.graph_depths else []
+    flags += ["--cache_stages", *map(str, args.cache_stages)]
+    flags += [] if args.units else ["--no_units"]
+    flags += ["--mindone"] if args.mindone else []
+    saved = {k: os.environ.get(k) for k in (env or {})}
+    os.environ.update(env or {})
+    try:
+        run_msrun(Path(__file__), args.world_size, out, flags, timeout=args.timeout_s, caller="benchmark_compile",
+                  log_dir=out / "msrun_logs" / f"{job}{tag}")
+    finally:
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+    with open(out / f"{job}{tag}_rank0.json") as f:
+        return json.load(f)
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0] + " Writes docs/benchmarks/compile.md.",
+                                     epilog="Writes its tables into docs/benchmarks/compile.md (see --docs_dir) "
+                                            "and the raw figures into <out>/compile.json.")
+    parser.add_argument("--world_size", type=int, default=2)
+    parser.add_argument("--depths", type=int, nargs="+", default=[24, 48], help="blocks of the model")
+    parser.add_argument("--stages", type=int, nargs="+", default=[0, 1, 2, 3], choices=[0, 1, 2, 3])
+    parser.add_argument("--no_units", dest="units", action="store_false", help="skip stage 3 with gather units")
+    parser.add_argument("--rounds", type=int, default=1, help="timing rounds (every row once per round)")
+    parser.add_argument("--steps", type=int, default=3, help="calls after the first; their median is the step")
+    parser.add_argument("--no_graphs", dest="graphs", action="store_false", help="skip the graph-size job")
+    parser.add_argument("--graph_depths", type=int, nargs="+", default=None,
+                        help="depths of the graph-size job (default: the first of --depths)")
+    parser.add_argument("--cache_rounds", type=int, default=1, help="cold/warm compile-cache rounds; 0 skips")
+    parser.add_argument("--cache_stages", type=int, nargs="+", default=[0, 3], choices=[0, 1, 2, 3],
+                        help="stages of the compile-cache job (with nn.TrainOneStepCell)")
+    parser.add_argument("--out", default="outputs/benchmark_compile", help="raw results and logs")
+    parser.add_argument("--docs_dir", default=None, help="where compile.md goes (default docs/benchmarks)")
+    parser.add_argument("--timeout_s", type=int, default=1800, help="time limit of each msrun job")
+    # worker-only flags
+    parser.add_argument("--as_worker", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument("--job", default="timing", help=argparse.SUPPRESS)
+    parser.add_argument("--tag", default="", help=argparse.SUPPRESS)
+    parser.add_argument("--mindone", action="store_true", help=argparse.SUPPRESS)
+    return parser
+
+
+def main(argv=None) -> int:
+    from tools.bench.report import write_report  # reads the load average at the start
+
+    parser = _parser()
+    args = parser.parse_args(argv)
+    for name in ("world_size", "rounds"):
+        if getattr(args, name) < 1:
+            parser.error(f"argument --{name}: must be >= 1, got {getattr(args, name)}")
+    if args.steps < 0 or args.cache_rounds < 0 or min(args.depths + (args.graph_depths or [])) < 1:
+        parser.error("--steps and --cache_rounds must be >= 0, --depths and --graph_depths >= 1")
+    if args.as_worker:
+        worker(args)
+        return 0
+    out = Path(args.out).resolve()
+    out.mkdir(parents=True, exist_ok=True)
+    skipped = mindone_status()
+    args.mindone = not skipped
+    rows = rows_of(args)
+    report = {"timing": _job(args, out, "timing")}
+    if args.graphs:
+        report["graphs"] = _job(args, out, "graphs", env={"MS_DEV_DUMP_IR_PASSES": DUMP_PASSES})
+    report["cache_cold"], report["cache_warm"] = [], []
+    for k in range(args.cache_rounds):
+        cache = out / f"compile_cache_{k}"
+        if cache.exists():
+            import shutil
+
+            shutil.rmtree(cache)
+        env = {"MS_COMPILER_CACHE_ENABLE": "1", "MS_COMPILER_CACHE_PATH": str(cache)}
+        for tag, key in (("_cold", "cache_cold"), ("_warm", "cache_warm")):
+            report[key] += [dict(r, round=k) for r in _job(args, out, "cache", f"{tag}{k}", env)]
+    (out / "compile.json").write_text(json.dumps(report, indent=1))
+    body = [f"N={args.world_size} ranks on the CPU backend (msrun), rank 0's figures. The model and the rows are "
+            "described in `tools/bench/benchmark_compile.py`'s docstring. With several rounds a cell lists "
+            "one figure per round, rounds in order; the ratios pair the rows of one round. On a shared machine "
+            "the CPU seconds (the rank's process, all threads) move less than the wall seconds.",
+            skipped or "MindOne's rows use `mindone.trainers.zero.prepare_train_network`.",
+            "## First call and later steps", timing_table(report["timing"], rows, args.depths)]
+    growth = growth_table(report["timing"], rows, args.depths)
+    if growth:
+        body += ["## Growth with depth", growth]
+    if args.graphs:
+        body += ["## Graph size", "Nodes of the saved IR (`MS_DEV_DUMP_IR_PASSES=" + DUMP_PASSES + "`): after type "
+                 "inference (every specialised subgraph), and of the final kernel graphs; of the latter, the nodes "
+                 "that come from a CPU emulation of a collective the CPU backend lacks (in brackets: less the "
+                 "all-reduce standing in for the native collective, i.e. what Ascend would not run).",
+                 graphs_table(report["graphs"])]
+    if args.cache_rounds:
+        body += ["## Restart with the compile cache",
+                 f"{args.depths[0]} blocks. Cold: a new process compiles into an empty `MS_COMPILER_CACHE_PATH`; "
+                 "warm: another new process runs the same steps from that folder. Same loss: the first step's loss "
+                 "is bit-identical warm and cold.", cache_table(report["cache_cold"], report["cache_warm"])]
+    page = write_report("compile", "Time to first step (compile)", "\n\n".join(body) + "\n",
+                        command=["python", "tools/bench/benchmark_compile.py", *(argv if argv is not None
+                                                                                 else sys.argv[1:])],
+                        out_dir=args.docs_dir)
+    print("\n\n".join(body))
+    print(f"\nwrote {page} and {out / 'compile.json'}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
