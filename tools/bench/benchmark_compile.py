@@ -378,7 +378,9 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--cache_stages", type=int, nargs="+", default=[0, 3], choices=[0, 1, 2, 3],
                         help="stages of the compile-cache job (with nn.TrainOneStepCell)")
     parser.add_argument("--out", default="outputs/benchmark_compile", help="raw results and logs")
-    parser.add_argument("--docs_dir", default=None, help="where compile.md goes (default docs/benchmarks)")
+    parser.add_argument("--docs_dir", default=None, help="where compile.md goes (default docs/benchmarks); the page's "
+                        "tables are stamped with the command, UTC date, git commit, MindSpore and Python versions, "
+                        "machine and load average")
     parser.add_argument("--timeout_s", type=int, default=1800, help="time limit of each msrun job")
     # worker-only flags
     parser.add_argument("--as_worker", action="store_true", help=argparse.SUPPRESS)
