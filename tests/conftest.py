@@ -86,3 +86,14 @@ def pytest_collection_modifyitems(config, items):
 
     order = sorted(range(len(items)), key=lambda i: (rank(groups[i]), i))
     items[:] = [items[i] for i in order]
+
+
+@pytest.fixture
+def pynative_mode():
+    """Run the test in PYNATIVE_MODE, restoring the mode after (``pytest.mark.usefixtures("pynative_mode")``)."""
+    import mindspore as ms
+
+    mode = ms.get_context("mode")
+    ms.set_context(mode=ms.PYNATIVE_MODE)
+    yield
+    ms.set_context(mode=mode)

@@ -15,12 +15,7 @@ from parallel_modules import shard_network
 ms.set_device("CPU")
 
 
-@pytest.fixture(autouse=True)
-def pynative():
-    mode = ms.get_context("mode")
-    ms.set_context(mode=ms.PYNATIVE_MODE)
-    yield
-    ms.set_context(mode=mode)
+pytestmark = pytest.mark.usefixtures("pynative_mode")
 
 
 def _round_trip(x, block_size, carrier=ms.int8):

@@ -8,12 +8,7 @@ from tools.bench.benchmark_zeropp import COMBOS, relative_error, render, volumes
 ms.set_device("CPU")
 
 
-@pytest.fixture(autouse=True)
-def pynative():
-    mode = ms.get_context("mode")
-    ms.set_context(mode=ms.PYNATIVE_MODE)
-    yield
-    ms.set_context(mode=mode)
+pytestmark = pytest.mark.usefixtures("pynative_mode")
 
 
 def test_benchmark_table_ratios():
