@@ -30,8 +30,8 @@ import numpy as np
 import mindspore as ms
 from mindspore import nn, ops
 
-from .graph_tuples import hyper_map
-from .slicing import copy_slice, narrow
+from .graph_tuples import each
+from .slicing import copy_args, copy_each, narrow_args, narrow_each
 
 __all__ = ["ITEMSIZE", "LARGE_TENSOR_BYTES", "itemsize_of", "PackedLayout"]
 
@@ -67,51 +67,39 @@ class PackedLayout(nn.Cell):
         self.views = views
         self.offsets = tuple(int(x) for x in np.cumsum((0,) + self.blocks[:-1]))
         self.total = sum(self.blocks)  # S
+        # static arguments of the per-tensor primitives ([Note: constants in a map] in graph_tuples.py)
+        self.flat_shapes = tuple((-1,) for _ in self.blocks)
+        self.row_shapes = tuple((self.n, b) for b in self.blocks)
+        # (a layout with an empty block is never unpacked: a bucket of another collective's blocks)
+        cut = narrow_args if views else copy_args
+        whole = all(self.blocks)
+        self.column_cuts = cut((self.n, self.total), 1, self.offsets, self.blocks) if whole else None
+        self.shard_cuts = cut((self.total,), 0, self.offsets, self.blocks) if whole else None
 
     def pack(self, shards):
         """This rank's buffer of S elements: ``shards`` (s_i elements each) flattened and concatenated."""
-        return ops.concat(hyper_map(_flat, shards), 0)
+        return ops.concat(each(_RESHAPE, shards, self.flat_shapes), 0)
 
     def unpack_gathered(self, buf) -> tuple:
         """The (N, s_i) columns of every tensor in the all-gathered buffer of N * S elements."""
-        rows = buf.reshape((self.n, self.total))
-        return hyper_map(ops.partial(_piece, rows, 1, self.views), self.offsets, self.blocks)
+        return self._pieces(buf.reshape((self.n, self.total)), self.column_cuts)
 
     def pack_rank_major(self, fulls):
         """The reduce-scatter buffer of N * S elements: each full tensor (N * s_i elements) viewed
         (N, s_i), the views concatenated along axis 1 and flattened."""
-        return ops.concat(hyper_map(ops.partial(_as_rows, self.n), fulls, self.blocks), 1).reshape(-1)
+        return ops.concat(each(_RESHAPE, fulls, self.row_shapes), 1).reshape(-1)
 
     def unpack_shards(self, buf) -> tuple:
         """This rank's block of every tensor (flat, s_i elements) from its reduce-scattered S elements."""
-        return hyper_map(ops.partial(_piece, buf, 0, self.views), self.offsets, self.blocks)
+        return self._pieces(buf, self.shard_cuts)
+
+    def _pieces(self, x, cuts):
+        """The pieces of ``x`` at ``cuts``: views (``narrow``) or copying slices ([Note: packed layout])."""
+        if self.views:
+            begins, sizes = cuts
+            return narrow_each(x, begins, sizes)
+        begins, ends, strides = cuts
+        return copy_each(x, begins, ends, strides)
 
 
-# Per-tensor work of the layout ([Note: per-tensor maps] in graph_tuples.py).
-_flat = ops.MultitypeFuncGraph("flat")
-
-
-@_flat.register("Tensor")
-def _flat_tensor(x):
-    return x.reshape(-1)
-
-
-_as_rows = ops.MultitypeFuncGraph("as_rows")
-
-
-@_as_rows.register("Number", "Tensor", "Number")
-def _as_rows_tensor(n, full, block):
-    """A full tensor of ``n * block`` elements viewed (n, block)."""
-    return full.reshape((n, block))
-
-
-_piece = ops.MultitypeFuncGraph("piece")
-
-
-@_piece.register("Tensor", "Number", "Bool", "Number", "Number")
-def _piece_tensor(x, axis, views, start, width):
-    """The piece ``start .. start + width - 1`` of ``x`` along ``axis`` (0 or 1): a view (``narrow``)
-    or a copying slice."""
-    if views:
-        return narrow(x, axis, start, width)
-    return copy_slice(x, axis, start, width)
+_RESHAPE = ops.Reshape()

@@ -31,18 +31,28 @@ once), for the copying slices: the emulated reduce-scatter's block, the padding 
 ZeRO-3 gather, the packed layout's kept pieces. Nodes after type inference of a ZeRO-3 step on the
 parity tests' TinyNet at N=2: 4547 -> 4319 (8777 -> 8210 with gather units, 2 micro-steps, clipping).
 """
+from typing import Sequence, Tuple
+
 from mindspore import ops
 
-__all__ = ["narrow", "copy_slice"]
+from .graph_tuples import each
+
+__all__ = ["narrow", "copy_slice", "slice_bounds", "narrow_args", "copy_args", "narrow_each", "copy_each"]
 
 _SLICE = ops.Slice()
 _STRIDED_SLICE = ops.StridedSlice()
+_RESHAPE = ops.Reshape()
 
 
 @ops.constexpr
 def _slice_args(shape, axis, start, length, caller="narrow"):
+    """``slice_bounds``, evaluated when the graph is built."""
+    return slice_bounds(shape, axis, start, length, caller)
+
+
+def slice_bounds(shape, axis, start, length, caller="narrow"):
     """(begin, size) of the Slice that keeps ``length`` entries of ``axis`` from ``start``; raises
-    ValueError for a cut outside ``shape`` (evaluated when the graph is built)."""
+    ValueError for a cut outside ``shape``."""
     ndim = len(shape)
     if not -ndim <= axis < ndim:
         raise ValueError(f"For '{caller}', the argument 'axis' must be in [{-ndim}, {ndim}), but got {axis}.")
@@ -80,3 +90,38 @@ def copy_slice(x, axis: int, start: int, length: int):
     keeps its base]); the arguments are static, and it compiles as one node ([Note: compiling a narrow])."""
     begin, end, strides = _strided_args(x.shape, axis, start, length)
     return _STRIDED_SLICE(x, begin, end, strides)
+
+
+
+def narrow_args(shape: Sequence[int], axis: int, offsets: Sequence[int], widths: Sequence[int]) -> Tuple[tuple, tuple]:
+    """(begins, sizes) of the Slices that cut a tensor of ``shape`` into pieces along ``axis``, piece i
+    ``widths[i]`` entries from ``offsets[i]``: ``narrow_each``'s static arguments, computed in Python when a
+    Cell is built ([Note: constants in a map] in graph_tuples.py).
+
+    Raises:
+        ValueError: a piece outside ``shape``.
+    """
+    cuts = [slice_bounds(tuple(shape), axis, int(o), int(w), "narrow_args") for o, w in zip(offsets, widths)]
+    return tuple(b for b, _ in cuts), tuple(n for _, n in cuts)
+
+
+def copy_args(shape: Sequence[int], axis: int, offsets: Sequence[int], widths: Sequence[int]) -> Tuple[tuple, ...]:
+    """(begins, ends, strides) of the StridedSlices that copy the pieces of ``narrow_args``: ``copy_each``'s
+    static arguments."""
+    begins, sizes = narrow_args(shape, axis, offsets, widths)
+    ends = tuple(tuple(b + n for b, n in zip(begin, size)) for begin, size in zip(begins, sizes))
+    return begins, ends, tuple((1,) * len(shape) for _ in begins)
+
+
+def narrow_each(x, begins, sizes, shapes=None):
+    """Every piece of ``x`` given by ``narrow_args`` as a view (one Slice each, as ``narrow``; [Note: a
+    view keeps its base]), each reshaped to ``shapes[i]`` if ``shapes`` is given."""
+    pieces = each(ops.partial(_SLICE, x), begins, sizes)
+    if shapes is None:
+        return pieces
+    return each(_RESHAPE, pieces, shapes)
+
+
+def copy_each(x, begins, ends, strides):
+    """Every piece of ``x`` given by ``copy_args``, copied (one StridedSlice each, as ``copy_slice``)."""
+    return each(ops.partial(_STRIDED_SLICE, x), begins, ends, strides)

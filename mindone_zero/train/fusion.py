@@ -54,7 +54,7 @@ from ..core.comm import GroupComm, divide
 from ..core.comm_plan import CommPlan, PlanContext
 from ..core.graph_tuples import hyper_map, take
 from ..core.packing import LARGE_TENSOR_BYTES, PackedLayout
-from ..core.slicing import narrow
+from ..core.slicing import narrow, narrow_args, narrow_each
 
 __all__ = ["DEFAULT_BUCKET_SIZE", "LARGE_TENSOR_BYTES", "FusionConfig", "plan_buckets", "ring_chunks", "ring_rows",
            "BucketedComm"]
@@ -187,29 +187,44 @@ class BucketedComm(nn.Cell):
         self.gather_layouts = nn.CellList([PackedLayout([self.numels[i] for i in b], n, True) for b in self.buckets])
         # all-reduce: [Note: chunk-aligned all-reduce] on CPU with more than two ranks, else flat
         self.ring_aligned = backend.ring_aligned_buckets(n)
-        # static data for construct: each bucket's ring chunks (chunk-aligned all-reduce), and, per
-        # tensor in the order of ``shapes``, where each collective's result for it lies
-        # ([Note: one map out of the buckets])
+        # static data for construct: each bucket's ring chunks ([Note: chunk-aligned all-reduce])
         self.bucket_chunks = tuple((tuple(self.chunks[i][0] for i in b), tuple(self.chunks[i][1] for i in b))
                                    for b in self.buckets)
-        self.scatter_slots = self._slots(self.scatter_layouts, [_dim0_scaled(s, 1, n) for s in self.shapes])
-        self.gather_slots = self._slots(self.gather_layouts, [_dim0_scaled(s, n, 1) for s in self.shapes])
-        self.reduce_slots = self._slots(self.gather_layouts, self.shapes)
+        # each bucket's result cut into its tensors, and where each tensor lies among the pieces of
+        # all buckets ([Note: one map out of the buckets])
+        self.scatter_cuts = self._cuts(self.scatter_layouts, [_dim0_scaled(s, 1, n) for s in self.shapes], 0)
+        self.gather_cuts = self._cuts(self.gather_layouts, [_dim0_scaled(s, n, 1) for s in self.shapes], 1)
+        self.reduce_cuts = self._cuts(self.gather_layouts, self.shapes, 0)
+        placed = [i for b in self.buckets for i in b]
+        self.order = tuple(placed.index(i) for i in range(len(self.shapes)))
         # in ring rows, a tensor's rows start at the column after the widths of those before it in its bucket
-        bucket, alone = self.reduce_slots[:2]
+        where = {i: (k, j) for k, b in enumerate(self.buckets) for j, i in enumerate(b)}
+        bucket = tuple(where[i][0] for i in range(len(self.shapes)))
+        alone = tuple(len(self.buckets[k]) == 1 for k in bucket)
         columns = tuple(sum(self.chunks[m][0] for m in self.buckets[k][:self.buckets[k].index(i)])
                         for i, k in enumerate(bucket))
         self.ring_slots = (bucket, alone, columns, tuple(c[0] for c in self.chunks), tuple(c[1] for c in self.chunks),
                            self.shapes)
 
-    def _slots(self, layouts, shapes) -> tuple:
-        """(bucket, sent alone, offset and width of its block in the bucket's ``layouts``, result
-        shape) of every tensor, each a tuple in the order of ``shapes``."""
-        where = {i: (k, j) for k, b in enumerate(self.buckets) for j, i in enumerate(b)}
-        order = [where[i] for i in range(len(self.shapes))]
-        return (tuple(k for k, _ in order), tuple(len(self.buckets[k]) == 1 for k, _ in order),
-                tuple(layouts[k].offsets[j] for k, j in order), tuple(layouts[k].blocks[j] for k, j in order),
-                tuple(tuple(s) for s in shapes))
+    def _cuts(self, layouts, shapes, axis: int) -> tuple:
+        """Per bucket, (begins, sizes, shapes) that cut its result into its tensors of ``shapes``
+        (``narrow_each``), along ``axis`` of its ``layouts`` (0: the flat buffer; 1: the (n, S) rows of an
+        all-gather); None for a tensor sent alone, whose result is the tensor. A bucket with an empty
+        block (a tensor of fewer elements than ranks, which only a reduce-scatter or all-gather cannot
+        take) gets no pieces."""
+        out = []
+        for k, bucket in enumerate(self.buckets):
+            layout = layouts[k]
+            if len(bucket) == 1:
+                out.append(None)
+                continue
+            if not all(layout.blocks):
+                out.append(((), (), ()))
+                continue
+            buffer = (layout.total,) if axis == 0 else (layout.n, layout.total)
+            begins, sizes = narrow_args(buffer, axis, layout.offsets, layout.blocks)
+            out.append((begins, sizes, tuple(tuple(shapes[i]) for i in bucket)))
+        return tuple(out)
 
     def record_comm(self, plan: CommPlan, ctx: PlanContext) -> None:
         """One entry per bucket and call of one optimizer step; an all-gather's entry has the full
@@ -249,7 +264,7 @@ class BucketedComm(nn.Cell):
         if self.ring_aligned:
             bucket, alone, offset, width, full, shape = self.ring_slots
             return hyper_map(ops.partial(_ring_tensor, sent, n), bucket, alone, offset, width, full, shape)
-        return _results(sent, 0, self.reduce_slots)
+        return self._results(sent, self.reduce_cuts)
 
     def reduce_scatter(self, tensors, mean: bool = False):
         """Sum over the group (``mean``: divided by the group size, once per bucket), then this
@@ -264,7 +279,7 @@ class BucketedComm(nn.Cell):
             if mean:
                 blocks = divide(blocks, self.comm.size)  # [Note: Div on CPU] in core/comm.py
             sent += (blocks,)
-        return _results(sent, 0, self.scatter_slots)
+        return self._results(sent, self.scatter_cuts)
 
     def all_gather(self, shards):
         """Every rank's shard of every tensor, concatenated along dim 0 in rank order."""
@@ -276,36 +291,34 @@ class BucketedComm(nn.Cell):
             else:
                 layout = self.gather_layouts[k]
                 sent += (self.comm.all_gather(layout.pack(take(shards, bucket))).reshape((layout.n, layout.total)),)
-        return _results(sent, 1, self.gather_slots)
+        return self._results(sent, self.gather_cuts)
+
+
+    def _results(self, sent, cuts):
+        """Every tensor's result, in the order of ``shapes``, cut out of the buckets' results ``sent``
+        ([Note: one map out of the buckets])."""
+        pieces = ()
+        for k in range(len(self.buckets)):
+            if cuts[k] is None:
+                pieces += (sent[k],)
+            else:
+                begins, sizes, shapes = cuts[k]
+                pieces += narrow_each(sent[k], begins, sizes, shapes)
+        return take(pieces, self.order)
 
 
 # Per-tensor work of the buckets ([Note: per-tensor maps] in core/graph_tuples.py).
 #
 # [Note: one map out of the buckets]
-# Every tensor's result is cut out of its bucket's result, reshaped, and put in the order of
-# ``shapes`` by one map over the tensors, which reads the static slot data (its bucket, whether it was
-# sent alone, where its block lies). Cutting per bucket, reshaping in a second map and reordering in a
-# third made three times the graph nodes per tensor: the compile time grows with them (stage 1 on
-# the parity tests' TinyNet: [Note: compile cost] in core/graph_tuples.py). The same slices and
-# reshapes run, so the results are the same.
-def _results(sent, axis: int, slots):
-    """Every tensor's result, in the order of ``shapes``, cut out of the buckets' results ``sent``
-    along ``axis`` at its ``slots`` (``BucketedComm._slots``)."""
-    bucket, alone, offset, width, shape = slots
-    return hyper_map(ops.partial(_unpacked, sent, axis), bucket, alone, offset, width, shape)
-
-
-_unpacked = ops.MultitypeFuncGraph("unpacked")
-
-
-@_unpacked.register("Tuple", "Number", "Number", "Bool", "Number", "Number", "Tuple")
-def _unpacked_tensor(sent, axis, bucket, alone, offset, width, shape):
-    """The tensor of ``shape`` whose ``width`` elements start at ``offset`` along ``axis`` of the
-    packed result ``sent[bucket]`` (its rows along axis 1 for an all-gather: [Note: packed layout]),
-    or that result itself when the tensor was sent ``alone``."""
-    if alone:
-        return sent[bucket]
-    return narrow(sent[bucket], axis, offset, width).reshape(shape)
+# Every tensor's result is cut out of its bucket's result by one Slice and one Reshape, whose
+# begins, sizes and shapes are static tuples (``narrow_args``, computed when the Cell is built), each primitive called
+# directly per piece (``narrow_each``); the pieces of all buckets are then put in the order of
+# ``shapes`` (``take``, nothing when the buckets hold the tensors in order). Cutting with a
+# MultitypeFuncGraph that took each tensor's offset, width and shape as arguments specialized
+# (type-inferred and optimized) one graph per tensor, three with its branches: the train step's
+# first call at stage 0 (N=2, 24 blocks of tools/bench/benchmark_compile.py's model) spent about 2 s
+# of CPU in the bucket's pack and unpack ([Note: constants in a map] in core/graph_tuples.py). The
+# same slices and reshapes run, so the results are the same.
 
 
 ring_rows = ops.MultitypeFuncGraph("ring_rows")

@@ -48,7 +48,6 @@ _LOW_PRECISION = (ms.float16, ms.bfloat16)
 
 
 # What reduce_grads runs per tensor ([Note: per-tensor maps] in core/graph_tuples.py).
-_ROUTE_SHARD, _ROUTE_REPLICA, _ROUTE_OWN = 0, 1, 2
 
 _padded = ops.MultitypeFuncGraph("padded")
 
@@ -65,16 +64,6 @@ _cast_like = ops.MultitypeFuncGraph("cast_like")
 def _cast_like_tensor(x, master):
     """``x`` in the master shard's dtype."""
     return cast_if_needed(x, master.dtype)
-
-
-_routed = ops.MultitypeFuncGraph("routed")
-
-
-@_routed.register("Tuple", "Number", "Number")
-def _routed_tensor(sources, route, index):
-    """A parameter's reduced gradient: ``sources[route][index]``, ``sources`` being the
-    reduce-scattered shards, the all-reduced tensors and the gradients as they came (``_ROUTE_*``)."""
-    return sources[route][index]
 
 
 _squared_sum = ops.MultitypeFuncGraph("squared_sum")
@@ -97,13 +86,14 @@ def _write_full_tensor(param, full, rows):
     return ops.assign(param, cast_if_needed(full, param.dtype))
 
 
-def _routes(n: int, rs_index: tuple, ar_index: tuple):
-    """Where reduce_grads finds each of ``n`` parameters' reduced gradient: (``_ROUTE_*`` of each,
-    its index among the reduce-scattered or all-reduced tensors or among the gradients)."""
-    where = {i: (_ROUTE_OWN, i) for i in range(n)}
-    where.update({i: (_ROUTE_SHARD, k) for k, i in enumerate(rs_index)})
-    where.update({i: (_ROUTE_REPLICA, k) for k, i in enumerate(ar_index)})
-    return tuple(where[i][0] for i in range(n)), tuple(where[i][1] for i in range(n))
+def _routes(n: int, rs_index: tuple, ar_index: tuple) -> tuple:
+    """Where reduce_grads finds each of ``n`` parameters' reduced gradient, as an index into
+    ``shards + replicated + grads``: the reduce-scattered shards, the all-reduced tensors, then the
+    gradients as they came (stage 3's split parameters, reduce-scattered in their bprop)."""
+    where = {i: len(rs_index) + len(ar_index) + i for i in range(n)}
+    where.update({i: k for k, i in enumerate(rs_index)})
+    where.update({i: len(rs_index) + k for k, i in enumerate(ar_index)})
+    return tuple(where[i] for i in range(n))
 
 
 def _master_dtype(dtype):
@@ -242,7 +232,7 @@ class ZeroHelper(nn.Cell):
         self.rs_padded = any(self.rs_pads)
         self.rs_casts = any(self.params[i].dtype != self.opt_params[i].dtype for i in self.rs_index)
         self.ag_rows = tuple(self.full_d0[i] for i in self.ag_index)
-        self.routes, self.route_index = _routes(n, self.rs_index, self.ar_index)
+        self.routes = _routes(n, self.rs_index, self.ar_index)
         self.routes_replicated = self.ar_index == tuple(range(n))
         self.grad_rs = BucketedComm(self.op_comm, [self.specs[i].padded_shape for i in self.rs_index],
                                     [self.params[i] for i in self.rs_index], fusion.reduce_scatter, kind="reduce_scatter")
@@ -327,7 +317,7 @@ class ZeroHelper(nn.Cell):
         if self.routes_replicated:  # every gradient all-reduced, in order (stage 0)
             out = replicated
         else:
-            out = hyper_map(ops.partial(_routed, (shards, replicated, grads)), self.routes, self.route_index)
+            out = take(shards + replicated + grads, self.routes)
         if self.dp_ar is not None:
             out = self.dp_ar.all_reduce_mean(out)
         return out
