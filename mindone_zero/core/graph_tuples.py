@@ -66,11 +66,14 @@ def _item_of(xs, i):
 
 def take(xs, index):
     """``(xs[i] for i in index)`` as a tuple, for a static tuple of indices ``index``: ``xs`` itself
-    when ``index`` is every index in order, else a map over ``index`` ([Note: compile cost])."""
+    when ``index`` is every index in order, a slice of ``xs`` when it is a run ``a, a + 1, ..., b``,
+    else a map over ``index`` ([Note: compile cost])."""
     if not index:
         return ()
     if _is_every_index(index, len(xs)):
         return xs
+    if _is_a_run(index):  # one tuple slice, not a graph per index
+        return xs[index[0]:index[-1] + 1]
     return hyper_map(ops.partial(_item, xs), index)
 
 
@@ -78,3 +81,9 @@ def take(xs, index):
 def _is_every_index(index, n):
     """Whether ``index`` is 0, 1, ..., n - 1 (evaluated when the graph is built)."""
     return tuple(index) == tuple(range(n))
+
+
+@ops.constexpr
+def _is_a_run(index):
+    """Whether ``index`` is a, a + 1, ..., b (evaluated when the graph is built)."""
+    return tuple(index) == tuple(range(index[0], index[0] + len(index)))

@@ -213,6 +213,7 @@ class TrainOneStepWrapper(nn.Cell):
         self.zero_stage = self.zero_helper.zero_stage
         self.offload = self.zero_helper.host_offload is not None
         self._host_call = False  # set by __call__ around the graph call (offload only)
+        self._pynative = False  # set by __call__: whether this call runs in PYNATIVE_MODE (_shard_shaped)
         if self.offload:
             self.zero_helper.host_offload.bind_after_step(ema)
         # [Note: gradient reduction] in zero_helper.py: stages 0/1 reduce once per optimizer step.
@@ -332,6 +333,7 @@ class TrainOneStepWrapper(nn.Cell):
         return self.zero_helper.grads_mean
 
     def __call__(self, *inputs):
+        self._pynative = ms.get_context("mode") == ms.PYNATIVE_MODE
         if not self.offload:
             return super().__call__(*inputs)
         self._host_call = True
@@ -384,8 +386,12 @@ class TrainOneStepWrapper(nn.Cell):
     def _shard_shaped(self, grads):
         """PYNATIVE hands a ZeRO-3 parameter that got no gradient this step a zero gradient of
         its full shape; such a gradient is replaced by zeros of the shard's shape (static check).
-        Below stage 3 every parameter is whole, so the gradients pass as they are."""
-        if not self.sharded_params:
+        Below stage 3 every parameter is whole, and in GRAPH_MODE every gradient has its parameter's
+        shape, so the gradients pass as they are: the map is not built ([Note: compile cost] in
+        core/graph_tuples.py; a graph built inside another, ``ms.Model``'s sink step or a ``jit``
+        function, reads the flag of this wrapper's last direct call, and either value gives the same
+        gradients there)."""
+        if not self.sharded_params or not self._pynative:
             return grads
         return hyper_map(_shard_shaped_grad, grads, self.weights)
 

@@ -14,14 +14,18 @@ tensors. AdamWeightDecay, no clipping, no loss scale, GRAPH_MODE, 4 sequences of
 
 Three msrun jobs of ``--world_size`` ranks (rank 0's figures are reported):
 
-1. *Timing*. Each train step (``nn.TrainOneStepCell`` under ``DATA_PARALLEL``, which all-reduces
-   its gradients through ``nn.DistributedGradReducer``: MindSpore's own data-parallel step; this
-   library at stages 0-3; stage 3 with ``gather_units=(Block,)``; MindOne's ``prepare_train_network``
-   at stages 0 and 1 where ``mindone.trainers.zero`` imports) is built on a fresh network at every
-   depth, and its first call (compile and one step) timed in wall and CPU seconds (the process's
-   CPU, all threads), then ``--steps`` more calls, whose median is the step time. Every round runs
-   every row once, in the same order, so rows of one round are measured side by side;
-   ``--rounds`` repeats that.
+1. *Timing*, one msrun job per row, depth and round. Each train step (``nn.TrainOneStepCell`` under
+   ``DATA_PARALLEL``, which all-reduces its gradients through ``nn.DistributedGradReducer``:
+   MindSpore's own data-parallel step; this library at stages 0-3; stage 3 with
+   ``gather_units=(Block,)``; MindOne's ``prepare_train_network`` at stages 0 and 1 where
+   ``mindone.trainers.zero`` imports) is built in a new process, as a training job builds it, after
+   one small warm-up compile, and its first call (compile and one step) timed in wall and CPU
+   seconds (the process's CPU, all threads), then ``--steps`` more calls, whose median is the step
+   time. A new process per row, because in one process every later compile pays for the earlier
+   ones: ``nn.TrainOneStepCell`` compiled five times over in one job took 3.4, 5.1, 4.2, 5.1 and
+   4.0 CPU-s, so a row measured after others looked slower than it is. Every round runs every row
+   once, in the same order, so rows of one round are measured side by side; ``--rounds`` repeats
+   that.
 2. *Graph size* (``--no_graphs`` skips it; ``--graph_depths``, by default the first depth). The
    same steps compiled once more with
    ``MS_DEV_DUMP_IR_PASSES`` saving two IRs: the nodes after type inference (the frontend graph,
@@ -238,27 +242,28 @@ def worker(args) -> None:
     inputs = _inputs(rank)
     _warm_up(inputs)
     rows, depths, results = rows_of(args), args.depths, []
+    if args.row is not None:  # a timing job measures one row (``main``)
+        rows = [rows[args.row]]
     if args.job == "cache":
         depths = depths[:1]
         rows = [r for r in rows if r[1] == "ms" or (r[1] == "zero" and r[2] in args.cache_stages and not r[3])]
     elif args.job == "graphs":
         depths = args.graph_depths or depths[:1]
     emulation = emulation_lines() if args.job == "graphs" else None
-    for round_ in range(args.rounds if args.job == "timing" else 1):
-        for depth in depths:
-            for label, kind, stage, units in rows:
-                train = _build_step(kind, stage, units, depth, args.out)
-                entry = {"round": round_, "depth": depth, "row": label}
-                if args.job == "graphs":
-                    folder = Path(args.out) / "graphs" / f"rank{rank}" / f"{depth}_{re.sub(r'[^0-9A-Za-z]+', '_', label)}"
-                    ms.set_context(save_graphs=1, save_graphs_path=str(folder))
-                    train(*inputs)
-                    ms.set_context(save_graphs=0)
-                    entry.update(graph_size(folder, emulation))
-                else:
-                    entry.update(_time_first(train, inputs, args.steps if args.job == "timing" else 0))
-                results.append(entry)
-                print(json.dumps(entry), flush=True)
+    for depth in depths:
+        for label, kind, stage, units in rows:
+            train = _build_step(kind, stage, units, depth, args.out)
+            entry = {"round": args.round, "depth": depth, "row": label}
+            if args.job == "graphs":
+                folder = Path(args.out) / "graphs" / f"rank{rank}" / f"{depth}_{re.sub(r'[^0-9A-Za-z]+', '_', label)}"
+                ms.set_context(save_graphs=1, save_graphs_path=str(folder))
+                train(*inputs)
+                ms.set_context(save_graphs=0)
+                entry.update(graph_size(folder, emulation))
+            else:
+                entry.update(_time_first(train, inputs, args.steps if args.job == "timing" else 0))
+            results.append(entry)
+            print(json.dumps(entry), flush=True)
     with open(os.path.join(args.out, f"{args.job}{args.tag}_rank{rank}.json"), "w") as f:
         json.dump(results, f)
 
@@ -337,11 +342,14 @@ def mindone_status() -> str:
     return ""
 
 
-def _job(args, out: Path, job: str, tag: str = "", env=None) -> list:
+def _job(args, out: Path, job: str, tag: str = "", env=None, depths=None, row=None, round_=0) -> list:
+    """One msrun job of the worker: ``job`` at ``depths`` (default ``--depths``), of the row at index
+    ``row`` of ``rows_of`` (default every row), its entries marked ``round_``."""
     from tools.dev.launch import run_msrun
 
-    flags = ["--as_worker", "--job", job, "--tag", tag, "--depths", *map(str, args.depths), "--stages",
-             *map(str, args.stages), "--rounds", str(args.rounds), "--steps", str(args.steps)]
+    flags = ["--as_worker", "--job", job, "--tag", tag, "--depths", *map(str, depths or args.depths), "--stages",
+             *map(str, args.stages), "--round", str(round_), "--steps", str(args.steps)]
+    flags += ["--row", str(row)] if row is not None else []
     flags += ["--graph_depths", *map(str, args.graph_depths)] if args.graph_depths else []
     flags += ["--cache_stages", *map(str, args.cache_stages)]
     flags += [] if args.units else ["--no_units"]
@@ -369,7 +377,8 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--depths", type=int, nargs="+", default=[24, 48], help="blocks of the model")
     parser.add_argument("--stages", type=int, nargs="+", default=[0, 1, 2, 3], choices=[0, 1, 2, 3])
     parser.add_argument("--no_units", dest="units", action="store_false", help="skip stage 3 with gather units")
-    parser.add_argument("--rounds", type=int, default=1, help="timing rounds (every row once per round)")
+    parser.add_argument("--rounds", type=int, default=1, help="timing rounds (every row once per round, each in a "
+                        "new msrun job)")
     parser.add_argument("--steps", type=int, default=3, help="calls after the first; their median is the step")
     parser.add_argument("--no_graphs", dest="graphs", action="store_false", help="skip the graph-size job")
     parser.add_argument("--graph_depths", type=int, nargs="+", default=None,
@@ -386,6 +395,8 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--as_worker", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--job", default="timing", help=argparse.SUPPRESS)
     parser.add_argument("--tag", default="", help=argparse.SUPPRESS)
+    parser.add_argument("--row", type=int, default=None, help=argparse.SUPPRESS)
+    parser.add_argument("--round", type=int, default=0, help=argparse.SUPPRESS)
     parser.add_argument("--mindone", action="store_true", help=argparse.SUPPRESS)
     return parser
 
@@ -408,7 +419,9 @@ def main(argv=None) -> int:
     skipped = mindone_status()
     args.mindone = not skipped
     rows = rows_of(args)
-    report = {"timing": _job(args, out, "timing")}
+    report = {"timing": [entry for round_ in range(args.rounds) for depth in args.depths for row in range(len(rows))
+                         for entry in _job(args, out, "timing", f"_r{round_}_d{depth}_{row}", depths=[depth], row=row,
+                                           round_=round_)]}
     if args.graphs:
         report["graphs"] = _job(args, out, "graphs", env={"MS_DEV_DUMP_IR_PASSES": DUMP_PASSES})
     report["cache_cold"], report["cache_warm"] = [], []
