@@ -274,21 +274,22 @@ def _fmt(values, digits=1) -> str:
 
 
 def timing_table(results: list, rows: list, depths: list) -> str:
+    """One line per row and depth; the ratios to the first row (``nn.TrainOneStepCell``) pair the
+    entries of one round."""
     lines = ["| train step | blocks | first call, wall (s) | first call, CPU (s) | median step (s) | "
-             "first call / nn.TrainOneStepCell's |", "|---|---:|---:|---:|---:|---:|"]
+             "first call / nn.TrainOneStepCell's, wall | same, CPU |", "|---|---:|---:|---:|---:|---:|---:|"]
     for depth in depths:
-        base = [r["first_wall_s"] for r in results if r["depth"] == depth and r["row"] == rows[0][0]]
+        base = [r for r in results if r["depth"] == depth and r["row"] == rows[0][0]]
         for label, *_ in rows:
             mine = [r for r in results if r["depth"] == depth and r["row"] == label]
             if not mine:
                 continue
-            walls = [r["first_wall_s"] for r in mine]
+            walls, cpus = [r["first_wall_s"] for r in mine], [r["first_cpu_s"] for r in mine]
             steps = [s for r in mine for s in r["step_s"]]
-            ratio = _fmt([w / b for w, b in zip(walls, base)], 2) if base else "-"
-            lines.append(f"| {label} | {depth} | {_fmt(walls)} | {_fmt([r['first_cpu_s'] for r in mine])} | "
-                         f"{statistics.median(steps):.3f} | {ratio} |" if steps else
-                         f"| {label} | {depth} | {_fmt(walls)} | {_fmt([r['first_cpu_s'] for r in mine])} | - | "
-                         f"{ratio} |")
+            ratios = [_fmt([r[key] / b[key] for r, b in zip(mine, base)], 2) if base else "-"
+                      for key in ("first_wall_s", "first_cpu_s")]
+            step = f"{statistics.median(steps):.3f}" if steps else "-"
+            lines.append(f"| {label} | {depth} | {_fmt(walls)} | {_fmt(cpus)} | {step} | {ratios[0]} | {ratios[1]} |")
     return "\n".join(lines)
 
 

@@ -1,0 +1,53 @@
+"""tools/bench/benchmark_compile.py: every row's first call is timed in its own msrun job (a new
+process, in the order of a round), its tables pair the rows of one round, and bad sizes exit before
+any work."""
+import pytest
+
+from tools.bench import benchmark_compile as bc
+
+
+def _entry(round_, depth, row, wall, cpu, loss=1.0):
+    return {"round": round_, "depth": depth, "row": row, "first_wall_s": wall, "first_cpu_s": cpu, "loss": loss,
+            "step_s": [0.1, 0.3, 0.2]}
+
+
+def test_every_row_depth_and_round_is_a_job_of_its_own(tmp_path, monkeypatch):
+    calls = []
+
+    def fake_job(args, out, job, tag="", env=None, depths=None, row=None, round_=0):
+        calls.append((job, tuple(depths or args.depths), row, round_, tag))
+        rows = bc.rows_of(args)
+        if job == "timing":
+            label = rows[row][0]
+            return [_entry(round_, depths[0], label, wall=2.0 + row, cpu=1.0 + row)]
+        if job == "graphs":
+            return [{"row": label, "depth": args.depths[0], "type_inference_nodes": 10, "kernel_nodes": 5,
+                     "emulation_nodes": 0, "emulation_extra": 0} for label, *_ in rows]
+        return [_entry(0, args.depths[0], label, 1.0, 1.0) for label, kind, *_ in rows if kind == "ms"]
+
+    monkeypatch.setattr(bc, "_job", fake_job)
+    monkeypatch.setattr(bc, "mindone_status", lambda: "MindOne is not installed here.")
+    assert bc.main(["--depths", "4", "8", "--stages", "0", "3", "--rounds", "2", "--out", str(tmp_path / "out"),
+                    "--docs_dir", str(tmp_path / "docs")]) == 0
+    timing = [c for c in calls if c[0] == "timing"]
+    rows = ["ms", "stage 0", "stage 3", "stage 3 units"]
+    # rounds in order, each running every depth and every row once, one job each
+    assert [(d, r, k) for _, d, r, k, _ in timing] == [((d,), i, k) for k in range(2) for d in (4, 8)
+                                                     for i in range(len(rows))]
+    assert len({c[4] for c in timing}) == len(timing)  # every job its own logs
+    assert [c[0] for c in calls[len(timing):]] == ["graphs", "cache", "cache"]
+    page = (tmp_path / "docs" / "compile.md").read_text()
+    # row i took 2 + i wall and 1 + i CPU seconds: ratios to nn.TrainOneStepCell's, per round
+    assert "| stage 3 | 8 | 4.0 / 4.0 | 3.0 / 3.0 | 0.200 | 2.00 / 2.00 | 3.00 / 3.00 |" in page
+    assert "| nn.TrainOneStepCell (DATA_PARALLEL) | 4 | 2.0 / 2.0 | 1.0 / 1.0 | 0.200 | 1.00 / 1.00 | 1.00 / 1.00 |" \
+        in page
+    assert "MindOne is not installed here." in page
+
+
+@pytest.mark.parametrize("argv", [["--world_size", "0"], ["--rounds", "0"], ["--steps", "-1"], ["--depths", "0"],
+                                  ["--cache_rounds", "-1"]])
+def test_bad_sizes_exit_before_any_work(tmp_path, argv, monkeypatch):
+    monkeypatch.setattr(bc, "_job", lambda *a, **k: pytest.fail("a job ran"))
+    with pytest.raises(SystemExit):
+        bc.main(argv + ["--out", str(tmp_path / "out"), "--docs_dir", str(tmp_path / "docs")])
+    assert not (tmp_path / "docs").exists()
