@@ -31,18 +31,17 @@ A MultitypeFuncGraph is specialized once per distinct signature of its arguments
 argument's signature is its value: a map whose elements carry per-tensor constants (an offset, a
 width, a shape, an index) compiles one graph per tensor, and each of those graphs again calls the
 functions around the primitives (``Tensor.reshape``, ``narrow``'s checks, ``getitem``). Such maps
-call the primitive itself per element instead, through ``each`` (``ops.Map``, which does not recurse
-into tuple arguments the way ``hyper_map`` does): ``slicing.narrow_each``/``copy_each`` call one
-Slice or StridedSlice per piece, their begins and sizes
-computed in Python when the Cell is built (``narrow_args``, ``copy_args``). The TupleGetItem primitive
-cannot be called so, mapped or in a MultitypeFuncGraph (MindSpore 2.10's backend then fails: "The
-node tuple_get_item must have 2 inputs"), so ``take`` keeps its graph per index; 98 indices cost
-about 0.1 s. A map over tensors that
-only differ in shape and dtype stays a MultitypeFuncGraph: it specializes once per distinct shape.
-Measured in one process (24 blocks of ``tools/bench/benchmark_compile.py``'s model, AdamWeightDecay,
-first call in CPU seconds, least of two): a step that packs its 98 gradients into one buffer and cuts
-them out again took 5.5 s with the per-tensor MultitypeFuncGraph and 4.6 s with ``narrow_each``,
-3.4 s without the buffer.
+call the primitive itself per element instead, through ``each`` (``ops.Map``, which does not
+recurse into tuple arguments the way ``hyper_map`` does): ``slicing.narrow_each`` and ``copy_each``
+call one Slice or StridedSlice per piece, their begins and sizes computed in Python when the Cell
+is built (``narrow_args``, ``copy_args``). The TupleGetItem primitive cannot be called so, mapped
+or in a MultitypeFuncGraph (MindSpore 2.10's backend then fails: "The node tuple_get_item must have
+2 inputs"), so ``take`` keeps its graph per index (98 indices: about 0.1 s), unless the indices are
+a run, which is one tuple slice. A map over tensors that only differ in shape and dtype stays a
+MultitypeFuncGraph: it specializes once per distinct shape. Measured in one process (24 blocks of
+``tools/bench/benchmark_compile.py``'s model, AdamWeightDecay, first call in CPU seconds, least of
+two): a step that packs its 98 gradients into one buffer and cuts them out again took 5.5 s with the
+per-tensor MultitypeFuncGraph and 4.6 s with ``narrow_each``, 3.4 s without the buffer.
 """
 from mindspore import ops
 

@@ -92,11 +92,11 @@ def copy_slice(x, axis: int, start: int, length: int):
     return _STRIDED_SLICE(x, begin, end, strides)
 
 
-
-def narrow_args(shape: Sequence[int], axis: int, offsets: Sequence[int], widths: Sequence[int]) -> Tuple[tuple, tuple]:
-    """(begins, sizes) of the Slices that cut a tensor of ``shape`` into pieces along ``axis``, piece i
-    ``widths[i]`` entries from ``offsets[i]``: ``narrow_each``'s static arguments, computed in Python when a
-    Cell is built ([Note: constants in a map] in graph_tuples.py).
+def narrow_args(shape: Sequence[int], axis: int, offsets: Sequence[int],
+                widths: Sequence[int]) -> Tuple[tuple, tuple]:
+    """(begins, sizes) of the Slices that cut a tensor of ``shape`` into pieces along ``axis``, piece
+    i ``widths[i]`` entries from ``offsets[i]``: ``narrow_each``'s static arguments, computed in
+    Python when a Cell is built ([Note: constants in a map] in graph_tuples.py).
 
     Raises:
         ValueError: a piece outside ``shape``.
@@ -105,9 +105,10 @@ def narrow_args(shape: Sequence[int], axis: int, offsets: Sequence[int], widths:
     return tuple(b for b, _ in cuts), tuple(n for _, n in cuts)
 
 
-def copy_args(shape: Sequence[int], axis: int, offsets: Sequence[int], widths: Sequence[int]) -> Tuple[tuple, ...]:
-    """(begins, ends, strides) of the StridedSlices that copy the pieces of ``narrow_args``: ``copy_each``'s
-    static arguments."""
+def copy_args(shape: Sequence[int], axis: int, offsets: Sequence[int],
+              widths: Sequence[int]) -> Tuple[tuple, ...]:
+    """(begins, ends, strides) of the StridedSlices that copy the pieces of ``narrow_args``:
+    ``copy_each``'s static arguments."""
     begins, sizes = narrow_args(shape, axis, offsets, widths)
     ends = tuple(tuple(b + n for b, n in zip(begin, size)) for begin, size in zip(begins, sizes))
     return begins, ends, tuple((1,) * len(shape) for _ in begins)

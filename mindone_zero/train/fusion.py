@@ -209,9 +209,9 @@ class BucketedComm(nn.Cell):
     def _cuts(self, layouts, shapes, axis: int) -> tuple:
         """Per bucket, (begins, sizes, shapes) that cut its result into its tensors of ``shapes``
         (``narrow_each``), along ``axis`` of its ``layouts`` (0: the flat buffer; 1: the (n, S) rows of an
-        all-gather); None for a tensor sent alone, whose result is the tensor. A bucket with an empty
-        block (a tensor of fewer elements than ranks, which only a reduce-scatter or all-gather cannot
-        take) gets no pieces."""
+        all-gather); None for a tensor sent alone, whose result is the tensor. A bucket whose layout
+        has an empty block gets no pieces: that layout belongs to a collective the bucket's tensors
+        cannot take (a reduce-scatter of a tensor with fewer elements than ranks), never unpacked."""
         out = []
         for k, bucket in enumerate(self.buckets):
             layout = layouts[k]
@@ -293,7 +293,6 @@ class BucketedComm(nn.Cell):
                 sent += (self.comm.all_gather(layout.pack(take(shards, bucket))).reshape((layout.n, layout.total)),)
         return self._results(sent, self.gather_cuts)
 
-
     def _results(self, sent, cuts):
         """Every tensor's result, in the order of ``shapes``, cut out of the buckets' results ``sent``
         ([Note: one map out of the buckets])."""
@@ -311,9 +310,9 @@ class BucketedComm(nn.Cell):
 #
 # [Note: one map out of the buckets]
 # Every tensor's result is cut out of its bucket's result by one Slice and one Reshape, whose
-# begins, sizes and shapes are static tuples (``narrow_args``, computed when the Cell is built), each primitive called
-# directly per piece (``narrow_each``); the pieces of all buckets are then put in the order of
-# ``shapes`` (``take``, nothing when the buckets hold the tensors in order). Cutting with a
+# begins, sizes and shapes are static tuples (``narrow_args``, computed when the Cell is built),
+# each primitive called directly per piece (``narrow_each``); the pieces of all buckets are then put
+# in the order of ``shapes`` (``take``, nothing when the buckets hold the tensors in order). Cutting with a
 # MultitypeFuncGraph that took each tensor's offset, width and shape as arguments specialized
 # (type-inferred and optimized) one graph per tensor, three with its branches: the train step's
 # first call at stage 0 (N=2, 24 blocks of tools/bench/benchmark_compile.py's model) spent about 2 s
