@@ -62,7 +62,6 @@ __all__ = [
 ]
 
 GATHER_SUFFIX = "_zero_gather"
-_RESHAPE = ops.Reshape()
 _ZEROPP = contextvars.ContextVar("mindone_zero_zeropp", default=None)
 
 
@@ -258,9 +257,7 @@ class ZeroParamWrapper(nn.Cell):
         # PYNATIVE keeps the autograd leaf a Parameter got at creation, with its full shape;
         # a custom bprop whose input is that leaf is checked against the stale shape. A same-shape
         # reshape (a view, no copy) gives the custom bprop an input with the shard's real shape.
-        # The primitive, not ``Tensor.reshape``: that is a graph of its own per wrapper ([Note: constants
-        # in a map] in core/graph_tuples.py).
-        x = _RESHAPE(x, x.shape)
+        x = x.reshape(x.shape)
         if after is not None:
             x = ops.depend(x, after)
         if self.hpz:
