@@ -54,7 +54,7 @@ from ..core.comm import GroupComm, divide
 from ..core.comm_plan import CommPlan, PlanContext
 from ..core.graph_tuples import hyper_map, take
 from ..core.packing import LARGE_TENSOR_BYTES, PackedLayout
-from ..core.slicing import narrow, narrow_args, narrow_each
+from ..core.slicing import narrow, narrow_each
 
 __all__ = ["DEFAULT_BUCKET_SIZE", "LARGE_TENSOR_BYTES", "FusionConfig", "plan_buckets", "ring_chunks", "ring_rows",
            "BucketedComm"]
@@ -208,22 +208,20 @@ class BucketedComm(nn.Cell):
 
     def _cuts(self, layouts, shapes, axis: int) -> tuple:
         """Per bucket, (begins, sizes, shapes) that cut its result into its tensors of ``shapes``
-        (``narrow_each``), along ``axis`` of its ``layouts`` (0: the flat buffer; 1: the (n, S) rows of an
-        all-gather); None for a tensor sent alone, whose result is the tensor. A bucket whose layout
-        has an empty block gets no pieces: that layout belongs to a collective the bucket's tensors
-        cannot take (a reduce-scatter of a tensor with fewer elements than ranks), never unpacked."""
+        (``narrow_each``): its layout's ``shard_cuts`` (axis 0, the flat buffer) or ``column_cuts``
+        (axis 1, the (n, S) rows of an all-gather); None for a tensor sent alone, whose result is the
+        tensor. A layout with an empty block has no cuts: it belongs to a collective the bucket's
+        tensors cannot take (a reduce-scatter of a tensor with fewer elements than ranks), never
+        unpacked, and its bucket gets no pieces."""
         out = []
-        for k, bucket in enumerate(self.buckets):
-            layout = layouts[k]
+        for layout, bucket in zip(layouts, self.buckets):
+            cuts = layout.shard_cuts if axis == 0 else layout.column_cuts
             if len(bucket) == 1:
                 out.append(None)
-                continue
-            if not all(layout.blocks):
+            elif cuts is None:
                 out.append(((), (), ()))
-                continue
-            buffer = (layout.total,) if axis == 0 else (layout.n, layout.total)
-            begins, sizes = narrow_args(buffer, axis, layout.offsets, layout.blocks)
-            out.append((begins, sizes, tuple(tuple(shapes[i]) for i in bucket)))
+            else:
+                out.append(cuts + (tuple(tuple(shapes[i]) for i in bucket),))
         return tuple(out)
 
     def record_comm(self, plan: CommPlan, ctx: PlanContext) -> None:
@@ -310,7 +308,8 @@ class BucketedComm(nn.Cell):
 #
 # [Note: one map out of the buckets]
 # Every tensor's result is cut out of its bucket's result by one Slice and one Reshape, whose
-# begins, sizes and shapes are static tuples (``narrow_args``, computed when the Cell is built),
+# begins, sizes and shapes are static tuples (the bucket's ``PackedLayout`` cuts, computed when the
+# Cell is built),
 # each primitive called directly per piece (``narrow_each``); the pieces of all buckets are then put
 # in the order of ``shapes`` (``take``, nothing when the buckets hold the tensors in order). Cutting with a
 # MultitypeFuncGraph that took each tensor's offset, width and shape as arguments specialized
