@@ -14,6 +14,7 @@ from ..core.backend import overflow_uses_float_status
 from ..core.comm import cast_if_needed, divide
 from ..core.comm_plan import CommPlan, PlanContext, comm_recorders
 from ..core.graph_tuples import hyper_map
+from ..core.run_mode import IN_PYNATIVE
 from ..core.partition import zero_spec_of
 from ..zero3.reshard import coalesced_groups, regathered_param_names
 from .ema import check_ema
@@ -213,7 +214,6 @@ class TrainOneStepWrapper(nn.Cell):
         self.zero_stage = self.zero_helper.zero_stage
         self.offload = self.zero_helper.host_offload is not None
         self._host_call = False  # set by __call__ around the graph call (offload only)
-        self._pynative = False  # set by __call__: whether this call runs in PYNATIVE_MODE (_shard_shaped)
         if self.offload:
             self.zero_helper.host_offload.bind_after_step(ema)
         # [Note: gradient reduction] in zero_helper.py: stages 0/1 reduce once per optimizer step.
@@ -332,8 +332,9 @@ class TrainOneStepWrapper(nn.Cell):
         """Whether reduced gradients are averaged (stage 0 follows ``gradients_mean``)."""
         return self.zero_helper.grads_mean
 
+    _pynative = IN_PYNATIVE  # [Note: mode property] in core/run_mode.py
+
     def __call__(self, *inputs):
-        self._pynative = ms.get_context("mode") == ms.PYNATIVE_MODE
         if not self.offload:
             return super().__call__(*inputs)
         self._host_call = True
@@ -388,9 +389,7 @@ class TrainOneStepWrapper(nn.Cell):
         its full shape; such a gradient is replaced by zeros of the shard's shape (static check).
         Below stage 3 every parameter is whole, and in GRAPH_MODE every gradient has its parameter's
         shape, so the gradients pass as they are: the map is not built ([Note: compile cost] in
-        core/graph_tuples.py; a graph built inside another, ``ms.Model``'s sink step or a ``jit``
-        function, reads the flag of this wrapper's last direct call, and either value gives the same
-        gradients there)."""
+        core/graph_tuples.py, [Note: mode property] in core/run_mode.py)."""
         if not self.sharded_params or not self._pynative:
             return grads
         return hyper_map(_shard_shaped_grad, grads, self.weights)

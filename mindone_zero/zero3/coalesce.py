@@ -24,10 +24,11 @@ builds no group for them.
 from typing import List, Optional, Sequence
 
 import numpy as np
-from mindspore import nn
+from mindspore import nn, ops
 
 from ..core.comm import GroupComm, cast_if_needed, divide, pad_dim0
 from ..core.comm_plan import CommPlan, PlanContext
+from ..core.graph_tuples import each
 from ..core.packing import LARGE_TENSOR_BYTES, PackedLayout, itemsize_of
 from ..core.slicing import copy_slice
 
@@ -35,6 +36,9 @@ __all__ = ["ZeroGatherGroup", "COALESCE_MAX_BYTES", "build_gather_group", "gathe
 
 COALESCE_MAX_BYTES = LARGE_TENSOR_BYTES
 """Largest padded parameter (bytes, in the gathered dtype) that ``ZeroGatherGroup`` coalesces."""
+
+
+_RESHAPE = ops.Reshape()
 
 
 class _CoalescedGather(nn.Cell):
@@ -108,11 +112,15 @@ class ZeroGatherGroup(nn.Cell):
         self.param_names = self.gather.param_names
 
     def construct(self, *xs):
-        # PYNATIVE: a same-shape reshape gives the custom bprop the shard's real shape (see ZeroParamWrapper).
-        ys = ()
-        for x in xs:
-            ys = ys + (x.reshape(x.shape),)
-        return self.gather(ys)
+        return self.gathered(xs)
+
+    def gathered(self, xs):
+        """The full tensors of the tuple of shards ``xs`` (``construct``'s, for a tuple)."""
+        # A same-shape reshape of each shard (the Reshape primitive mapped over static shapes: [Note:
+        # constants in a map] in core/graph_tuples.py). PYNATIVE: it gives the custom bprop the shard's
+        # real shape (see ZeroParamWrapper). GRAPH_MODE needs it too: passed on as they are, the shards
+        # of a gather unit gave another first loss (tests/dist/test_gather_units.py).
+        return self.gather(each(_RESHAPE, xs, self.gather.shard_shapes))
 
     def record_comm(self, plan: CommPlan, ctx: PlanContext) -> None:
         """[Note: comm plan]: this group's collectives of one optimizer step (native bytes): per

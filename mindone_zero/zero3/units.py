@@ -57,7 +57,7 @@ from typing import Dict, List, Optional, Tuple
 
 from mindspore import Parameter, nn, ops
 
-from ..core.graph_tuples import hyper_map, take
+from ..core.graph_tuples import each, hyper_map, take
 from .coalesce import COALESCE_MAX_BYTES, ZeroGatherGroup, gather_settings, gathered_nbytes
 
 __all__ = ["GatherUnit", "ZeroUnitGather", "UNIT_ARG", "UNIT_GATHER_ATTR", "find_units",
@@ -157,15 +157,6 @@ def param_path(root: nn.Cell, param: Parameter) -> Optional[List]:
 # Per-element work of a unit runs through hyper_map and take ([Note: per-tensor maps] in
 # core/graph_tuples.py): the loops that grew tuples here made a third of the nodes type inference
 # visits in a 24-block model's stage-3 step with gather units (tools/bench/benchmark_compile.py).
-_same_shape = ops.MultitypeFuncGraph("same_shape")
-
-
-@_same_shape.register("Tensor")
-def _same_shape_tensor(x):
-    """PYNATIVE: a same-shape reshape gives the custom bprop the shard's real shape (see ZeroParamWrapper)."""
-    return x.reshape(x.shape)
-
-
 _cast_to = ops.MultitypeFuncGraph("cast_to")
 
 
@@ -189,25 +180,27 @@ def _after_tensor(after, x):
 class _UnitPart(ZeroGatherGroup):
     """The elements of one unit with one gather setting: one all-gather, one reduce-scatter."""
 
-    def __init__(self, gathers: List, select: tuple):
+    def __init__(self, gathers: List, select: tuple, every: bool):
         super().__init__(gathers)
         self.select = select
+        self.every = every  # select is every element, in order: no take ([Note: compile cost])
 
     def construct(self, xs):
-        return self.gather(hyper_map(_same_shape, take(xs, self.select)))
+        return self.gathered(xs if self.every else take(xs, self.select))
 
 
 class _UnitCasts(nn.Cell):
     """Elements that need no collective (a group of one rank): cast to the compute dtype only."""
 
-    def __init__(self, gathers: List, select: tuple):
+    def __init__(self, gathers: List, select: tuple, every: bool):
         super().__init__(auto_prefix=False)
         self.select = select
+        self.every = every
         self.compute_dtype = gathers[0].compute_dtype
         self.param_names = tuple(g.param_name for g in gathers)
 
     def construct(self, xs):
-        return hyper_map(ops.partial(_cast_to, self.compute_dtype), take(xs, self.select))
+        return hyper_map(ops.partial(_cast_to, self.compute_dtype), xs if self.every else take(xs, self.select))
 
 
 class _UnitSingle(nn.Cell):
@@ -246,23 +239,29 @@ class ZeroUnitGather(nn.Cell):
                 flat.append(i)
             else:
                 keyed.setdefault(gather_settings(g) + (g.gathers,), []).append(i)
+        everything = tuple(range(len(gathers)))
         for key, idx in keyed.items():
-            members = [gathers[i] for i in idx]
+            members, every = [gathers[i] for i in idx], tuple(idx) == everything
             if key[-1] and len(idx) == 1:
                 parts.append(_UnitSingle(members[0], idx[0]))
             else:
-                parts.append(_UnitPart(members, tuple(idx)) if key[-1] else _UnitCasts(members, tuple(idx)))
+                parts.append(_UnitPart(members, tuple(idx), every) if key[-1] else _UnitCasts(members, tuple(idx), every))
             flat += idx
         self.parts = nn.CellList(parts)
         self.order = tuple(flat.index(i) for i in range(len(gathers)))
+        self.in_order = self.order == everything  # no take ([Note: compile cost] in core/graph_tuples.py)
         self.param_names = tuple(g.param_name for g in gathers)
 
     def construct(self, xs, after=None):
-        if after is not None:  # [Note: gather order] in param_wrapper.py: wait for the root's input
-            xs = hyper_map(ops.partial(_after, after), xs)
+        if after is not None:
+            # [Note: gather order] in param_wrapper.py: every shard waits for the root's input
+            # (``each``, not ``hyper_map``: 10% fewer nodes, as nothing is a nested tuple)
+            xs = each(ops.partial(_after, after), xs)
         outs = ()
         for part in self.parts:  # a few parts: one per gather setting
             outs = outs + part(xs)
+        if self.in_order:
+            return outs
         return take(outs, self.order)
 
     def groups(self) -> List[ZeroGatherGroup]:
