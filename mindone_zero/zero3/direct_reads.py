@@ -22,8 +22,10 @@ keeps nothing (an ``Add`` of a reshaped bias), and it trusts a callee it does no
 child Cell handed a gathered weight.
 
 Inside a gather unit ([Note: gather units] in ``units.py``) the gathered values are the
-subscripts ``zero3_unit[k]``; passing the tuple on as ``zero3_unit=zero3_unit`` is direct (the
-callee's own reads are checked), any other use of the tuple is not.
+subscripts ``zero3_unit[k]``; passing the tuple on to a method or Cell of ``self``, as
+``zero3_unit=zero3_unit`` or as the call's last positional argument ([Note: unit argument] in
+``unit_threading.py``), is direct (the callee's own reads are checked), any other use of the tuple
+is not.
 """
 import ast
 import inspect
@@ -136,8 +138,24 @@ def _unit_tuple_uses(tree: ast.FunctionDef, parents: dict) -> List[str]:
             continue
         if isinstance(parent, ast.keyword) and parent.arg == UNIT_ARG:
             continue
+        if _passed_on(node, parent, tree.args.args[0].arg if tree.args.args else None):
+            continue
         found.append(_describe(parents.get(parent, parent) if isinstance(parent, ast.keyword) else parent))
     return found
+
+
+def _passed_on(node: ast.Name, call: ast.AST, self_name) -> bool:
+    """``node`` is the last positional argument of a call of a method or Cell of ``self``
+    (``self.fc(x, zero3_unit)``, ``super().m(x, zero3_unit)``: [Note: unit argument] in
+    unit_threading.py)."""
+    if not (isinstance(call, ast.Call) and call.args and call.args[-1] is node):
+        return False
+    func = call.func
+    while isinstance(func, (ast.Attribute, ast.Subscript)):
+        func = func.value
+    if isinstance(func, ast.Call):  # super().m(...)
+        return isinstance(func.func, ast.Name) and func.func.id == "super"
+    return isinstance(func, ast.Name) and func.id == self_name and call.func is not func
 
 
 def gather_call_test(self_name: str, attrs) -> Callable[[ast.AST], bool]:

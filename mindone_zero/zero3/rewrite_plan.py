@@ -40,6 +40,9 @@ class MethodPlan:
     calls: List[tuple] = field(default_factory=list)
     needs_unit: bool = False
     provides_unit: bool = False
+    # its parameters after `self` when it takes `zero3_unit` as one more positional parameter, else
+    # None (keyword-only): [Note: unit argument] in unit_threading.py
+    unit_params: Optional[int] = None
 
 
 @dataclass

@@ -3,8 +3,19 @@
 See [Note: gather units] in ``units.py``. The analysis of ``rewrite.py`` hands over a
 ``RewriteAnalysis`` (``rewrite_plan.py``): every method reached from the unit roots' ``construct``,
 each read of a unit parameter already rewritten to ``zero3_unit[k]``, every call of a method or Cell
-recorded. Here the methods that need the tuple get it as a keyword-only parameter, their calls pass
-it, and each root's ``construct`` gathers it. Nothing is modified outside the planned syntax trees.
+recorded. Here the methods that need the tuple get it as a parameter, their calls pass it, and each
+root's ``construct`` gathers it. Nothing is modified outside the planned syntax trees.
+
+[Note: unit argument]
+A method that needs the unit's tuple gets ``zero3_unit`` as its last positional parameter when it has
+no ``*args`` and no defaults (``def construct(self, x, zero3_unit)``), else as a keyword-only one
+(``def construct(self, x, mask=None, *, zero3_unit)``). A call that passes every other parameter
+positionally passes it positionally too (``self.fc1(h, zero3_unit)``); any other call passes
+``zero3_unit=zero3_unit``. Why not always the keyword: the graph compiler turns every call with a
+keyword into an ``UnpackCall`` of its own, about six more nodes to type-infer per call. The
+24-block model of ``tools/bench/benchmark_compile.py`` (three calls per unit) had 576 nodes fewer
+at stage 3 with gather units. What a caller sees: a forward hook of a Cell inside a unit
+(PYNATIVE_MODE) gets the tuple as its Cell's last input.
 """
 import ast
 from typing import List, Optional
@@ -48,6 +59,21 @@ def _check_free_name(plan, m) -> None:
         raise _error(f"cannot rewrite {plan.where(m)}: it already uses the name {UNIT_ARG!r}.")
 
 
+def _positional_params(tree: ast.FunctionDef) -> Optional[int]:
+    """The number of parameters after ``self`` when ``zero3_unit`` can follow them as one more positional
+    parameter (no ``*args``, no defaults), else None ([Note: unit argument])."""
+    a = tree.args
+    if a.vararg is not None or a.defaults:
+        return None
+    return len(a.posonlyargs) + len(a.args) - 1
+
+
+def _passes_every_parameter(call: ast.Call, params: Optional[int]) -> bool:
+    """Whether ``call`` passes each of ``params`` parameters positionally, and nothing else."""
+    return params is not None and not call.keywords and len(call.args) == params and \
+        not any(isinstance(a, ast.Starred) for a in call.args)
+
+
 def _pass_tuple(analysis: RewriteAnalysis, plan, m) -> None:
     unit = analysis.units.get(id(plan.cell))
     for node, cell_id, key in m.calls:
@@ -62,7 +88,11 @@ def _pass_tuple(analysis: RewriteAnalysis, plan, m) -> None:
                 f"{plan.where(m)} calls it from outside that unit, where the unit's gathered parameters do "
                 f"not exist. Call the unit's Cells only from the unit's own code, or leave them out of units."
             )
-        node.keywords.append(ast.keyword(arg=UNIT_ARG, value=ast.Name(id=UNIT_ARG, ctx=ast.Load())))
+        tuple_name = ast.Name(id=UNIT_ARG, ctx=ast.Load())
+        if _passes_every_parameter(node, callee.unit_params):
+            node.args.append(tuple_name)
+        else:
+            node.keywords.append(ast.keyword(arg=UNIT_ARG, value=tuple_name))
 
 
 def _chain(self_name: str, steps: List) -> ast.expr:
@@ -112,6 +142,10 @@ def thread_units(analysis: RewriteAnalysis) -> None:
             or a name the rewrite needs that the code already uses.
     """
     _needs_fixpoint(analysis)
+    for plan in analysis.plans.values():  # before any signature changes
+        for m in plan.methods.values():
+            if m.tree is not None and m.needs_unit:
+                m.unit_params = _positional_params(m.tree)
     for plan in list(analysis.plans.values()):
         for m in plan.methods.values():
             if m.tree is None:
@@ -119,7 +153,9 @@ def thread_units(analysis: RewriteAnalysis) -> None:
             _pass_tuple(analysis, plan, m)
             if m.needs_unit or m.provides_unit:
                 _check_free_name(plan, m)
-            if m.needs_unit:
+            if m.needs_unit and m.unit_params is not None:
+                m.tree.args.args.append(ast.arg(arg=UNIT_ARG))
+            elif m.needs_unit:
                 m.tree.args.kwonlyargs.append(ast.arg(arg=UNIT_ARG))
                 m.tree.args.kw_defaults.append(None)
             if m.provides_unit:

@@ -25,9 +25,11 @@ for the Cells of a unit:
   construct's first input ``x`` ([Note: gather order] in param_wrapper.py);
 * every read of a unit parameter in the unit's code becomes ``zero3_unit[k]``;
 * every method that reads one (directly or through the methods and child Cells it calls) gets a
-  keyword-only parameter ``zero3_unit``, and every call of it from the unit's code
-  (``self.child(...)``, ``self.child.m(...)``, ``self.m(...)``, ``super().m(...)``) passes
-  ``zero3_unit=zero3_unit``. The code is plain Python: GRAPH_MODE and PYNATIVE_MODE both run it.
+  parameter ``zero3_unit``, and every call of it from the unit's code (``self.child(...)``,
+  ``self.child.m(...)``, ``self.m(...)``, ``super().m(...)``) passes it: positionally, last, where
+  the method has no ``*args`` or defaults and the call passes every other parameter positionally,
+  else as ``zero3_unit=zero3_unit`` ([Note: unit argument] in ``unit_threading.py``). The code is
+  plain Python: GRAPH_MODE and PYNATIVE_MODE both run it.
 
 Cells inside a unit are not replaced by ``parallel_modules`` classes (their own ``construct`` runs,
 rewritten as above): the unit gathers their parameters. With ``reshard_after_forward=True`` the unit's

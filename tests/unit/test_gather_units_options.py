@@ -185,3 +185,58 @@ def test_cells_the_user_recomputed_stay_recomputed_inside_units():
     ids = Tensor(reversal_batch(1, 0, 2, 8, LM["vocab_size"])[0])
     assert np.array_equal(ref(ids).asnumpy(), net(ids).asnumpy())
     assert net.blocks[0]._has_config_recompute and net.blocks[1].attn._has_config_recompute
+
+
+class _Scaled(nn.Cell):
+    """Its construct has a default, so it takes the unit's tuple as a keyword-only parameter."""
+
+    def __init__(self):
+        super().__init__()
+        self.fc = nn.Dense(6, 6)
+
+    def construct(self, x, scale=None):
+        y = self.fc(x)
+        return y if scale is None else y * scale
+
+
+class _ArgUnit(nn.Cell):
+    def __init__(self):
+        super().__init__()
+        self.fc1, self.scaled, self.fc2 = nn.Dense(6, 6), _Scaled(), nn.Dense(6, 4)
+
+    def construct(self, x):
+        h = self.fc1(x)
+        h = self.scaled(h, 2.0)
+        return self.fc2(x=h)
+
+
+def _kinds(cell):
+    import inspect
+    return [(name, p.kind.name) for name, p in inspect.signature(type(cell).construct).parameters.items()]
+
+
+@pytest.mark.parametrize("mode", [ms.PYNATIVE_MODE, ms.GRAPH_MODE])
+def test_the_unit_tuple_is_positional_where_every_parameter_is(mode):
+    """[Note: unit argument] in mindone_zero/zero3/unit_threading.py: a construct without defaults or
+    *args takes the tuple as its last positional parameter, one with a default as a keyword-only one;
+    a call passing every parameter positionally passes it positionally, any other call by keyword.
+    Both forms compute what the unsharded network does."""
+    ms.set_context(mode=mode)
+    ref = _ArgUnit()
+    net = _ArgUnit()
+    for a, b in zip(ref.get_parameters(), net.get_parameters()):
+        b.set_data(a.data.copy())
+    net = shard_network(net, gather_units=(_ArgUnit,))
+    positional = [("self", "POSITIONAL_OR_KEYWORD"), ("x", "POSITIONAL_OR_KEYWORD"),
+                  ("zero3_unit", "POSITIONAL_OR_KEYWORD")]
+    assert _kinds(net.fc1) == positional and _kinds(net.fc2) == positional
+    assert _kinds(net.scaled) == [("self", "POSITIONAL_OR_KEYWORD"), ("x", "POSITIONAL_OR_KEYWORD"),
+                                  ("scale", "POSITIONAL_OR_KEYWORD"), ("zero3_unit", "KEYWORD_ONLY")]
+    import inspect
+    root = inspect.getsource(type(net).construct)
+    assert "self.fc1(x, zero3_unit)" in root
+    assert "self.scaled(h, 2.0, zero3_unit=zero3_unit)" in root
+    assert "self.fc2(x=h, zero3_unit=zero3_unit)" in root
+    assert "self.fc(x, zero3_unit)" in inspect.getsource(type(net.scaled).construct)
+    x = Tensor(np.linspace(-1, 1, 12, dtype=np.float32).reshape(2, 6))
+    assert np.array_equal(ref(x).asnumpy(), net(x).asnumpy())
