@@ -112,14 +112,10 @@ class ZeroGatherGroup(nn.Cell):
         self.param_names = self.gather.param_names
 
     def construct(self, *xs):
-        return self.gathered(xs)
-
-    def gathered(self, xs):
-        """The full tensors of the tuple of shards ``xs`` (``construct``'s, for a tuple)."""
         # A same-shape reshape of each shard (the Reshape primitive mapped over static shapes: [Note:
         # constants in a map] in core/graph_tuples.py). PYNATIVE: it gives the custom bprop the shard's
-        # real shape (see ZeroParamWrapper). GRAPH_MODE needs it too: passed on as they are, the shards
-        # of a gather unit gave another first loss (tests/dist/test_gather_units.py).
+        # real shape (see ZeroParamWrapper). GRAPH_MODE needs it too: [Note: unit shards] in units.py.
+        # A gather unit's parts call ``self.gather`` on shards reshaped already.
         return self.gather(each(_RESHAPE, xs, self.gather.shard_shapes))
 
     def record_comm(self, plan: CommPlan, ctx: PlanContext) -> None:

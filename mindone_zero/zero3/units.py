@@ -167,16 +167,17 @@ def _cast_to_tensor(dtype, x):
     return x.astype(dtype)
 
 
-_after = ops.MultitypeFuncGraph("after")
+_RESHAPE = ops.Reshape()
+_shaped = ops.MultitypeFuncGraph("shaped")
 
 
-@_after.register("Tensor", "Tensor")
-@_after.register("Tuple", "Tensor")
-@_after.register("List", "Tensor")
-@_after.register("Number", "Tensor")
-def _after_tensor(after, x):
-    """``x``, once ``after`` (the unit root's first input) exists."""
-    return ops.depend(x, after)
+@_shaped.register("Tensor", "Tensor", "Tuple")
+@_shaped.register("Tuple", "Tensor", "Tuple")
+@_shaped.register("List", "Tensor", "Tuple")
+@_shaped.register("Number", "Tensor", "Tuple")
+def _shaped_after(after, x, shape):
+    """``x`` reshaped to ``shape``, its own, once ``after`` (the unit root's first input) exists."""
+    return _RESHAPE(ops.depend(x, after), shape)
 
 
 class _UnitPart(ZeroGatherGroup):
@@ -188,7 +189,8 @@ class _UnitPart(ZeroGatherGroup):
         self.every = every  # select is every element, in order: no take ([Note: compile cost])
 
     def construct(self, xs):
-        return self.gathered(xs if self.every else take(xs, self.select))
+        # the shards come reshaped ([Note: unit shards] in ZeroUnitGather)
+        return self.gather(xs if self.every else take(xs, self.select))
 
 
 class _UnitCasts(nn.Cell):
@@ -215,9 +217,7 @@ class _UnitSingle(nn.Cell):
         self.param_names = (gather.param_name,)
 
     def construct(self, xs):
-        x = xs[self.index]
-        # PYNATIVE: a same-shape reshape gives the custom bprop the shard's real shape (see ZeroParamWrapper).
-        return (self.gather(x.reshape(x.shape)),)
+        return (self.gather(xs[self.index]),)  # reshaped ([Note: unit shards] in ZeroUnitGather)
 
 
 class ZeroUnitGather(nn.Cell):
@@ -252,13 +252,26 @@ class ZeroUnitGather(nn.Cell):
         self.parts = nn.CellList(parts)
         self.order = tuple(flat.index(i) for i in range(len(gathers)))
         self.in_order = self.order == everything  # no take ([Note: compile cost] in core/graph_tuples.py)
+        self.one_part = len(parts) == 1  # its outputs are in order: no loop, no take
+        self.shard_shapes = tuple(tuple(g.spec.shard_shape) for g in gathers)
         self.param_names = tuple(g.param_name for g in gathers)
 
     def construct(self, xs, after=None):
-        if after is not None:
-            # [Note: gather order] in param_wrapper.py: every shard waits for the root's input
-            # (``each``, not ``hyper_map``: 10% fewer nodes, as nothing is a nested tuple)
-            xs = each(ops.partial(_after, after), xs)
+        # [Note: unit shards]
+        # Every shard is reshaped to its own shape before any part sees it: PYNATIVE, so that the
+        # custom bprop gets the shard's real shape (see ZeroParamWrapper); GRAPH_MODE, because passed
+        # on as they are, the shards gave another first loss (tests/dist/test_gather_units.py). With
+        # the root's input as ``after``, the same map makes every shard wait for it ([Note: gather
+        # order] in param_wrapper.py): one ``each`` (Map, with the Reshape primitive and static
+        # shapes: [Note: constants in a map] in core/graph_tuples.py). A map per purpose and a loop
+        # over the single part cost 696 more nodes after type inference (4666 against 3970) in the
+        # 24-block model of tools/bench/benchmark_compile.py.
+        if after is None:
+            xs = each(_RESHAPE, xs, self.shard_shapes)
+        else:
+            xs = each(ops.partial(_shaped, after), xs, self.shard_shapes)
+        if self.one_part:
+            return self.parts[0](xs)
         outs = ()
         for part in self.parts:  # a few parts: one per gather setting
             outs = outs + part(xs)
