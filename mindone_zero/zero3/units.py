@@ -167,7 +167,7 @@ def _cast_to_tensor(dtype, x):
     return x.astype(dtype)
 
 
-_RESHAPE = ops.Reshape()
+_RESHAPE, _DEPEND = ops.Reshape(), ops.Depend()
 _shaped = ops.MultitypeFuncGraph("shaped")
 
 
@@ -175,9 +175,10 @@ _shaped = ops.MultitypeFuncGraph("shaped")
 @_shaped.register("Tuple", "Tensor", "Tuple")
 @_shaped.register("List", "Tensor", "Tuple")
 @_shaped.register("Number", "Tensor", "Tuple")
+@_shaped.register("None", "Tensor", "Tuple")
 def _shaped_after(after, x, shape):
     """``x`` reshaped to ``shape``, its own, once ``after`` (the unit root's first input) exists."""
-    return _RESHAPE(ops.depend(x, after), shape)
+    return _RESHAPE(_DEPEND(x, after), shape)
 
 
 class _UnitPart(ZeroGatherGroup):
@@ -265,11 +266,10 @@ class ZeroUnitGather(nn.Cell):
         # order] in param_wrapper.py): one ``each`` (Map, with the Reshape primitive and static
         # shapes: [Note: constants in a map] in core/graph_tuples.py). A map per purpose and a loop
         # over the single part cost 696 more nodes after type inference (4666 against 3970) in the
-        # 24-block model of tools/bench/benchmark_compile.py.
-        if after is None:
-            xs = each(_RESHAPE, xs, self.shard_shapes)
-        else:
-            xs = each(ops.partial(_shaped, after), xs, self.shard_shapes)
+        # 24-block model of tools/bench/benchmark_compile.py. Without ``after`` (None) the Depend
+        # returns the shard: no ``if``, whose branches were subgraphs of their own (with the same
+        # change in ZeroParamWrapper, 3970 -> 3892).
+        xs = each(ops.partial(_shaped, after), xs, self.shard_shapes)
         if self.one_part:
             return self.parts[0](xs)
         outs = ()
