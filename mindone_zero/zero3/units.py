@@ -177,7 +177,8 @@ _shaped = ops.MultitypeFuncGraph("shaped")
 @_shaped.register("Number", "Tensor", "Tuple")
 @_shaped.register("None", "Tensor", "Tuple")
 def _shaped_after(after, x, shape):
-    """``x`` reshaped to ``shape``, its own, once ``after`` (the unit root's first input) exists."""
+    """``x`` reshaped to ``shape``, its own, once ``after`` (the unit root's first input, or None:
+    no wait) exists."""
     return _RESHAPE(_DEPEND(x, after), shape)
 
 
