@@ -53,6 +53,7 @@ from ..core import backend
 from ..core.comm import GroupComm, divide
 from ..core.comm_plan import CommPlan, PlanContext
 from ..core.graph_tuples import hyper_map, take
+from ..core.scaling import scaled
 from ..core.packing import LARGE_TENSOR_BYTES, PackedLayout
 from ..core.slicing import narrow, narrow_each
 
@@ -235,49 +236,59 @@ class BucketedComm(nn.Cell):
 
     def all_reduce_mean(self, tensors):
         """Mean over the group of every tensor, one all-reduce per bucket."""
-        return self._all_reduce(tensors, True)
+        return self.all_reduce_buffers(tensors, True)[0]
 
     def all_reduce_sum(self, tensors):
         """Sum over the group of every tensor, one all-reduce per bucket."""
-        return self._all_reduce(tensors, False)
+        return self.all_reduce_buffers(tensors, False)[0]
 
     def _reduce(self, x, mean: bool):
         if mean:
             return self.comm.all_reduce_mean(x)
         return self.comm.all_reduce(x)
 
-    def _all_reduce(self, tensors, mean: bool):
+    def all_reduce_buffers(self, tensors, mean: bool, factor=None):
+        """(mean or sum over the group of every tensor, each times the 0-d ``factor`` if it is given,
+        the buckets' reduced buffers): the factor multiplies each bucket's buffer before its
+        all-reduce ([Note: unscale and check in the buckets] in core/scaling.py)."""
         n = self.comm.size
         sent = ()
         for k in range(len(self.buckets)):
             bucket = self.buckets[k]
             if len(bucket) == 1:
-                sent += (self._reduce(tensors[bucket[0]], mean),)
+                sent += (self._reduce(scaled(tensors[bucket[0]], factor), mean),)
             elif not self.ring_aligned:
-                sent += (self._reduce(self.gather_layouts[k].pack(take(tensors, bucket)), mean),)
+                sent += (self._reduce(scaled(self.gather_layouts[k].pack(take(tensors, bucket)), factor), mean),)
             else:
                 widths, fulls = self.bucket_chunks[k]
                 rows = ops.concat(hyper_map(ops.partial(ring_rows, n), take(tensors, bucket), widths, fulls), 1)
-                sent += (self._reduce(rows.reshape(-1), mean).reshape(n, -1),)
+                sent += (self._reduce(scaled(rows, factor).reshape(-1), mean).reshape(n, -1),)
         if self.ring_aligned:
             bucket, alone, offset, width, full, shape = self.ring_slots
-            return hyper_map(ops.partial(_ring_tensor, sent, n), bucket, alone, offset, width, full, shape)
-        return self._results(sent, self.reduce_cuts)
+            return hyper_map(ops.partial(_ring_tensor, sent, n), bucket, alone, offset, width, full, shape), sent
+        return self._results(sent, self.reduce_cuts), sent
 
     def reduce_scatter(self, tensors, mean: bool = False):
         """Sum over the group (``mean``: divided by the group size, once per bucket), then this
         rank's dim-0 block of every (padded) tensor."""
+        return self.reduce_scatter_buffers(tensors, mean)[0]
+
+    def reduce_scatter_buffers(self, tensors, mean: bool, factor=None):
+        """(``reduce_scatter`` of every tensor times the 0-d ``factor`` if it is given, this rank's
+        reduced buffer of each bucket): the factor multiplies each bucket's buffer before its
+        reduce-scatter ([Note: unscale and check in the buckets] in core/scaling.py)."""
         sent = ()
         for k in range(len(self.buckets)):
             bucket = self.buckets[k]
             if len(bucket) == 1:
-                blocks = self.comm.reduce_scatter(tensors[bucket[0]])
+                blocks = self.comm.reduce_scatter(scaled(tensors[bucket[0]], factor))
             else:
-                blocks = self.comm.reduce_scatter(self.scatter_layouts[k].pack_rank_major(take(tensors, bucket)))
+                blocks = self.comm.reduce_scatter(scaled(self.scatter_layouts[k].pack_rank_major(take(tensors, bucket)),
+                                                         factor))
             if mean:
                 blocks = divide(blocks, self.comm.size)  # [Note: Div on CPU] in core/comm.py
             sent += (blocks,)
-        return self._results(sent, self.scatter_cuts)
+        return self._results(sent, self.scatter_cuts), sent
 
     def all_gather(self, shards):
         """Every rank's shard of every tensor, concatenated along dim 0 in rank order."""

@@ -14,6 +14,7 @@ from ..core.backend import overflow_uses_float_status
 from ..core.comm import cast_if_needed, divide
 from ..core.comm_plan import CommPlan, PlanContext, comm_recorders
 from ..core.graph_tuples import hyper_map
+from ..core.scaling import any_nonfinite, times
 from ..core.run_mode import IN_PYNATIVE
 from ..core.partition import zero_spec_of
 from ..zero3.reshard import coalesced_groups, regathered_param_names
@@ -65,30 +66,6 @@ class _ScaledLoss(nn.Cell):
 
 # Per-tensor work runs through hyper_map ([Note: per-tensor maps] in core/graph_tuples.py).
 
-_times = ops.MultitypeFuncGraph("times")
-
-
-# Primitives called directly: ``g * ...``, ``ops.cast`` and ``Tensor.all`` are functions the graph
-# compiler parses and type-infers again for every tensor of a map ([Note: compile cost] in
-# core/graph_tuples.py); these are the primitives they run.
-_MUL, _IS_FINITE, _ALL, _NOT = ops.Mul(), ops.IsFinite(), ops.ReduceAll(), ops.LogicalNot()
-
-
-@_times.register("Tensor", "Tensor")
-def _times_tensor(factor, g):
-    """``g`` times the 0-d ``factor``, in ``g``'s dtype."""
-    return _MUL(g, cast_if_needed(factor, g.dtype))
-
-
-_nonfinite = ops.MultitypeFuncGraph("nonfinite")
-
-
-@_nonfinite.register("Tensor")
-def _nonfinite_tensor(g):
-    """1.0 if ``g`` holds an inf or nan, else 0.0."""
-    return ops.cast(_NOT(_ALL(_IS_FINITE(g))), ms.float32)
-
-
 _shard_shaped_grad = ops.MultitypeFuncGraph("shard_shaped_grad")
 
 
@@ -131,11 +108,6 @@ _zeros_like = ops.MultitypeFuncGraph("zeros_like")
 @_zeros_like.register("Tensor")
 def _zeros_like_tensor(x):
     return ops.zeros_like(x)
-
-
-def _any_nonfinite(grads):
-    """True if any of ``grads`` holds an inf or nan (this rank only)."""
-    return ops.addn(hyper_map(_nonfinite, grads)) > 0
 
 
 class _FloatStatus(nn.Cell):
@@ -360,10 +332,13 @@ class TrainOneStepWrapper(nn.Cell):
         if self.float_status is not None:
             scale = self.float_status.clear(scale)
         (_, loss), grads = self.loss_and_grads(*inputs, scale)
-        grads = self._unscale(self._shard_shaped(grads), scale)
-        if self.reduce_each_micro_step:
-            grads = self.zero_helper.reduce_grads(grads)
-        overflow = self._overflow(grads)
+        grads = self._shard_shaped(grads)
+        if self.reduce_each_micro_step:  # unscaled in the buckets where it can ([Note: unscale and check in the buckets])
+            grads, local = self.zero_helper.reduce_and_check(grads, 1.0 / scale)
+        else:
+            grads = hyper_map(ops.partial(times, 1.0 / scale), grads)
+            local = any_nonfinite(grads)
+        overflow = self._overflow(grads, local)
         if self.loss_scaling_manager is not None:
             overflow = self.loss_scaling_manager(self.scale_sense, overflow)
         if self.offload:
@@ -375,10 +350,10 @@ class TrainOneStepWrapper(nn.Cell):
             loss = ops.depend(loss, self._accumulate(grads, overflow))
         return loss, overflow, scale
 
-    def _overflow(self, grads):
-        """True on every rank when any rank's gradients overflowed: inf/nan in them, or, where
-        MindSpore reads Ascend's float status (saturation mode), the status register. Collective."""
-        local = _any_nonfinite(grads)
+    def _overflow(self, grads, local):
+        """True on every rank when any rank's gradients overflowed: inf/nan in them (``local``, this
+        rank's check), or, where MindSpore reads Ascend's float status (saturation mode), the status
+        register. Collective."""
         if self.float_status is None:
             return self.zero_helper.any_rank(local)
         overflow = self.zero_helper.any_rank(ops.logical_or(local, self.float_status.overflowed(grads)))
@@ -393,9 +368,6 @@ class TrainOneStepWrapper(nn.Cell):
         if not self.sharded_params or not self._pynative:
             return grads
         return hyper_map(_shard_shaped_grad, grads, self.weights)
-
-    def _unscale(self, grads, scale):
-        return hyper_map(ops.partial(_times, 1.0 / scale), grads)
 
     def _accumulate(self, grads, overflow):
         done = hyper_map(_accumulate_into, self.accum_grads, grads)
@@ -425,7 +397,7 @@ class TrainOneStepWrapper(nn.Cell):
             grads = self.zero_helper.reduce_grads(grads)
         if self.clip_grad:
             norm = self.zero_helper.global_norm(grads)
-            grads = hyper_map(ops.partial(_times, self.clip_norm / ops.maximum(norm, self.clip_norm)), grads)
+            grads = hyper_map(ops.partial(times, self.clip_norm / ops.maximum(norm, self.clip_norm)), grads)
         return grads
 
     def _host_grads(self, grads, overflow):

@@ -31,6 +31,7 @@ from ..core.comm import (GroupComm, cast_if_needed, check_hybrid_groups, group_s
                          pad_dim0, world_group)
 from ..core.comm_plan import CommPlan, PlanContext
 from ..core.graph_tuples import hyper_map, take
+from ..core.scaling import any_nonfinite, times
 from .fusion import BucketedComm, FusionConfig
 from ..offload import HostOffload, OffloadConfig, host_rule_for
 from .optimizer_states import check_optimizer, find_optimizer_states, optimizer_parameters, repoint_optimizer
@@ -172,6 +173,7 @@ class ZeroHelper(nn.Cell):
         # sharded stages always average, as MindOne's ZeroHelper does.
         self.grads_mean = self.policy.is_zero or not self.is_parallel or bool(ms.get_auto_parallel_context("gradients_mean"))
         self.opt_params = self._shard_optimizer(offload.enabled)
+        self.buckets_every_grad = False  # set by _build_comms
         if self.is_parallel:
             self._build_comms(fusion)
         self.optimizer_offload = offload.enabled
@@ -234,6 +236,8 @@ class ZeroHelper(nn.Cell):
         self.ag_rows = tuple(self.full_d0[i] for i in self.ag_index)
         self.routes = _routes(n, self.rs_index, self.ar_index)
         self.routes_replicated = self.ar_index == tuple(range(n))
+        # every gradient goes through grad_rs or grad_ar (not at stage 3: [Note: unscale and check in the buckets])
+        self.buckets_every_grad = len(self.rs_index) + len(self.ar_index) == n
         self.grad_rs = BucketedComm(self.op_comm, [self.specs[i].padded_shape for i in self.rs_index],
                                     [self.params[i] for i in self.rs_index], fusion.reduce_scatter, kind="reduce_scatter")
         self.grad_ar = BucketedComm(self.op_comm, [tuple(self.params[i].shape) for i in self.ar_index],
@@ -299,19 +303,37 @@ class ZeroHelper(nn.Cell):
         """
         if not self.is_parallel:
             return grads
+        return self._reduce(grads, None)[0]
+
+    def reduce_and_check(self, grads, factor):
+        """(``reduce_grads`` of ``grads`` each times the 0-d ``factor``, whether any of the reduced
+        gradients holds an inf or nan on this rank). Where this helper reduces every gradient in its
+        buckets (stages 0-2 in data parallel), the factor multiplies the buckets' buffers and the
+        check reads their results ([Note: unscale and check in the buckets] in core/scaling.py);
+        else both run per tensor, the factor before the reduction. Collective.
+        """
+        if not self.is_parallel or not self.buckets_every_grad:
+            reduced = self.reduce_grads(hyper_map(ops.partial(times, factor), grads))
+            return reduced, any_nonfinite(reduced)
+        reduced, buffers = self._reduce(grads, factor)
+        return reduced, any_nonfinite(buffers)
+
+    def _reduce(self, grads, factor):
+        """(``reduce_grads``, the buffers of its last collectives): the gradients reduced, times the 0-d
+        ``factor`` in the buckets if it is not None (then every gradient must be in a bucket)."""
+        buffers = ()
         shards = ()
         if self.rs_index:
             fulls = take(grads, self.rs_index)
             if self.rs_padded:
                 fulls = hyper_map(_padded, fulls, self.rs_pads)
-            shards = self.grad_rs.reduce_scatter(fulls, mean=True)
+            shards, buffers = self.grad_rs.reduce_scatter_buffers(fulls, True, factor)
             if self.rs_casts:  # low-precision gradients, float32 masters
                 shards = hyper_map(_cast_like, shards, take(self.opt_params, self.rs_index))
         replicated = ()
-        if self.ar_index and self.grads_mean:
-            replicated = self.grad_ar.all_reduce_mean(take(grads, self.ar_index))
-        elif self.ar_index:
-            replicated = self.grad_ar.all_reduce_sum(take(grads, self.ar_index))
+        if self.ar_index:
+            replicated, sent = self.grad_ar.all_reduce_buffers(take(grads, self.ar_index), self.grads_mean, factor)
+            buffers = buffers + sent
         # stage 3's gradients of split parameters pass as they are: reduce-scattered by the ZeRO-3
         # wrapper's bprop
         if self.routes_replicated:  # every gradient all-reduced, in order (stage 0)
@@ -319,8 +341,8 @@ class ZeroHelper(nn.Cell):
         else:
             out = take(shards + replicated + grads, self.routes)
         if self.dp_ar is not None:
-            out = self.dp_ar.all_reduce_mean(out)
-        return out
+            out, buffers = self.dp_ar.all_reduce_buffers(out, True)
+        return out, buffers
 
     def global_norm(self, grads):
         """L2 norm of the full (unsharded) gradient, from the reduced ``grads``.

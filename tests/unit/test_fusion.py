@@ -8,6 +8,7 @@ from mindspore import Tensor
 from models import LossNet, TinyNet, init_weights, make_optimizer
 from mindone_zero import ZeroHelper, prepare_train_network
 from mindone_zero.core import backend
+from mindone_zero.core.scaling import any_nonfinite, times
 from mindone_zero.train.fusion import (DEFAULT_BUCKET_SIZE, LARGE_TENSOR_BYTES, BucketedComm, FusionConfig, plan_buckets,
                                  ring_chunks, ring_rows)
 
@@ -166,3 +167,50 @@ def test_bucket_is_in_ring_rows_on_cpu_with_more_than_two_ranks_else_flat(target
     for got, want in zip(out, tensors):
         assert got.shape == want.shape
         np.testing.assert_array_equal(got.asnumpy(), want.asnumpy())
+
+
+class _ScatterEchoComm(_EchoComm):
+    """An ``_EchoComm`` whose reduce-scatter leaves rank 0's dim-0 block of its input."""
+
+    def reduce_scatter(self, x):
+        return x[:x.shape[0] // self.size]
+
+
+def _with_inf(tensors, i, where=-1):
+    """``tensors`` with element ``where`` of tensor ``i`` (flat) set to inf."""
+    value = tensors[i].asnumpy().copy()
+    value.reshape(-1)[where] = np.inf
+    return tensors[:i] + (Tensor(value),) + tensors[i + 1:]
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float16])
+@pytest.mark.parametrize("n", [2, 3])  # flat, and ring rows with padding ([Note: chunk-aligned all-reduce])
+def test_a_factor_on_the_buckets_gives_every_tensor_its_own_bits_and_the_check_reads_the_buffers(n, dtype):
+    # [Note: unscale and check in the buckets] in core/scaling.py
+    tensors = tuple(Tensor(t.asnumpy().astype(dtype) / 7) for t in _bucket_tensors(3))
+    factor = Tensor(1 / 3, ms.float32)  # inexact: a product that rounds
+    comm = BucketedComm(_ScatterEchoComm(n), _BUCKET_SHAPES, tensors, bucket_size=1 << 20)
+    alone = BucketedComm(_ScatterEchoComm(n), _BUCKET_SHAPES, tensors, bucket_size=None)
+    assert len(comm.buckets) == 1 and len(alone.buckets) == len(tensors)
+    for bucketed in (comm, alone):
+        out, buffers = bucketed.all_reduce_buffers(tensors, True, factor)
+        assert len(buffers) == len(bucketed.buckets)
+        for got, t in zip(out, tensors):
+            assert got.dtype == t.dtype
+            np.testing.assert_array_equal(got.asnumpy(), times(factor, t).asnumpy())
+        assert not any_nonfinite(buffers).asnumpy()
+        for i in (0, 3):
+            assert any_nonfinite(bucketed.all_reduce_buffers(_with_inf(tensors, i), True, factor)[1]).asnumpy()
+    fulls = tuple(Tensor(np.tile(t.asnumpy().reshape(1, -1), (n, 1))) for t in tensors)  # dim 0 divides by n
+    shapes = [tuple(f.shape) for f in fulls]
+    for size in (1 << 20, None):
+        scatter = BucketedComm(_ScatterEchoComm(n), shapes, fulls, bucket_size=size, kind="reduce_scatter")
+        out, buffers = scatter.reduce_scatter_buffers(fulls, True, factor)
+        for got, f in zip(out, fulls):
+            want = times(factor, f).asnumpy()[:1] / np.asarray(n, dtype)
+            np.testing.assert_array_equal(got.asnumpy(), want)
+        assert not any_nonfinite(buffers).asnumpy()
+        # this rank checks its own block; the other ranks' blocks are theirs to check (any_rank joins them)
+        assert any_nonfinite(scatter.reduce_scatter_buffers(_with_inf(fulls, 2, 0), True, factor)[1]).asnumpy()
+        assert not any_nonfinite(scatter.reduce_scatter_buffers(_with_inf(fulls, 2, -1), True, factor)[1]).asnumpy()
+    assert not any_nonfinite(()).asnumpy()

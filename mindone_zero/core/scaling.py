@@ -1,0 +1,63 @@
+"""Gradient scaling and the inf/nan check, per tensor or on whole buckets.
+
+[Note: unscale and check in the buckets]
+A step with a loss scale multiplies every gradient by ``1 / scale`` and then asks whether any
+reduced gradient holds an inf or a nan. Done per tensor, that is a Mul and an IsFinite, ReduceAll,
+LogicalNot and Cast for each of the model's gradients: five kernels per tensor, and maps the graph
+compiler type-infers per tensor ([Note: compile cost] in graph_tuples.py). Where the gradients are
+reduced in buckets ([Note: buckets] in train/fusion.py), both run on the packed buffers instead: the
+factor multiplies a bucket's buffer before its collective, and the check reads the bucket's result,
+so each costs one kernel per bucket.
+
+The numbers are the same. A product is computed per element, so multiplying the concatenated
+buffer gives every element the bits it gets alone (the factor is cast to the bucket's dtype, as
+``times`` casts it to the tensor's). A bucket's result holds every element of its tensors' results
+(their blocks of it, after a reduce-scatter), so it holds an inf or a nan exactly when one of them
+does. A buffer also holds what its tensors do not: zeros of the padding (ring chunks, dim-0 padding
+rows). A zero times a finite factor stays zero. A factor is only inf or nan when the scale is 0, inf
+or nan, and then every tensor that has an element is non-finite too, so the check's answer is the
+same.
+"""
+import mindspore as ms
+from mindspore import ops
+
+from .comm import cast_if_needed
+from .graph_tuples import hyper_map
+
+__all__ = ["times", "scaled", "any_nonfinite"]
+
+# Primitives called directly: ``g * ...``, ``ops.cast`` and ``Tensor.all`` are functions the graph
+# compiler parses and type-infers again for every tensor of a map ([Note: compile cost] in
+# graph_tuples.py); these are the primitives they run.
+_MUL, _IS_FINITE, _ALL, _NOT = ops.Mul(), ops.IsFinite(), ops.ReduceAll(), ops.LogicalNot()
+
+times = ops.MultitypeFuncGraph("times")
+
+
+@times.register("Tensor", "Tensor")
+def _times_tensor(factor, g):
+    """``g`` times the 0-d ``factor``, in ``g``'s dtype."""
+    return _MUL(g, cast_if_needed(factor, g.dtype))
+
+
+def scaled(x, factor):
+    """``x`` times the 0-d ``factor`` in ``x``'s dtype; ``x`` itself when ``factor`` is None (static)."""
+    if factor is None:
+        return x
+    return _MUL(x, cast_if_needed(factor, x.dtype))
+
+
+_nonfinite = ops.MultitypeFuncGraph("nonfinite")
+
+
+@_nonfinite.register("Tensor")
+def _nonfinite_tensor(g):
+    """1.0 if ``g`` holds an inf or nan, else 0.0."""
+    return ops.cast(_NOT(_ALL(_IS_FINITE(g))), ms.float32)
+
+
+def any_nonfinite(xs):
+    """True if any tensor of the tuple ``xs`` holds an inf or nan (this rank only); False for ()."""
+    if not xs:
+        return ops.zeros((), ms.bool_)
+    return ops.addn(hyper_map(_nonfinite, xs)) > 0
