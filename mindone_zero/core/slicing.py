@@ -37,11 +37,16 @@ from mindspore import ops
 
 from .graph_tuples import each
 
-__all__ = ["narrow", "copy_slice", "slice_bounds", "narrow_args", "copy_args", "narrow_each", "copy_each"]
+__all__ = ["narrow", "copy_slice", "slice_bounds", "narrow_args", "copy_args", "narrow_each", "copy_each", "run_args",
+           "narrow_runs", "MAX_RUNS", "cut_args", "narrow_cut"]
+
+MAX_RUNS = 16
+"""Pieces in more runs than this are cut one Slice each ([Note: runs of pieces])."""
 
 _SLICE = ops.Slice()
 _STRIDED_SLICE = ops.StridedSlice()
 _RESHAPE = ops.Reshape()
+_UNSTACK = (ops.Unstack(0), ops.Unstack(1))
 
 
 @ops.constexpr
@@ -126,3 +131,92 @@ def narrow_each(x, begins, sizes, shapes=None):
 def copy_each(x, begins, ends, strides):
     """Every piece of ``x`` given by ``copy_args``, copied (one StridedSlice each, as ``copy_slice``)."""
     return each(ops.partial(_STRIDED_SLICE, x), begins, ends, strides)
+
+
+def run_args(shape: Sequence[int], axis: int, offsets: Sequence[int], widths: Sequence[int],
+             shapes: Sequence[Sequence[int]]) -> tuple:
+    """The static arguments of ``narrow_runs``: the pieces of ``narrow_args(shape, axis, offsets, widths)``, piece i
+    to be reshaped to ``shapes[i]``, grouped into runs of consecutive pieces that lie one after the other with one
+    width and one shape ([Note: runs of pieces]). Each run is (begin, size, stacked, shape): the Slice that cuts
+    the run's region, the region's shape with ``axis`` split into (pieces, width), and the pieces' shape.
+
+    Raises:
+        ValueError: an axis outside ``shape`` (0 or 1 only), or a piece outside ``shape``.
+    """
+    if axis not in (0, 1) or axis >= len(shape):
+        raise ValueError(f"For 'run_args', the argument 'axis' must be 0 or 1 and inside shape {tuple(shape)}, but "
+                         f"got {axis}.")
+    runs, i, count = [], 0, len(offsets)
+    while i < count:
+        j = i
+        while j + 1 < count and widths[j + 1] == widths[i] and tuple(shapes[j + 1]) == tuple(shapes[i]) \
+                and offsets[j + 1] == offsets[j] + widths[j]:
+            j += 1
+        pieces, width = j - i + 1, int(widths[i])
+        begin, size = slice_bounds(tuple(shape), axis, int(offsets[i]), pieces * width, "run_args")
+        stacked = size[:axis] + (pieces, width) + size[axis + 1:]
+        runs.append((begin, size, stacked, tuple(int(d) for d in shapes[i])))
+        i = j + 1
+    return tuple(runs)
+
+
+_reshaped = ops.MultitypeFuncGraph("reshaped")
+
+
+@_reshaped.register("Tuple", "Tensor")
+def _reshaped_tensor(shape, x):
+    """``x`` reshaped to the static ``shape`` (one graph per run: every piece of a run has its shape)."""
+    return _RESHAPE(x, shape)
+
+
+def narrow_runs(x, runs, axis: int):
+    """Every piece of ``x`` given by ``run_args`` (with the same ``axis``), in order, each reshaped to its shape.
+
+    [Note: runs of pieces]
+    Cutting n pieces out of a buffer with a Slice each (``narrow_each``) gives the graph compiler n calls
+    with n different constant arguments (the offsets), and it infers each call apart ([Note: constants in a
+    map] in graph_tuples.py). ``python tools/bench/compile_cost.py`` (one process) cuts the 98 tensors of
+    ``tools/bench/benchmark_compile.py``'s 24-block model, 4 shapes laid out one shape after the other,
+    out of a flat buffer and assigns them to parameters: 0.74 s of compile CPU as 98 Slices, 0.41 s in
+    4 runs. A run of equal pieces is one Slice (a view, as ``narrow``), one Reshape that stacks its
+    pieces along ``axis`` and one Unstack, and its pieces' Reshapes share one shape; a run of one piece
+    is a Slice and a Reshape. The elements are the same: only their copies differ (Unstack copies a run
+    once, where the Slices were views). The runs are a loop the compiler unrolls, each turn growing the tuple of pieces, so many short runs
+    cost more than the Slices: the 98 tensors of that model in its own order make 74 runs, and the
+    stage-0 train step's graph after type inference (``benchmark_compile.graph_size``) grew from 3335 to
+    7839 nodes when its bucket was cut so. ``cut_args`` therefore takes runs only where there are at most
+    ``MAX_RUNS``, and a bucket's buffer holds its tensors by shape ([Note: buckets] in train/fusion.py).
+    """
+    pieces = ()
+    for r in range(len(runs)):
+        begin, size, stacked, shape = runs[r]
+        region = _SLICE(x, begin, size)
+        if stacked[axis] == 1:
+            pieces = pieces + (_RESHAPE(region, shape),)
+        else:
+            pieces = pieces + each(ops.partial(_reshaped, shape), _UNSTACK[axis](_RESHAPE(region, stacked)))
+    return pieces
+
+
+def cut_args(shape: Sequence[int], axis: int, offsets: Sequence[int], widths: Sequence[int],
+             shapes: Sequence[Sequence[int]]) -> tuple:
+    """The static arguments of ``narrow_cut``: (``run_args``, None) where the pieces make at most
+    ``MAX_RUNS`` runs, else (None, ``narrow_args`` and ``shapes``) ([Note: runs of pieces]).
+
+    Raises:
+        ValueError: as ``run_args``.
+    """
+    runs = run_args(shape, axis, offsets, widths, shapes)
+    if len(runs) <= MAX_RUNS:
+        return runs, None
+    return None, narrow_args(shape, axis, offsets, widths) + (tuple(tuple(int(d) for d in s) for s in shapes),)
+
+
+def narrow_cut(x, cuts, axis: int):
+    """Every piece of ``x`` given by ``cut_args`` (with the same ``axis``), in order, each reshaped to its shape:
+    ``narrow_runs`` or ``narrow_each``, as ``cut_args`` chose (a static choice)."""
+    runs, pieces = cuts
+    if runs is not None:
+        return narrow_runs(x, runs, axis)
+    begins, sizes, shapes = pieces
+    return narrow_each(x, begins, sizes, shapes)

@@ -4,7 +4,9 @@
 Tensors are grouped, in order and per dtype, into buckets of at most ``bucket_size`` bytes
 (a tensor larger than that gets a bucket of its own). A tensor of ``LARGE_TENSOR_BYTES`` (1 MiB)
 or more is never packed: it is sent alone, because packing copies it (and the unpacking keeps
-the whole packed buffer alive) to save one launch that costs little next to its transfer.
+the whole packed buffer alive) to save one launch that costs little next to its transfer. A bucket's
+buffer holds its tensors by shape (``BucketedComm.placed``), so that equal tensors lie in runs that are cut
+out at once ([Note: runs of pieces] in ``mindone_zero/core/slicing.py``).
 Measured before this rule (stage 1, 8 x Dense(2048), N=4, each weight packed with its bias):
 peak +287 MB per rank against one collective per tensor. A bucket is flattened into one buffer,
 sent through one collective, and cut back into its tensors. Reduce-scatter and all-gather buckets
@@ -55,7 +57,7 @@ from ..core.comm_plan import CommPlan, PlanContext
 from ..core.graph_tuples import hyper_map, take
 from ..core.scaling import scaled
 from ..core.packing import LARGE_TENSOR_BYTES, PackedLayout
-from ..core.slicing import narrow, narrow_each
+from ..core.slicing import cut_args, narrow, narrow_cut
 
 __all__ = ["DEFAULT_BUCKET_SIZE", "LARGE_TENSOR_BYTES", "FusionConfig", "plan_buckets", "ring_chunks", "ring_rows",
            "BucketedComm"]
@@ -159,6 +161,9 @@ class BucketedComm(nn.Cell):
             ``"reduce_scatter"`` carry gradients (once per gradient reduction), ``"all_gather"``
             updated shards (once per optimizer step).
 
+    ``buckets`` lists the indices of the tensors in each bucket, in the order of ``shapes``;
+    ``placed`` the same in the order the bucket's buffer holds them (by shape).
+
     Raises:
         ValueError: ``kind`` is not one of those three.
     """
@@ -176,6 +181,9 @@ class BucketedComm(nn.Cell):
         nbytes = [n * t.itemsize for n, t in zip(self.numels, templates)]
         dtypes = [str(t.dtype) for t in templates]
         self.buckets = tuple(tuple(b) for b in plan_buckets(nbytes, dtypes, bucket_size))
+        # the same buckets, each in the order its buffer holds its tensors: by shape, so that equal tensors
+        # lie in runs, each cut out at once ([Note: runs of pieces] in core/slicing.py)
+        self.placed = tuple(tuple(sorted(b, key=lambda i: (self.shapes[i], i))) for b in self.buckets)
         # [Note: chunk-aligned all-reduce]: (row width, rows of full width) of each tensor
         self.chunks = tuple(ring_chunks(k, comm.size) for k in self.numels)
         self.bucket_bytes = tuple(sum(nbytes[i] for i in b) for b in self.buckets)
@@ -184,45 +192,45 @@ class BucketedComm(nn.Cell):
         # tensor's numel a block).
         n = comm.size
         self.scatter_layouts = nn.CellList([PackedLayout([self.numels[i] // n for i in b], n, True)
-                                            for b in self.buckets])
-        self.gather_layouts = nn.CellList([PackedLayout([self.numels[i] for i in b], n, True) for b in self.buckets])
+                                            for b in self.placed])
+        self.gather_layouts = nn.CellList([PackedLayout([self.numels[i] for i in b], n, True) for b in self.placed])
         # all-reduce: [Note: chunk-aligned all-reduce] on CPU with more than two ranks, else flat
         self.ring_aligned = backend.ring_aligned_buckets(n)
         # static data for construct: each bucket's ring chunks ([Note: chunk-aligned all-reduce])
         self.bucket_chunks = tuple((tuple(self.chunks[i][0] for i in b), tuple(self.chunks[i][1] for i in b))
-                                   for b in self.buckets)
+                                   for b in self.placed)
         # each bucket's result cut into its tensors, and where each tensor lies among the pieces of
         # all buckets ([Note: one map out of the buckets])
         self.scatter_cuts = self._cuts(self.scatter_layouts, [_dim0_scaled(s, 1, n) for s in self.shapes], 0)
         self.gather_cuts = self._cuts(self.gather_layouts, [_dim0_scaled(s, n, 1) for s in self.shapes], 1)
         self.reduce_cuts = self._cuts(self.gather_layouts, self.shapes, 0)
-        placed = [i for b in self.buckets for i in b]
-        self.order = tuple(placed.index(i) for i in range(len(self.shapes)))
+        flat = [i for b in self.placed for i in b]
+        self.order = tuple(flat.index(i) for i in range(len(self.shapes)))
         # in ring rows, a tensor's rows start at the column after the widths of those before it in its bucket
-        where = {i: (k, j) for k, b in enumerate(self.buckets) for j, i in enumerate(b)}
+        where = {i: (k, j) for k, b in enumerate(self.placed) for j, i in enumerate(b)}
         bucket = tuple(where[i][0] for i in range(len(self.shapes)))
-        alone = tuple(len(self.buckets[k]) == 1 for k in bucket)
-        columns = tuple(sum(self.chunks[m][0] for m in self.buckets[k][:self.buckets[k].index(i)])
+        alone = tuple(len(self.placed[k]) == 1 for k in bucket)
+        columns = tuple(sum(self.chunks[m][0] for m in self.placed[k][:self.placed[k].index(i)])
                         for i, k in enumerate(bucket))
         self.ring_slots = (bucket, alone, columns, tuple(c[0] for c in self.chunks), tuple(c[1] for c in self.chunks),
                            self.shapes)
 
     def _cuts(self, layouts, shapes, axis: int) -> tuple:
-        """Per bucket, (begins, sizes, shapes) that cut its result into its tensors of ``shapes``
-        (``narrow_each``): its layout's ``shard_cuts`` (axis 0, the flat buffer) or ``column_cuts``
-        (axis 1, the (n, S) rows of an all-gather); None for a tensor sent alone, whose result is the
-        tensor. A layout with an empty block has no cuts: it belongs to a collective the bucket's
-        tensors cannot take (a reduce-scatter of a tensor with fewer elements than ranks), never
-        unpacked, and its bucket gets no pieces."""
+        """Per bucket, the cuts (``cut_args``) of its result into its tensors of ``shapes``
+        (``narrow_cut``): along axis 0 of the flat buffer, or axis 1 of the (n, S) rows of an
+        all-gather; None for a tensor sent alone, whose result is the tensor. A layout with an empty
+        block has no runs: it belongs to a collective the bucket's tensors cannot take (a
+        reduce-scatter of a tensor with fewer elements than ranks), never unpacked, and its bucket
+        gets no pieces."""
         out = []
-        for layout, bucket in zip(layouts, self.buckets):
-            cuts = layout.shard_cuts if axis == 0 else layout.column_cuts
+        for layout, bucket in zip(layouts, self.placed):
             if len(bucket) == 1:
                 out.append(None)
-            elif cuts is None:
-                out.append(((), (), ()))
+            elif not all(layout.blocks):
+                out.append(((), None))
             else:
-                out.append(cuts + (tuple(tuple(shapes[i]) for i in bucket),))
+                shape = (layout.n, layout.total) if axis == 1 else (layout.total,)
+                out.append(cut_args(shape, axis, layout.offsets, layout.blocks, [shapes[i] for i in bucket]))
         return tuple(out)
 
     def record_comm(self, plan: CommPlan, ctx: PlanContext) -> None:
@@ -253,8 +261,8 @@ class BucketedComm(nn.Cell):
         all-reduce ([Note: unscale and check in the buckets] in core/scaling.py)."""
         n = self.comm.size
         sent = ()
-        for k in range(len(self.buckets)):
-            bucket = self.buckets[k]
+        for k in range(len(self.placed)):
+            bucket = self.placed[k]
             if len(bucket) == 1:
                 sent += (self._reduce(scaled(tensors[bucket[0]], factor), mean),)
             elif not self.ring_aligned:
@@ -266,7 +274,7 @@ class BucketedComm(nn.Cell):
         if self.ring_aligned:
             bucket, alone, offset, width, full, shape = self.ring_slots
             return hyper_map(ops.partial(_ring_tensor, sent, n), bucket, alone, offset, width, full, shape), sent
-        return self._results(sent, self.reduce_cuts), sent
+        return self._results(sent, self.reduce_cuts, 0), sent
 
     def reduce_scatter(self, tensors, mean: bool = False):
         """Sum over the group (``mean``: divided by the group size, once per bucket), then this
@@ -278,8 +286,8 @@ class BucketedComm(nn.Cell):
         reduced buffer of each bucket): the factor multiplies each bucket's buffer before its
         reduce-scatter ([Note: unscale and check in the buckets] in core/scaling.py)."""
         sent = ()
-        for k in range(len(self.buckets)):
-            bucket = self.buckets[k]
+        for k in range(len(self.placed)):
+            bucket = self.placed[k]
             if len(bucket) == 1:
                 blocks = self.comm.reduce_scatter(scaled(tensors[bucket[0]], factor))
             else:
@@ -288,46 +296,45 @@ class BucketedComm(nn.Cell):
             if mean:
                 blocks = divide(blocks, self.comm.size)  # [Note: Div on CPU] in core/comm.py
             sent += (blocks,)
-        return self._results(sent, self.scatter_cuts), sent
+        return self._results(sent, self.scatter_cuts, 0), sent
 
     def all_gather(self, shards):
         """Every rank's shard of every tensor, concatenated along dim 0 in rank order."""
         sent = ()
-        for k in range(len(self.buckets)):
-            bucket = self.buckets[k]
+        for k in range(len(self.placed)):
+            bucket = self.placed[k]
             if len(bucket) == 1:
                 sent += (self.comm.all_gather(shards[bucket[0]]),)
             else:
                 layout = self.gather_layouts[k]
                 sent += (self.comm.all_gather(layout.pack(take(shards, bucket))).reshape((layout.n, layout.total)),)
-        return self._results(sent, self.gather_cuts)
+        return self._results(sent, self.gather_cuts, 1)
 
-    def _results(self, sent, cuts):
+    def _results(self, sent, cuts, axis: int):
         """Every tensor's result, in the order of ``shapes``, cut out of the buckets' results ``sent``
-        ([Note: one map out of the buckets])."""
+        along ``axis`` ([Note: one map out of the buckets])."""
         pieces = ()
-        for k in range(len(self.buckets)):
+        for k in range(len(self.placed)):
             if cuts[k] is None:
                 pieces += (sent[k],)
             else:
-                begins, sizes, shapes = cuts[k]
-                pieces += narrow_each(sent[k], begins, sizes, shapes)
+                pieces += narrow_cut(sent[k], cuts[k], axis)
         return take(pieces, self.order)
 
 
 # Per-tensor work of the buckets ([Note: per-tensor maps] in core/graph_tuples.py).
 #
 # [Note: one map out of the buckets]
-# Every tensor's result is cut out of its bucket's result by one Slice and one Reshape, whose
-# begins, sizes and shapes are static tuples (the bucket's ``PackedLayout`` cuts, computed when the
-# Cell is built),
-# each primitive called directly per piece (``narrow_each``); the pieces of all buckets are then put
-# in the order of ``shapes`` (``take``, nothing when the buckets hold the tensors in order). Cutting with a
-# MultitypeFuncGraph that took each tensor's offset, width and shape as arguments specialized
-# (type-inferred and optimized) one graph per tensor, three with its branches: the train step's
-# first call at stage 0 (N=2, 24 blocks of tools/bench/benchmark_compile.py's model) spent about 2 s
-# of CPU in the bucket's pack and unpack ([Note: constants in a map] in core/graph_tuples.py). The
-# same slices and reshapes run, so the results are the same.
+# Every tensor's result is cut out of its bucket's result by Slices and Reshapes whose begins, sizes
+# and shapes are static tuples (the bucket's ``PackedLayout`` offsets and blocks, computed when the
+# Cell is built), the primitives called directly: one Slice per run of equal tensors, one per tensor
+# where the tensors differ ([Note: runs of pieces] in core/slicing.py). The pieces of all buckets are
+# then put in the order of ``shapes`` (``take``, nothing when the buckets hold the tensors in order).
+# Cutting with a MultitypeFuncGraph that took each tensor's offset, width and shape as arguments
+# specialized (type-inferred and optimized) one graph per tensor, three with its branches: the train
+# step's first call at stage 0 (N=2, 24 blocks of tools/bench/benchmark_compile.py's model) spent
+# about 2 s of CPU in the bucket's pack and unpack ([Note: constants in a map] in
+# core/graph_tuples.py). The elements are the same, so the results are the same.
 
 
 ring_rows = ops.MultitypeFuncGraph("ring_rows")

@@ -229,7 +229,12 @@ class ZeroHelper(nn.Cell):
         reduce_here = self.policy.uses_masters
         self.rs_index = tuple(i for i in range(n) if self.split[i] and reduce_here)
         self.ar_index = self.whole_index
-        self.ag_index = tuple(i for i in range(n) if self.split[i] and self.use_masters)
+        # the all-gather's tensors by dtype and shape, so that its buckets hold runs of equal tensors, each
+        # cut out at once ([Note: runs of pieces] in core/slicing.py); the order is the Python side's alone
+        self.ag_index = tuple(sorted((i for i in range(n) if self.split[i] and self.use_masters),
+                                     key=lambda i: (str(self.opt_params[i].dtype), self.specs[i].shard_shape, i)))
+        self.ag_shards = ParameterTuple([self.opt_params[i] for i in self.ag_index])
+        self.ag_params = ParameterTuple([self.params[i] for i in self.ag_index])
         self.rs_pads = tuple(self.pads[i] for i in self.rs_index)
         self.rs_padded = any(self.rs_pads)
         self.rs_casts = any(self.params[i].dtype != self.opt_params[i].dtype for i in self.rs_index)
@@ -379,11 +384,11 @@ class ZeroHelper(nn.Cell):
         """Copy the updated master shards into the full network parameters (stages 1-2). Collective."""
         if not self.ag_index:
             return ()
-        shards = take(self.opt_params, self.ag_index)
+        shards = self.ag_shards
         if after is not None:
             shards = ops.depend(shards, after)
         fulls = self.param_ag.all_gather(shards)
-        return hyper_map(_write_full, take(self.params, self.ag_index), fulls, self.ag_rows)
+        return hyper_map(_write_full, self.ag_params, fulls, self.ag_rows)
 
     # ---------------------------------------------------------- MindOne names
     def cal_gradients(self, grads):

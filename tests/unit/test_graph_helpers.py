@@ -6,7 +6,8 @@ import mindspore as ms
 from mindspore import Tensor, nn, ops
 
 from mindone_zero.core.graph_tuples import hyper_map, take
-from mindone_zero.core.slicing import copy_slice, narrow
+from mindone_zero.core import slicing
+from mindone_zero.core.slicing import copy_slice, cut_args, narrow, narrow_cut, run_args
 
 ms.set_device("CPU")
 
@@ -93,3 +94,48 @@ def test_take_picks_in_index_order_and_hyper_map_maps_each(mode, index):
     assert len(got) == len(index)
     for j, (i, y) in enumerate(zip(index, got)):
         assert np.array_equal(y.asnumpy(), xs[i].asnumpy() * 2.0 + ks[j])
+
+
+# pieces of a flat (axis 0) or (2, S) (axis 1) buffer: widths per piece, the shape each is reshaped to
+_PIECES = [(3, (3,)), (6, (2, 3)), (6, (2, 3)), (6, (3, 2)), (6, (2, 3)), (1, (1,)), (1, (1,)), (1, (1,))]
+
+
+class _CutAll(nn.Cell):
+    def __init__(self, cuts, axis):
+        super().__init__()
+        self.cuts, self.axis = cuts, axis
+
+    def construct(self, x):
+        return narrow_cut(x, self.cuts, self.axis)
+
+
+@pytest.mark.parametrize("mode", [ms.GRAPH_MODE, ms.PYNATIVE_MODE])
+@pytest.mark.parametrize("axis", [0, 1])
+@pytest.mark.parametrize("max_runs", [16, 2])  # in runs; one Slice each (more runs than the limit)
+def test_pieces_cut_in_runs_or_one_slice_each_are_the_numpy_pieces(mode, axis, max_runs, monkeypatch):
+    # [Note: runs of pieces]: equal neighbours share a run; a shape or width change starts a new one
+    monkeypatch.setattr(slicing, "MAX_RUNS", max_runs)
+    ms.set_context(mode=mode)
+    widths = [w for w, _ in _PIECES]
+    offsets = [int(o) for o in np.cumsum([0] + widths[:-1])]
+    rows = 2 if axis == 1 else 1
+    shape = (rows, sum(widths)) if axis == 1 else (sum(widths),)
+    shapes = [(rows * s[0],) + s[1:] if axis == 1 else s for _, s in _PIECES]
+    runs = run_args(shape, axis, offsets, widths, shapes)
+    assert [r[2][axis] for r in runs] == [1, 2, 1, 1, 3]  # pieces per run
+    cuts = cut_args(shape, axis, offsets, widths, shapes)
+    assert (cuts[0] is not None) == (len(runs) <= max_runs)
+    x = np.arange(int(np.prod(shape)), dtype=np.float32).reshape(shape)
+    got = _CutAll(cuts, axis)(Tensor(x))
+    assert len(got) == len(_PIECES)
+    for piece, offset, width, want_shape in zip(got, offsets, widths, shapes):
+        want = x[..., offset:offset + width] if axis == 1 else x[offset:offset + width]
+        np.testing.assert_array_equal(piece.asnumpy(), want.reshape(want_shape))
+
+
+@pytest.mark.parametrize("axis, named", [(2, "'axis'"), (-1, "'axis'")])
+def test_run_args_outside_the_buffer_names_the_argument(axis, named):
+    with pytest.raises(ValueError, match=named):
+        run_args((4, 6), axis, [0], [6], [(4, 6)])
+    with pytest.raises(ValueError, match="'length'"):
+        run_args((6,), 0, [0, 3], [3, 4], [(3,), (4,)])

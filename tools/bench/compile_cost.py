@@ -11,7 +11,10 @@ empty Cell's, the least of ``--repeats`` fresh instances:
 * 20 slices of one tensor at different offsets: ``ops.narrow`` against ``mindone_zero``'s ``narrow``
   ([Note: compiling a narrow] in ``mindone_zero/core/slicing.py``);
 * one pass that scales each of n tensors (n = 8 and 64): a loop that grows a tuple, a comprehension,
-  and ``hyper_map`` ([Note: per-tensor maps] in ``mindone_zero/core/graph_tuples.py``).
+  and ``hyper_map`` ([Note: per-tensor maps] in ``mindone_zero/core/graph_tuples.py``);
+* cutting the 98 tensors of ``tools/bench/benchmark_compile.py``'s 24-block model out of one flat buffer,
+  laid out by shape, and assigning them to parameters: one Slice per tensor (``narrow_each``) against
+  runs of equal tensors (``narrow_runs``; [Note: runs of pieces] in ``mindone_zero/core/slicing.py``).
 
 Train step, an msrun job of ``--world_size`` ranks on the Dense stack of ``tools/bench/dense_model.py``
 (``--layers`` x Dense(``--width``): 2 x layers parameters): the CPU seconds of the first call of
@@ -39,7 +42,7 @@ import mindspore as ms  # noqa: E402
 from mindspore import Tensor, nn, ops  # noqa: E402
 
 from mindone_zero.core.graph_tuples import hyper_map  # noqa: E402
-from mindone_zero.core.slicing import narrow  # noqa: E402
+from mindone_zero.core.slicing import narrow, narrow_args, narrow_each, narrow_runs, run_args  # noqa: E402
 from tools.bench.report import add_docs_flag, write_report  # noqa: E402
 
 SLICES = 20
@@ -92,6 +95,35 @@ class _HyperMap(nn.Cell):
         return hyper_map(ops.partial(_scale, s), xs)
 
 
+# the 24-block model's tensors (tools/bench/benchmark_compile.py), by shape
+CUT_SHAPES = sorted([(64, 96), (64, 96)] + [(96,)] * 48 + [(256, 96)] * 24 + [(96, 256)] * 24)
+
+_assign = ops.MultitypeFuncGraph("assign")
+
+
+@_assign.register("Tensor", "Tensor")
+def _assign_tensor(p, x):
+    return ops.assign(p, x)
+
+
+class _Cut(nn.Cell):
+    """Cuts ``CUT_SHAPES`` out of a flat buffer (one Slice each, or in runs) and assigns them to parameters."""
+
+    def __init__(self, runs: bool):
+        super().__init__()
+        numels = [int(np.prod(s)) for s in CUT_SHAPES]
+        offsets = [int(o) for o in np.cumsum([0] + numels[:-1])]
+        self.params = ms.ParameterTuple([ms.Parameter(Tensor(np.zeros(s, np.float32)), name=f"p{i}")
+                                         for i, s in enumerate(CUT_SHAPES)])
+        self.runs = run_args((sum(numels),), 0, offsets, numels, CUT_SHAPES) if runs else None
+        self.cuts = narrow_args((sum(numels),), 0, offsets, numels) + (tuple(CUT_SHAPES),)
+
+    def construct(self, x):
+        if self.runs is not None:
+            return hyper_map(_assign, self.params, narrow_runs(x, self.runs, 0))
+        return hyper_map(_assign, self.params, narrow_each(x, *self.cuts))
+
+
 def _first_call_cpu(cell, *args) -> float:
     start = time.process_time()
     cell(*args)
@@ -117,6 +149,10 @@ def measure_idioms(repeats: int) -> dict:
         out[f"pass_{n}"] = {name: _least(cls, (xs, s), repeats) - empty
                             for name, cls in (("loop", _Loop), ("comprehension", _Comprehension),
                                               ("hyper_map", _HyperMap))}
+    flat = Tensor(np.zeros(sum(int(np.prod(s)) for s in CUT_SHAPES), np.float32))
+    empty = _least(_Empty, (flat,), repeats)
+    out["cut"] = {name: _least(lambda: _Cut(runs), (flat,), repeats) - empty
+                  for name, runs in (("a Slice per tensor", False), ("runs", True))}
     return out
 
 
@@ -184,7 +220,9 @@ def main(argv=None) -> None:
     page = ["Compile CPU seconds above an empty Cell (one process):", "",
             _table({"20 slices": idioms["narrow"]}, list(idioms["narrow"]), "idiom"), "",
             _table({f"{n} tensors": idioms[f"pass_{n}"] for n in PASS_SIZES}, ["loop", "comprehension", "hyper_map"],
-                   "one pass over"), ""]
+                   "one pass over"), "",
+            _table({f"{len(CUT_SHAPES)} tensors of {len(set(CUT_SHAPES))} shapes": idioms["cut"]}, list(idioms["cut"]),
+                   "cut out of a buffer and assigned"), ""]
     print("\n".join(page), flush=True)
     if args.world_size:
         from tools.dev.launch import run_msrun
