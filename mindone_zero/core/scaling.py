@@ -14,9 +14,10 @@ buffer gives every element the bits it gets alone (the factor is cast to the buc
 ``times`` casts it to the tensor's). A bucket's result holds every element of its tensors' results
 (their blocks of it, after a reduce-scatter), so it holds an inf or a nan exactly when one of them
 does. A buffer also holds what its tensors do not: zeros of the padding (ring chunks, dim-0 padding
-rows). A zero times a finite factor stays zero. A factor is only inf or nan when the scale is 0, inf
-or nan, and then every tensor that has an element is non-finite too, so the check's answer is the
-same.
+rows). A zero times a finite factor stays zero. A factor that is inf or nan (a scale of 0 or nan, or
+one so small that its inverse overflows) makes every element inf or nan, padding or not, so the
+check's answer is the same. Stage 3 reduce-scatters its split parameters' gradients in their own
+bprops ([Note: gradient reduction] in train/zero_helper.py), so there both stay per tensor.
 """
 import mindspore as ms
 from mindspore import ops
