@@ -177,8 +177,8 @@ def narrow_runs(x, runs, axis: int):
     with n different constant arguments (the offsets), and it infers each call apart ([Note: constants in a
     map] in graph_tuples.py). ``python tools/bench/compile_cost.py`` (one process) cuts the 98 tensors of
     ``tools/bench/benchmark_compile.py``'s 24-block model, 4 shapes laid out one shape after the other,
-    out of a flat buffer and assigns them to parameters: 0.74 s of compile CPU as 98 Slices, 0.41 s in
-    4 runs. A run of equal pieces is one Slice (a view, as ``narrow``), one Reshape that stacks its
+    out of a flat buffer and assigns them to parameters: 0.74-0.77 s of compile CPU as 98 Slices,
+    0.38-0.41 s in 4 runs (two runs; ``docs/benchmarks/compile_cost.md``). A run of equal pieces is one Slice (a view, as ``narrow``), one Reshape that stacks its
     pieces along ``axis`` and one Unstack, and its pieces' Reshapes share one shape; a run of one piece
     is a Slice and a Reshape. The elements are the same: only their copies differ (Unstack copies a run
     once, where the Slices were views). The runs are a loop the compiler unrolls, each turn growing the tuple of pieces, so many short runs
