@@ -38,10 +38,16 @@ from mindspore import ops
 from .graph_tuples import each
 
 __all__ = ["narrow", "copy_slice", "slice_bounds", "narrow_args", "copy_args", "narrow_each", "copy_each", "run_args",
-           "narrow_runs", "MAX_RUNS", "cut_args", "narrow_cut"]
+           "narrow_runs", "MAX_RUNS", "runs_pay", "cut_args", "narrow_cut"]
 
 MAX_RUNS = 16
 """Pieces in more runs than this are cut one Slice each ([Note: runs of pieces])."""
+
+
+def runs_pay(pieces: int, runs: int) -> bool:
+    """Whether ``pieces`` pieces in ``runs`` runs are cut in runs: at most ``MAX_RUNS`` runs of two
+    pieces or more on average ([Note: runs of pieces])."""
+    return runs <= MAX_RUNS and 2 * runs <= pieces
 
 _SLICE = ops.Slice()
 _STRIDED_SLICE = ops.StridedSlice()
@@ -184,8 +190,9 @@ def narrow_runs(x, runs, axis: int):
     once, where the Slices were views). The runs are a loop the compiler unrolls, each turn growing the tuple of pieces, so many short runs
     cost more than the Slices: the 98 tensors of that model in its own order make 74 runs, and the
     stage-0 train step's graph after type inference (``benchmark_compile.graph_size``) grew from 3335 to
-    7839 nodes when its bucket was cut so. ``cut_args`` therefore takes runs only where there are at most
-    ``MAX_RUNS``, and a bucket's buffer holds its tensors by shape ([Note: buckets] in train/fusion.py).
+    7839 nodes when its bucket was cut so. ``cut_args`` therefore takes runs only where they pay
+    (``runs_pay``: at most ``MAX_RUNS`` runs, of two pieces or more on average), and a bucket's buffer
+    holds its tensors by shape where that makes such runs ([Note: buckets] in train/fusion.py).
     """
     pieces = ()
     for r in range(len(runs)):
@@ -200,14 +207,14 @@ def narrow_runs(x, runs, axis: int):
 
 def cut_args(shape: Sequence[int], axis: int, offsets: Sequence[int], widths: Sequence[int],
              shapes: Sequence[Sequence[int]]) -> tuple:
-    """The static arguments of ``narrow_cut``: (``run_args``, None) where the pieces make at most
-    ``MAX_RUNS`` runs, else (None, ``narrow_args`` and ``shapes``) ([Note: runs of pieces]).
+    """The static arguments of ``narrow_cut``: (``run_args``, None) where the runs pay (``runs_pay``),
+    else (None, ``narrow_args`` and ``shapes``) ([Note: runs of pieces]).
 
     Raises:
         ValueError: as ``run_args``.
     """
     runs = run_args(shape, axis, offsets, widths, shapes)
-    if len(runs) <= MAX_RUNS:
+    if runs_pay(len(offsets), len(runs)):
         return runs, None
     return None, narrow_args(shape, axis, offsets, widths) + (tuple(tuple(int(d) for d in s) for s in shapes),)
 

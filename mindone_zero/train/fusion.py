@@ -5,8 +5,8 @@ Tensors are grouped, in order and per dtype, into buckets of at most ``bucket_si
 (a tensor larger than that gets a bucket of its own). A tensor of ``LARGE_TENSOR_BYTES`` (1 MiB)
 or more is never packed: it is sent alone, because packing copies it (and the unpacking keeps
 the whole packed buffer alive) to save one launch that costs little next to its transfer. A bucket's
-buffer holds its tensors by shape (``BucketedComm.placed``), so that equal tensors lie in runs that are cut
-out at once ([Note: runs of pieces] in ``mindone_zero/core/slicing.py``).
+buffer holds its tensors by shape (``BucketedComm.placed``) where that makes runs of equal tensors that are
+cut out at once ([Note: runs of pieces] in ``mindone_zero/core/slicing.py``).
 Measured before this rule (stage 1, 8 x Dense(2048), N=4, each weight packed with its bias):
 peak +287 MB per rank against one collective per tensor. A bucket is flattened into one buffer,
 sent through one collective, and cut back into its tensors. Reduce-scatter and all-gather buckets
@@ -57,7 +57,7 @@ from ..core.comm_plan import CommPlan, PlanContext
 from ..core.graph_tuples import hyper_map, take
 from ..core.scaling import scaled
 from ..core.packing import LARGE_TENSOR_BYTES, PackedLayout
-from ..core.slicing import cut_args, narrow, narrow_cut
+from ..core.slicing import cut_args, narrow, narrow_cut, runs_pay
 
 __all__ = ["DEFAULT_BUCKET_SIZE", "LARGE_TENSOR_BYTES", "FusionConfig", "plan_buckets", "ring_chunks", "ring_rows",
            "BucketedComm"]
@@ -162,7 +162,7 @@ class BucketedComm(nn.Cell):
             updated shards (once per optimizer step).
 
     ``buckets`` lists the indices of the tensors in each bucket, in the order of ``shapes``;
-    ``placed`` the same in the order the bucket's buffer holds them (by shape).
+    ``placed`` the same in the order the bucket's buffer holds them (by shape where that pays).
 
     Raises:
         ValueError: ``kind`` is not one of those three.
@@ -181,9 +181,9 @@ class BucketedComm(nn.Cell):
         nbytes = [n * t.itemsize for n, t in zip(self.numels, templates)]
         dtypes = [str(t.dtype) for t in templates]
         self.buckets = tuple(tuple(b) for b in plan_buckets(nbytes, dtypes, bucket_size))
-        # the same buckets, each in the order its buffer holds its tensors: by shape, so that equal tensors
-        # lie in runs, each cut out at once ([Note: runs of pieces] in core/slicing.py)
-        self.placed = tuple(tuple(sorted(b, key=lambda i: (self.shapes[i], i))) for b in self.buckets)
+        # the same buckets, each in the order its buffer holds its tensors: by shape where that makes runs
+        # of equal tensors that pay, each cut out at once ([Note: runs of pieces] in core/slicing.py)
+        self.placed = tuple(self._placed(b) for b in self.buckets)
         # [Note: chunk-aligned all-reduce]: (row width, rows of full width) of each tensor
         self.chunks = tuple(ring_chunks(k, comm.size) for k in self.numels)
         self.bucket_bytes = tuple(sum(nbytes[i] for i in b) for b in self.buckets)
@@ -214,6 +214,12 @@ class BucketedComm(nn.Cell):
                         for i, k in enumerate(bucket))
         self.ring_slots = (bucket, alone, columns, tuple(c[0] for c in self.chunks), tuple(c[1] for c in self.chunks),
                            self.shapes)
+
+    def _placed(self, bucket) -> tuple:
+        """``bucket`` by shape if its shapes make runs that pay (``runs_pay``), else as planned."""
+        if not runs_pay(len(bucket), len({self.shapes[i] for i in bucket})):
+            return tuple(bucket)
+        return tuple(sorted(bucket, key=lambda i: (self.shapes[i], i)))
 
     def _cuts(self, layouts, shapes, axis: int) -> tuple:
         """Per bucket, the cuts (``cut_args``) of its result into its tensors of ``shapes``

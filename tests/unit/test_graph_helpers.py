@@ -97,7 +97,7 @@ def test_take_picks_in_index_order_and_hyper_map_maps_each(mode, index):
 
 
 # pieces of a flat (axis 0) or (2, S) (axis 1) buffer: widths per piece, the shape each is reshaped to
-_PIECES = [(3, (3,)), (6, (2, 3)), (6, (2, 3)), (6, (3, 2)), (6, (2, 3)), (1, (1,)), (1, (1,)), (1, (1,))]
+_PIECES = [(3, (3,))] + [(6, (2, 3))] * 3 + [(6, (3, 2))] + [(1, (1,))] * 5
 
 
 class _CutAll(nn.Cell):
@@ -122,9 +122,10 @@ def test_pieces_cut_in_runs_or_one_slice_each_are_the_numpy_pieces(mode, axis, m
     shape = (rows, sum(widths)) if axis == 1 else (sum(widths),)
     shapes = [(rows * s[0],) + s[1:] if axis == 1 else s for _, s in _PIECES]
     runs = run_args(shape, axis, offsets, widths, shapes)
-    assert [r[2][axis] for r in runs] == [1, 2, 1, 1, 3]  # pieces per run
+    assert [r[2][axis] for r in runs] == [1, 3, 1, 5]  # pieces per run
     cuts = cut_args(shape, axis, offsets, widths, shapes)
-    assert (cuts[0] is not None) == (len(runs) <= max_runs)
+    assert (cuts[0] is not None) == (max_runs == 16)  # 4 runs of 10 pieces pay; over the limit they do not
+    assert not slicing.runs_pay(8, 5)  # runs of fewer than two pieces on average do not pay
     x = np.arange(int(np.prod(shape)), dtype=np.float32).reshape(shape)
     got = _CutAll(cuts, axis)(Tensor(x))
     assert len(got) == len(_PIECES)
