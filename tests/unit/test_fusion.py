@@ -3,7 +3,7 @@ chunk-aligned all-reduce layout (one process)."""
 import numpy as np
 import pytest
 import mindspore as ms
-from mindspore import Tensor
+from mindspore import Tensor, nn
 
 from models import LossNet, TinyNet, init_weights, make_optimizer
 from mindone_zero import ZeroHelper, prepare_train_network
@@ -214,3 +214,34 @@ def test_a_factor_on_the_buckets_gives_every_tensor_its_own_bits_and_the_check_r
         assert any_nonfinite(scatter.reduce_scatter_buffers(_with_inf(fulls, 2, 0), True, factor)[1]).asnumpy()
         assert not any_nonfinite(scatter.reduce_scatter_buffers(_with_inf(fulls, 2, -1), True, factor)[1]).asnumpy()
     assert not any_nonfinite(()).asnumpy()
+
+
+class _AnyNonfinite(nn.Cell):
+    def construct(self, xs):
+        return any_nonfinite(xs)
+
+
+@pytest.mark.parametrize("mode", [ms.PYNATIVE_MODE, ms.GRAPH_MODE])
+def test_any_nonfinite_sees_an_inf_or_nan_anywhere_in_any_tensor(mode):
+    """The per-tensor check (one all-finite per tensor, stacked and reduced once): True exactly when
+    some element of some tensor is inf, -inf or nan, in tensors of any shape (0-d too) and dtype."""
+    before = ms.get_context("mode")
+    ms.set_context(mode=mode)
+    try:
+        _check_any_nonfinite(_AnyNonfinite() if mode == ms.GRAPH_MODE else any_nonfinite)
+    finally:
+        ms.set_context(mode=before)
+
+
+def _check_any_nonfinite(check):
+    base = (np.full((), 2.5, np.float32), np.arange(12, dtype=np.float16).reshape(3, 4) * 1e3,
+            np.linspace(-1, 1, 5).astype(np.float32), np.ones((2, 1, 3), np.float32))
+    assert not check(tuple(Tensor(x) for x in base)).asnumpy()
+    assert not check((Tensor(np.finfo(np.float16).max * np.ones(3, np.float16)),)).asnumpy()
+    for i, x in enumerate(base):
+        for where in (0, x.size - 1):
+            for bad in (np.inf, -np.inf, np.nan):
+                value = x.copy()
+                value.reshape(-1)[where] = bad
+                xs = tuple(Tensor(value if j == i else y) for j, y in enumerate(base))
+                assert check(xs).asnumpy(), (i, where, bad)
