@@ -12,7 +12,8 @@ dropped after forward and gathered again for backward (3Φ: two all-gathers and 
 reduce-scatter, as the ZeRO paper counts). As FSDP2 and DeepSpeed do it, only the gather runs
 again, not the layers that read it: ``shard_network`` marks each gather Cell a reader calls (its
 per-parameter wrappers, its coalesced group, a gather unit's ``ZeroUnitGather``) with
-``recompute(output_recompute=True)``. In GRAPH_MODE MindSpore's recompute pass then gives every
+``recompute(output_recompute=True)``; in GRAPH_MODE a wrapper's or a group's collective Cell inside
+it ([Note: the collective alone is recomputed]). In GRAPH_MODE MindSpore's recompute pass then gives every
 backward user of the gather's output a second copy of the gather, placed just before that user,
 and frees the forward copy after its last forward use; the readers' own ops (the LayerNorm, the
 MLP's matmuls, the GELU) run once, and their saved activations are used as without ZeRO. (Plain
@@ -75,6 +76,12 @@ def gathers_split(cell: nn.Cell) -> bool:
 
 
 
+def _regathers(wrapper: ZeroParamWrapper) -> bool:
+    """Whether a gathering wrapper's collective runs again in backward (it, or only its gather, is
+    recomputed: [Note: the collective alone is recomputed])."""
+    return is_recompute_scoped(wrapper) or is_recompute_scoped(wrapper.gather)
+
+
 def _recompute_marked(cell: nn.Cell) -> bool:
     return bool(getattr(cell, "_has_config_recompute", False)) or is_recompute_scoped(cell)
 
@@ -113,15 +120,44 @@ def _holds_readers(cell: nn.Cell) -> bool:
                for _, c in cell.cells_and_names())
 
 
-def _regather_only(cell: nn.Cell) -> None:
+# [Note: the collective alone is recomputed]
+# To re-gather a parameter in backward, GRAPH_MODE marks the Cell that runs the collective, not the
+# gather Cell the reader calls: a wrapper's ``_GatherShard``, a coalesced group's ``_CoalescedGather``.
+# Those take tensors and return tensors. The wrapper and the group around them take the shard
+# Parameters themselves: their graphs load each shard with the graph's memory state (a Load, then an
+# UpdateState) and tie the gather to the reader's input (a Depend, [Note: gather order] in
+# param_wrapper.py). Marked, the wrapper had those ops copied into the recomputed region, and autodiff
+# built a small bprop graph for each of them there: two UpdateStates and a Depend per parameter.
+# What runs is the same either way: the wrapper returns its gather's output unchanged, so that output
+# is what backward reads, and the AllGathers are the same (171 in the kernel graph of the 24-block model of
+# tools/bench/benchmark_compile.py). The graph the compiler infers again after autodiff shrank from
+# 1967 graphs and 9717 nodes to 1381 and 7568 there.
+# Kept as they were: wrappers in a network sharded with ZeRO++ options, whose gather ``apply_zeropp``
+# replaces afterwards (a wrapper built without the options) or splits into two Cells that must both be
+# inside the recomputed region (hpZ, [Note: hpZ] in param_wrapper.py); a unit's
+# ``ZeroUnitGather``, which reshapes the shards inside the region; PYNATIVE_MODE, which recomputes a
+# Cell by re-running its construct.
+
+
+def _regather_cell(gather: nn.Cell, whole: bool) -> nn.Cell:
+    """The Cell to mark so that ``gather`` (a reader's gather Cell) runs again in backward: its
+    collective Cell, or ``gather`` itself when ``whole`` ([Note: the collective alone is recomputed])."""
+    if whole or not isinstance(gather, (ZeroParamWrapper, ZeroGatherGroup)):
+        return gather
+    return gather.gather
+
+
+def _regather_only(cell: nn.Cell, whole: bool) -> None:
     for gather in _gather_children(cell):
-        if not _recompute_marked(gather):
-            gather.recompute(output_recompute=True)
+        target = _regather_cell(gather, whole)
+        if not _recompute_marked(gather) and not _recompute_marked(target):
+            target.recompute(output_recompute=True)
 
 
-def mark_reshard_after_forward(network: nn.Cell) -> List[Tuple[str, nn.Cell, List[str], bool]]:
+def mark_reshard_after_forward(network: nn.Cell, zeropp: bool = False) -> List[Tuple[str, nn.Cell, List[str], bool]]:
     """Mark for recomputation the gathers of the readers chosen by [Note: reshard after forward],
-    or the readers themselves where their code is not direct ([Note: direct reads]).
+    or the readers themselves where their code is not direct ([Note: direct reads]). ``zeropp``:
+    ``apply_zeropp`` will run next ([Note: the collective alone is recomputed]).
 
     Returns the readers whose code is not direct: ``(path, Cell, reasons, whole)``, ``whole`` True
     when the reader is recomputed whole, False when it holds other readers and is re-gathered
@@ -129,6 +165,7 @@ def mark_reshard_after_forward(network: nn.Cell) -> List[Tuple[str, nn.Cell, Lis
     """
     found, seen = [], {id(network)}
     pynative = ms.get_context("mode") == ms.PYNATIVE_MODE
+    whole_gathers = zeropp or pynative
 
     def walk(cell, path):
         for name, child in cell._cells.items():
@@ -143,12 +180,12 @@ def mark_reshard_after_forward(network: nn.Cell) -> List[Tuple[str, nn.Cell, Lis
                 continue
             reasons = [PYNATIVE_REASON] if pynative else _indirect_reads(child)
             if not reasons:
-                _regather_only(child)
+                _regather_only(child, whole_gathers)
             elif pynative or not _holds_readers(child):
                 child.recompute()
                 found.append((where, child, reasons, True))
             else:  # recomputing it whole would recompute every reader below it
-                _regather_only(child)
+                _regather_only(child, whole_gathers)
                 found.append((where, child, reasons, False))
                 walk(child, where)
 
@@ -167,7 +204,7 @@ def regathered_param_names(network: nn.Cell) -> List[str]:
     a recomputed region (marked by ``reshard_after_forward`` or by the user). Not collective."""
     names = []
     for _, cell in network.cells_and_names():
-        if gathers_split(cell) and is_recompute_scoped(cell) and cell.param_name not in names:
+        if gathers_split(cell) and _regathers(cell) and cell.param_name not in names:
             names.append(cell.param_name)
         if isinstance(cell, ZeroUnitGather) and is_recompute_scoped(cell):
             names += [name for name in cell.gathered_names() if name not in names]

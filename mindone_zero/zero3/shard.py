@@ -185,7 +185,7 @@ def _shard(network, group, match, options: Stage3Options):
     _restore_recompute(recomputed, new_cells)
     spread_recompute_scope(network)
     if reshard_after_forward:
-        found = mark_reshard_after_forward(network)
+        found = mark_reshard_after_forward(network, zeropp=options.zeropp is not None)
         object.__setattr__(network, RECOMPUTED_ATTR, tuple(describe_recomputed(found)))
         _warn_recomputed(found)
     if options.zeropp is not None:

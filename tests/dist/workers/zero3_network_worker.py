@@ -35,7 +35,8 @@ from mindone_zero.core.partition import split_array  # noqa: E402
 from parallel_modules import shard_network  # noqa: E402
 from mindone_zero.zero3.coalesce import _CoalescedGather  # noqa: E402
 from mindone_zero.zero3.param_wrapper import _GatherShard  # noqa: E402
-from mindone_zero.zero3.reshard import coalesced_groups  # noqa: E402
+from mindone_zero.zero3.coalesce import ZeroGatherGroup  # noqa: E402
+from mindone_zero.zero3.reshard import coalesced_groups, gathers_split, regathered_param_names  # noqa: E402
 
 SEED = 7
 # Cases that also run the network with one collective per parameter ([Note: coalesced gathers]): the
@@ -99,6 +100,14 @@ def _uncoalesced_equal(net, batch, loss, grads):
         a.shape == b.shape and np.array_equal(a, b) for a, b in zip(grads, other_grads))
 
 
+def _regather_marks(net):
+    """[path, names, the Cell itself marked for recompute, its collective Cell marked with
+    output_recompute] of every gathering wrapper and coalesced group of ``net``."""
+    return [[path, list(getattr(cell, "param_names", (getattr(cell, "param_name", None),))),
+             bool(cell._has_config_recompute), bool(cell.gather.get_flags().get("output_recompute"))]
+            for path, cell in net.cells_and_names() if gathers_split(cell) or isinstance(cell, ZeroGatherGroup)]
+
+
 def run_case(mode, fp16, size, rank, recompute=False):
     ms.set_context(mode=mode)
     build = zm.build_recompute if recompute else zm.build
@@ -134,6 +143,8 @@ def run_case(mode, fp16, size, rank, recompute=False):
     ]
     report["params"] = {p.name: _param_report(p, size) for _, p in loss_net.parameters_and_names()}
     report["coalesced_groups"] = len(coalesced_groups(net))
+    report["regather_marks"] = _regather_marks(net)
+    report["regathered"] = regathered_param_names(net)
     if f"{'graph' if mode == ms.GRAPH_MODE else 'pynative'}_{'recompute' if recompute else 'fp16' if fp16 else 'fp32'}" \
             in UNCOALESCED_CASES:
         t0 = time.time()
