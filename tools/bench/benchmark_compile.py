@@ -25,7 +25,8 @@ Three msrun jobs of ``--world_size`` ranks (rank 0's figures are reported):
    ones: ``nn.TrainOneStepCell`` compiled five times over in one job took 3.4, 5.1, 4.2, 5.1 and
    4.0 CPU-s, so a row measured after others looked slower than it is. Every round runs every row
    once, in the same order, so rows of one round are measured side by side; ``--rounds`` repeats
-   that.
+   that, and a second table gives each row's least first call over the rounds with its ratio to
+   ``nn.TrainOneStepCell``'s least (the least of repeated timings is the one a busy moment slowed least).
 2. *Graph size* (``--no_graphs`` skips it; ``--graph_depths``, by default the first depth). The
    same steps compiled once more with
    ``MS_DEV_DUMP_IR_PASSES`` saving two IRs: the nodes after type inference (the frontend graph,
@@ -293,6 +294,28 @@ def timing_table(results: list, rows: list, depths: list) -> str:
     return "\n".join(lines)
 
 
+def least_table(results: list, rows: list, depths: list) -> str:
+    """One line per row and depth: the least first call over the rounds, and its ratio to the least
+    of the first row (``nn.TrainOneStepCell``) at that depth. The least of repeated timings is the one
+    a busy moment of the machine did not slow; empty with one round."""
+    if len({r["round"] for r in results}) < 2:
+        return ""
+    lines = ["| train step | blocks | least first call, wall (s) | least first call, CPU (s) | "
+             "least / nn.TrainOneStepCell's least, wall | same, CPU |", "|---|---:|---:|---:|---:|---:|"]
+    for depth in depths:
+        base = [r for r in results if r["depth"] == depth and r["row"] == rows[0][0]]
+        for label, *_ in rows:
+            mine = [r for r in results if r["depth"] == depth and r["row"] == label]
+            if not mine:
+                continue
+            least = {key: min(r[key] for r in mine) for key in ("first_wall_s", "first_cpu_s")}
+            ratios = [f"{least[key] / min(r[key] for r in base):.2f}" if base else "-"
+                      for key in ("first_wall_s", "first_cpu_s")]
+            lines.append(f"| {label} | {depth} | {least['first_wall_s']:.1f} | {least['first_cpu_s']:.1f} | "
+                         f"{ratios[0]} | {ratios[1]} |")
+    return "\n".join(lines)
+
+
 def growth_table(results: list, rows: list, depths: list) -> str:
     if len(depths) < 2:
         return ""
@@ -442,6 +465,11 @@ def main(argv=None) -> int:
             "the CPU seconds (the rank's process, all threads) move less than the wall seconds.",
             skipped or "MindOne's rows use `mindone.trainers.zero.prepare_train_network`.",
             "## First call and later steps", timing_table(report["timing"], rows, args.depths)]
+    least = least_table(report["timing"], rows, args.depths)
+    if least:
+        body += ["## Least over the rounds", "Each row's least first call over the rounds, and its ratio to "
+                 "`nn.TrainOneStepCell`'s least at the same depth: the figures a busy moment of the machine "
+                 "slowed least.", least]
     growth = growth_table(report["timing"], rows, args.depths)
     if growth:
         body += ["## Growth with depth", growth]

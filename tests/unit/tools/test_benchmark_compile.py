@@ -51,3 +51,16 @@ def test_bad_sizes_exit_before_any_work(tmp_path, argv, monkeypatch):
     with pytest.raises(SystemExit):
         bc.main(argv + ["--out", str(tmp_path / "out"), "--docs_dir", str(tmp_path / "docs")])
     assert not (tmp_path / "docs").exists()
+
+
+def test_the_least_over_the_rounds_pairs_each_rows_least_with_the_first_rows_least():
+    rows = [("ms",), ("stage 0",), ("stage 3",)]
+    # the first row is fastest in round 1, stage 3 in round 0: the least need not come from one round
+    cpu = {("ms", 0): 2.0, ("ms", 1): 1.0, ("stage 0", 0): 3.0, ("stage 0", 1): 1.5, ("stage 3", 0): 2.5,
+           ("stage 3", 1): 4.0}
+    results = [_entry(k, 8, label, wall=2 * t, cpu=t) for (label, k), t in cpu.items()]
+    table = bc.least_table(results, rows, [8])
+    assert "| ms | 8 | 2.0 | 1.0 | 1.00 | 1.00 |" in table
+    assert "| stage 0 | 8 | 3.0 | 1.5 | 1.50 | 1.50 |" in table
+    assert "| stage 3 | 8 | 5.0 | 2.5 | 2.50 | 2.50 |" in table
+    assert bc.least_table([r for r in results if r["round"] == 0], rows, [8]) == ""  # one round: no table
