@@ -241,6 +241,7 @@ class ZeroHelper(nn.Cell):
         self.ag_rows = tuple(self.full_d0[i] for i in self.ag_index)
         self.routes = _routes(n, self.rs_index, self.ar_index)
         self.routes_replicated = self.ar_index == tuple(range(n))
+        self.routes_sharded = self.rs_index == tuple(range(n))
         # every gradient goes through grad_rs or grad_ar (not at stage 3: [Note: unscale and check in the buckets])
         self.buckets_every_grad = len(self.rs_index) + len(self.ar_index) == n
         self.grad_rs = BucketedComm(self.op_comm, [self.specs[i].padded_shape for i in self.rs_index],
@@ -343,6 +344,8 @@ class ZeroHelper(nn.Cell):
         # wrapper's bprop
         if self.routes_replicated:  # every gradient all-reduced, in order (stage 0)
             out = replicated
+        elif self.routes_sharded:  # every gradient reduce-scattered, in order (stages 1-2, every parameter split)
+            out = shards
         else:
             out = take(shards + replicated + grads, self.routes)
         if self.dp_ar is not None:
