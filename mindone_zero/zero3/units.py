@@ -54,6 +54,19 @@ which gather for themselves).
 
 Memory: a unit's parameters are all full at once (in forward, and again when backward re-gathers them), so
 ``estimate_peak_memory``'s largest-layer term ``L`` is the largest unit's parameter count.
+
+Compile time: a unit's code reads its k gathered tensors out of one tuple, the output of a Cell with
+a custom bprop. MindSpore's autodiff gives each read (a TupleGetItem) the gradient of the whole tuple,
+zeros but one (``bprop_tuple_getitem``), and the gathered tuple also enters the UpdateState that
+orders the shards' loads; each zero is a small graph to infer, so a unit adds about k * k of them. In
+the 24-block model of ``tools/bench/benchmark_compile.py`` (k = 4) the graph after autodiff (the first
+``renormalize``) had 2372 subgraphs and 11670 nodes with units, 1381 and 7568 without; 410
+``zeros_like`` graphs against 146, and 50 UpdateState gradients of 1715 nodes against none. Without
+``reshard_after_forward`` it had 11095 nodes: the recomputation is not what costs. Loading the shards
+in a Cell of their own before the gather (no UpdateState over the gathered tuple) moved that cost to
+the tuple of loaded shards (11359 nodes) and compiled no faster. So units compile slower than
+per-layer gathers (1.3-1.8x the stage-3 first call on that benchmark, 2026-12-04), and their step is
+faster (fewer, larger collectives).
 """
 from typing import Dict, List, Optional, Tuple
 
