@@ -186,7 +186,9 @@ def narrow_runs(x, runs, axis: int):
     out of a flat buffer and assigns them to parameters: 0.74-0.77 s of compile CPU as 98 Slices,
     0.38-0.41 s in 4 runs (two runs; ``docs/benchmarks/compile_cost.md``). A run of equal pieces is one Slice (a view, as ``narrow``), one Reshape that stacks its
     pieces along ``axis`` and one Unstack; along axis 0 that Reshape gives the stacked pieces their shape
-    already, along axis 1 each piece is reshaped after the Unstack (a map whose Reshapes share one shape).
+    already, along axis 1 each piece is reshaped after the Unstack (a map whose Reshapes share one shape),
+    unless its shape is the Unstack's (rows, width), as the stage 1-2 parameter all-gather asks
+    (``BucketedComm.all_gather_rows``: the caller's own map reshapes them).
     The map cost a fifth of the cut's compile: cutting that model's 98 tensors, in 4 runs, out of a
     flat buffer took 0.39-0.47 CPU-s with it and 0.30-0.34 without (one process, least of three, two
     rounds, 2026-12-04). A run of one piece is a Slice and a Reshape. The elements are the same: only their copies differ (Unstack copies a run
@@ -205,6 +207,8 @@ def narrow_runs(x, runs, axis: int):
             pieces = pieces + (_RESHAPE(region, shape),)
         elif axis == 0:  # the pieces lie one after the other: one Reshape stacks them in their shape
             pieces = pieces + _UNSTACK[0](_RESHAPE(region, (stacked[0],) + shape))
+        elif shape == stacked[:1] + stacked[2:]:  # the Unstack gives the pieces their shape
+            pieces = pieces + _UNSTACK[1](_RESHAPE(region, stacked))
         else:
             pieces = pieces + each(ops.partial(_reshaped, shape), _UNSTACK[axis](_RESHAPE(region, stacked)))
     return pieces

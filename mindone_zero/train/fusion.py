@@ -203,6 +203,7 @@ class BucketedComm(nn.Cell):
         # all buckets ([Note: one map out of the buckets])
         self.scatter_cuts = self._cuts(self.scatter_layouts, [_dim0_scaled(s, 1, n) for s in self.shapes], 0)
         self.gather_cuts = self._cuts(self.gather_layouts, [_dim0_scaled(s, n, 1) for s in self.shapes], 1)
+        self.gather_row_cuts = self._cuts(self.gather_layouts, [(n, int(np.prod(s))) for s in self.shapes], 1)
         self.reduce_cuts = self._cuts(self.gather_layouts, self.shapes, 0)
         flat = [i for b in self.placed for i in b]
         self.order = tuple(flat.index(i) for i in range(len(self.shapes)))
@@ -306,6 +307,18 @@ class BucketedComm(nn.Cell):
 
     def all_gather(self, shards):
         """Every rank's shard of every tensor, concatenated along dim 0 in rank order."""
+        return self._results(self._all_gathered(shards), self.gather_cuts, 1)
+
+    def all_gather_rows(self, shards):
+        """``all_gather``'s results before their last reshape: each tensor's (N, shard elements) rows of
+        its bucket's buffer (a tensor sent alone: gathered along dim 0); ``reshape((-1,) +
+        shard.shape[1:])`` gives ``all_gather``'s. For a caller that maps over the results anyway: its
+        map reshapes them, where ``all_gather`` would map once more ([Note: runs of pieces] in
+        core/slicing.py)."""
+        return self._results(self._all_gathered(shards), self.gather_row_cuts, 1)
+
+    def _all_gathered(self, shards):
+        """Each bucket's all-gathered buffer, (N, S) (a tensor sent alone: gathered along dim 0)."""
         sent = ()
         for k in range(len(self.placed)):
             bucket = self.placed[k]
@@ -314,7 +327,7 @@ class BucketedComm(nn.Cell):
             else:
                 layout = self.gather_layouts[k]
                 sent += (self.comm.all_gather(layout.pack(take(shards, bucket))).reshape((layout.n, layout.total)),)
-        return self._results(sent, self.gather_cuts, 1)
+        return sent
 
     def _results(self, sent, cuts, axis: int):
         """Every tensor's result, in the order of ``shapes``, cut out of the buckets' results ``sent``

@@ -76,12 +76,15 @@ def _squared_sum_tensor(g):
 
 
 _write_full = ops.MultitypeFuncGraph("write_full")
+_RESHAPE = ops.Reshape()
 
 
 @_write_full.register("Tensor", "Tensor", "Number")
 def _write_full_tensor(param, full, rows):
-    """Assign the gathered ``full`` to ``param``, its padding rows cut off ([Note: slices] in slicing.py:
-    only when there are some)."""
+    """Assign the gathered ``full`` (any shape with the padded tensor's elements in order:
+    ``BucketedComm.all_gather_rows``) to ``param``, its padding rows cut off ([Note: slices] in
+    slicing.py: only when there are some)."""
+    full = _RESHAPE(full, (-1,) + param.shape[1:])
     if full.shape[0] != rows:
         full = narrow(full, 0, 0, rows)
     return ops.assign(param, cast_if_needed(full, param.dtype))
@@ -390,7 +393,7 @@ class ZeroHelper(nn.Cell):
         shards = self.ag_shards
         if after is not None:
             shards = ops.depend(shards, after)
-        fulls = self.param_ag.all_gather(shards)
+        fulls = self.param_ag.all_gather_rows(shards)
         return hyper_map(_write_full, self.ag_params, fulls, self.ag_rows)
 
     # ---------------------------------------------------------- MindOne names

@@ -134,6 +134,23 @@ def test_pieces_cut_in_runs_or_one_slice_each_are_the_numpy_pieces(mode, axis, m
         np.testing.assert_array_equal(piece.asnumpy(), want.reshape(want_shape))
 
 
+@pytest.mark.parametrize("mode", [ms.GRAPH_MODE, ms.PYNATIVE_MODE])
+def test_pieces_cut_along_axis_1_in_the_shape_of_their_columns_are_the_numpy_columns(mode):
+    # [Note: runs of pieces]: a run whose pieces keep their (rows, width) shape needs no reshape after the Unstack
+    ms.set_context(mode=mode)
+    widths = [w for w, _ in _PIECES]
+    offsets = [int(o) for o in np.cumsum([0] + widths[:-1])]
+    shape = (2, sum(widths))
+    shapes = [(2, w) for w in widths]
+    cuts = cut_args(shape, 1, offsets, widths, shapes)
+    assert cuts[0] is not None and [r[2][1] for r in cuts[0]] == [1, 4, 5]  # as columns the fifth piece joins the run of width 6
+    x = np.arange(int(np.prod(shape)), dtype=np.float32).reshape(shape)
+    got = _CutAll(cuts, 1)(Tensor(x))
+    assert len(got) == len(_PIECES)
+    for piece, offset, width in zip(got, offsets, widths):
+        np.testing.assert_array_equal(piece.asnumpy(), x[:, offset:offset + width])
+
+
 @pytest.mark.parametrize("axis, named", [(2, "'axis'"), (-1, "'axis'")])
 def test_run_args_outside_the_buffer_names_the_argument(axis, named):
     with pytest.raises(ValueError, match=named):

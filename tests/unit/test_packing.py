@@ -92,6 +92,8 @@ def test_buckets_use_the_packed_layout(n, rank):
     ag = BucketedComm(_OneRankComm(n, rank), [s.shape for s in shards], shards, bucket_size=1 << 20)
     for got, shard in zip(ag.all_gather(shards), shards):
         assert np.array_equal(got.asnumpy(), np.concatenate([shard.asnumpy()] * n))
+    for got, shard in zip(ag.all_gather_rows(shards), shards):  # the (N, shard elements) rows of the buffer
+        assert np.array_equal(got.asnumpy(), np.stack([shard.asnumpy().reshape(-1)] * n))
 
 
 class _OneRankCell(nn.Cell):
