@@ -274,23 +274,28 @@ def _fmt(values, digits=1) -> str:
     return " / ".join(f"{v:.{digits}f}" for v in values)
 
 
+def _row_entries(results: list, rows: list, depths: list):
+    """(label, depth, its entries, the first row's entries at that depth) per depth and row that has entries."""
+    for depth in depths:
+        base = [r for r in results if r["depth"] == depth and r["row"] == rows[0][0]]
+        for label, *_ in rows:
+            mine = [r for r in results if r["depth"] == depth and r["row"] == label]
+            if mine:
+                yield label, depth, mine, base
+
+
 def timing_table(results: list, rows: list, depths: list) -> str:
     """One line per row and depth; the ratios to the first row (``nn.TrainOneStepCell``) pair the
     entries of one round."""
     lines = ["| train step | blocks | first call, wall (s) | first call, CPU (s) | median step (s) | "
              "first call / nn.TrainOneStepCell's, wall | same, CPU |", "|---|---:|---:|---:|---:|---:|---:|"]
-    for depth in depths:
-        base = [r for r in results if r["depth"] == depth and r["row"] == rows[0][0]]
-        for label, *_ in rows:
-            mine = [r for r in results if r["depth"] == depth and r["row"] == label]
-            if not mine:
-                continue
-            walls, cpus = [r["first_wall_s"] for r in mine], [r["first_cpu_s"] for r in mine]
-            steps = [s for r in mine for s in r["step_s"]]
-            ratios = [_fmt([r[key] / b[key] for r, b in zip(mine, base)], 2) if base else "-"
-                      for key in ("first_wall_s", "first_cpu_s")]
-            step = f"{statistics.median(steps):.3f}" if steps else "-"
-            lines.append(f"| {label} | {depth} | {_fmt(walls)} | {_fmt(cpus)} | {step} | {ratios[0]} | {ratios[1]} |")
+    for label, depth, mine, base in _row_entries(results, rows, depths):
+        walls, cpus = [r["first_wall_s"] for r in mine], [r["first_cpu_s"] for r in mine]
+        steps = [s for r in mine for s in r["step_s"]]
+        ratios = [_fmt([r[key] / b[key] for r, b in zip(mine, base)], 2) if base else "-"
+                  for key in ("first_wall_s", "first_cpu_s")]
+        step = f"{statistics.median(steps):.3f}" if steps else "-"
+        lines.append(f"| {label} | {depth} | {_fmt(walls)} | {_fmt(cpus)} | {step} | {ratios[0]} | {ratios[1]} |")
     return "\n".join(lines)
 
 
@@ -302,17 +307,12 @@ def least_table(results: list, rows: list, depths: list) -> str:
         return ""
     lines = ["| train step | blocks | least first call, wall (s) | least first call, CPU (s) | "
              "least / nn.TrainOneStepCell's least, wall | same, CPU |", "|---|---:|---:|---:|---:|---:|"]
-    for depth in depths:
-        base = [r for r in results if r["depth"] == depth and r["row"] == rows[0][0]]
-        for label, *_ in rows:
-            mine = [r for r in results if r["depth"] == depth and r["row"] == label]
-            if not mine:
-                continue
-            least = {key: min(r[key] for r in mine) for key in ("first_wall_s", "first_cpu_s")}
-            ratios = [f"{least[key] / min(r[key] for r in base):.2f}" if base else "-"
-                      for key in ("first_wall_s", "first_cpu_s")]
-            lines.append(f"| {label} | {depth} | {least['first_wall_s']:.1f} | {least['first_cpu_s']:.1f} | "
-                         f"{ratios[0]} | {ratios[1]} |")
+    for label, depth, mine, base in _row_entries(results, rows, depths):
+        least = {key: min(r[key] for r in mine) for key in ("first_wall_s", "first_cpu_s")}
+        ratios = [f"{least[key] / min(r[key] for r in base):.2f}" if base else "-"
+                  for key in ("first_wall_s", "first_cpu_s")]
+        lines.append(f"| {label} | {depth} | {least['first_wall_s']:.1f} | {least['first_cpu_s']:.1f} | "
+                     f"{ratios[0]} | {ratios[1]} |")
     return "\n".join(lines)
 
 
