@@ -49,6 +49,7 @@ import importlib.util
 import json
 import os
 import re
+import shutil
 import statistics
 import sys
 import time
@@ -220,6 +221,12 @@ def count_ir(path: Path, emulation=None) -> dict:
     return {"nodes": nodes, "emulation_nodes": emulated, "emulation_allreduce": stand_in}
 
 
+def fresh_folder(folder: Path) -> Path:
+    """``folder``, emptied: IR files an earlier run left there would be counted with this run's."""
+    shutil.rmtree(folder, ignore_errors=True)
+    return folder
+
+
 def graph_size(folder: Path, emulation) -> dict:
     """Nodes after type inference (the largest such IR of the compile) and of the kernel graphs,
     with the CPU-emulation part of the latter."""
@@ -256,7 +263,8 @@ def worker(args) -> None:
             train = _build_step(kind, stage, units, depth, args.out)
             entry = {"round": args.round, "depth": depth, "row": label}
             if args.job == "graphs":
-                folder = Path(args.out) / "graphs" / f"rank{rank}" / f"{depth}_{re.sub(r'[^0-9A-Za-z]+', '_', label)}"
+                folder = fresh_folder(Path(args.out) / "graphs" / f"rank{rank}" /
+                                      f"{depth}_{re.sub(r'[^0-9A-Za-z]+', '_', label)}")
                 ms.set_context(save_graphs=1, save_graphs_path=str(folder))
                 train(*inputs)
                 ms.set_context(save_graphs=0)
@@ -450,11 +458,7 @@ def main(argv=None) -> int:
         report["graphs"] = _job(args, out, "graphs", env={"MS_DEV_DUMP_IR_PASSES": DUMP_PASSES})
     report["cache_cold"], report["cache_warm"] = [], []
     for k in range(args.cache_rounds):
-        cache = out / f"compile_cache_{k}"
-        if cache.exists():
-            import shutil
-
-            shutil.rmtree(cache)
+        cache = fresh_folder(out / f"compile_cache_{k}")
         env = {"MS_COMPILER_CACHE_ENABLE": "1", "MS_COMPILER_CACHE_PATH": str(cache)}
         for tag, key in (("_cold", "cache_cold"), ("_warm", "cache_warm")):
             report[key] += [dict(r, round=k) for r in _job(args, out, "cache", f"{tag}{k}", env)]

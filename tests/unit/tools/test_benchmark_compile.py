@@ -64,3 +64,14 @@ def test_the_least_over_the_rounds_pairs_each_rows_least_with_the_first_rows_lea
     assert "| stage 0 | 8 | 3.0 | 1.5 | 1.50 | 1.50 |" in table
     assert "| stage 3 | 8 | 5.0 | 2.5 | 2.50 | 2.50 |" in table
     assert bc.least_table([r for r in results if r["round"] == 0], rows, [8]) == ""  # one round: no table
+
+
+def test_a_graph_folder_is_emptied_before_a_row_saves_its_ir(tmp_path):
+    # IR files an earlier run left in the folder were counted with the new run's (stages 1-3 read
+    # twice their kernel nodes on a page)
+    folder = tmp_path / "graphs" / "rank0" / "24_stage_1"
+    (folder / "rank_0").mkdir(parents=True)
+    (folder / "rank_0" / "hwopt_common_final_graph_4_1141.ir").write_text("  %0(x) = AllReduce(%1)\n")
+    assert bc.fresh_folder(folder) == folder
+    assert not folder.exists() and folder.parent.exists()
+    assert bc.graph_size(tmp_path / "graphs" / "rank0", None)["kernel_nodes"] == 0
