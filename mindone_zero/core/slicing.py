@@ -179,25 +179,25 @@ def narrow_runs(x, runs, axis: int):
     """Every piece of ``x`` given by ``run_args`` (with the same ``axis``), in order, each reshaped to its shape.
 
     [Note: runs of pieces]
-    Cutting n pieces out of a buffer with a Slice each (``narrow_each``) gives the graph compiler n calls
-    with n different constant arguments (the offsets), and it infers each call apart ([Note: constants in a
-    map] in graph_tuples.py). ``python tools/bench/compile_cost.py`` (one process) cuts the 98 tensors of
-    ``tools/bench/benchmark_compile.py``'s 24-block model, 4 shapes laid out one shape after the other,
-    out of a flat buffer and assigns them to parameters: 0.74-0.77 s of compile CPU as 98 Slices,
-    0.38-0.41 s in 4 runs (two runs; ``docs/benchmarks/compile_cost.md``). A run of equal pieces is one Slice (a view, as ``narrow``), one Reshape that stacks its
-    pieces along ``axis`` and one Unstack; along axis 0 that Reshape gives the stacked pieces their shape
-    already, along axis 1 each piece is reshaped after the Unstack (a map whose Reshapes share one shape),
-    unless its shape is the Unstack's (rows, width), as the stage 1-2 parameter all-gather asks
-    (``BucketedComm.all_gather_rows``: the caller's own map reshapes them).
-    The map cost a fifth of the cut's compile: cutting that model's 98 tensors, in 4 runs, out of a
-    flat buffer took 0.39-0.47 CPU-s with it and 0.30-0.34 without (one process, least of three, two
-    rounds, 2026-12-04). A run of one piece is a Slice and a Reshape. The elements are the same: only their copies differ (Unstack copies a run
-    once, where the Slices were views). The runs are a loop the compiler unrolls, each turn growing the tuple of pieces, so many short runs
-    cost more than the Slices: the 98 tensors of that model in its own order make 74 runs, and the
-    stage-0 train step's graph after type inference (``benchmark_compile.graph_size``) grew from 3335 to
-    7839 nodes when its bucket was cut so. ``cut_args`` therefore takes runs only where they pay
-    (``runs_pay``: at most ``MAX_RUNS`` runs, of two pieces or more on average), and a bucket's buffer
-    holds its tensors by shape where that makes such runs ([Note: buckets] in train/fusion.py).
+    Cutting n pieces out of a buffer with a Slice each (``narrow_each``) gives the graph compiler n calls with n
+    different constant arguments (the offsets), and it infers each call apart ([Note: constants in a map] in
+    graph_tuples.py). ``python tools/bench/compile_cost.py`` (one process) cuts the 98 tensors of
+    ``tools/bench/benchmark_compile.py``'s 24-block model, 4 shapes laid out one shape after the other, out of a
+    flat buffer and assigns them to parameters: 0.74-0.77 s of compile CPU as 98 Slices, 0.38-0.41 s in 4 runs
+    (two runs; ``docs/benchmarks/compile_cost.md``). A run of equal pieces is one Slice (a view, as ``narrow``),
+    one Reshape that stacks its pieces along ``axis`` and one Unstack; along axis 0 that Reshape gives the
+    stacked pieces their shape already, along axis 1 each piece is reshaped after the Unstack (a map whose
+    Reshapes share one shape), unless its shape is the Unstack's (rows, width), as the stage 1-2 parameter
+    all-gather asks (``BucketedComm.all_gather_rows``: the caller's own map reshapes them). The map cost a fifth
+    of the cut's compile: cutting that model's 98 tensors, in 4 runs, out of a flat buffer took 0.39-0.47 CPU-s
+    with it and 0.30-0.34 without (one process, least of three, two rounds, 2026-12-04). A run of one piece is a
+    Slice and a Reshape. The elements are the same: only their copies differ (Unstack copies a run once, where
+    the Slices were views). The runs are a loop the compiler unrolls, each turn growing the tuple of pieces, so
+    many short runs cost more than the Slices: the 98 tensors of that model in its own order make 74 runs, and
+    the stage-0 train step's graph after type inference (``benchmark_compile.graph_size``) grew from 3335 to
+    7839 nodes when its bucket was cut so. ``cut_args`` therefore takes runs only where they pay (``runs_pay``:
+    at most ``MAX_RUNS`` runs, of two pieces or more on average), and a bucket's buffer holds its tensors by
+    shape where that makes such runs ([Note: buckets] in train/fusion.py).
     """
     pieces = ()
     for r in range(len(runs)):
