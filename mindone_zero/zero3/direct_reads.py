@@ -12,7 +12,8 @@ and ``shard_network`` names it.
 A read is *direct* when the gathered value is a positional or keyword argument of a call whose
 callee is not a layout or dtype transform (``TRANSFORMS``), either as the gathering expression
 itself or through a local name bound to it (``w = self.w_zero_gather(...)``, or the tuple
-unpacking of a coalesced group ``w, b = self.zero_gather_group(...)``). Any other use (an
+unpacking of a coalesced group ``w, b = self.zero_gather_group(...)`` or
+``w, b = self.zero_gather_group.waiting_for(x, ...)``). Any other use (an
 attribute, a subscript, an operand, a return, a container, a transform's argument) is
 *indirect*. A dtype cast (``self.gamma.astype(x.dtype)``, as ``nn.LayerNorm`` writes it; ``ops.cast``)
 is followed to the op that consumes its result: a cast to the same dtype is removed by the graph
@@ -158,13 +159,24 @@ def _passed_on(node: ast.Name, call: ast.AST, self_name) -> bool:
     return isinstance(func, ast.Name) and func.id == self_name and call.func is not func
 
 
+def _gather_called(node: ast.AST, self_name: str):
+    """The attribute ``attr`` of ``self.<attr>(...)`` or ``self.<attr>.waiting_for(...)`` (a coalesced
+    group tied to the layer's input: [Note: gather order] in param_wrapper.py); None for anything else."""
+    if not isinstance(node, ast.Call) or not isinstance(node.func, ast.Attribute):
+        return None
+    func = node.func.value if node.func.attr == "waiting_for" else node.func
+    if isinstance(func, ast.Attribute) and isinstance(func.value, ast.Name) and func.value.id == self_name:
+        return func.attr
+    return None
+
+
 def gather_call_test(self_name: str, attrs) -> Callable[[ast.AST], bool]:
-    """Recognises ``self.<attr>(...)`` for ``attr`` in ``attrs``: a call of a gather Cell."""
+    """Recognises ``self.<attr>(...)`` (and ``self.<attr>.waiting_for(...)``) for ``attr`` in ``attrs``:
+    a call of a gather Cell."""
     attrs = frozenset(attrs)
 
     def test(node):
-        return (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr in attrs
-                and isinstance(node.func.value, ast.Name) and node.func.value.id == self_name)
+        return _gather_called(node, self_name) in attrs
 
     return test
 
@@ -193,7 +205,7 @@ def source_indirect_reads(cell: nn.Cell, gather_attrs) -> List[str]:
     if not isinstance(tree, ast.FunctionDef) or not tree.args.args:
         return [f"{type(cell).__name__}.construct is not a plain method"]
     self_name = tree.args.args[0].arg
-    called = {n.func.attr for n in ast.walk(tree) if gather_call_test(self_name, gather_attrs)(n)}
+    called = {_gather_called(n, self_name) for n in ast.walk(tree)}
     missing = sorted(set(gather_attrs) - called)
     if missing:
         return [f"{type(cell).__name__}.construct does not itself call {missing}"]
