@@ -31,6 +31,7 @@ from ..core.comm_plan import CommPlan, PlanContext
 from ..core.graph_tuples import each
 from ..core.packing import LARGE_TENSOR_BYTES, PackedLayout, itemsize_of
 from ..core.slicing import copy_slice
+from .param_wrapper import Waiting, after_grad
 
 __all__ = ["ZeroGatherGroup", "COALESCE_MAX_BYTES", "build_gather_group", "gather_settings", "gathered_nbytes"]
 
@@ -38,11 +39,46 @@ COALESCE_MAX_BYTES = LARGE_TENSOR_BYTES
 """Largest padded parameter (bytes, in the gathered dtype) that ``ZeroGatherGroup`` coalesces."""
 
 
-_RESHAPE = ops.Reshape()
+_RESHAPE, _DEPEND = ops.Reshape(), ops.Depend()
+
+
+class _CoalescedWaiting(Waiting):
+    """A ``_CoalescedGather``'s all-gather once ``after`` exists, its one reduce-scatter in the custom
+    bprop, zeros for ``after`` (see ``Waiting`` in param_wrapper.py). The forward and backward are
+    written here; ``_CoalescedGather``, which PYNATIVE_MODE calls, runs them."""
+
+    def construct(self, xs, after):
+        g = self.base
+        buf = _DEPEND(g.layout.pack(xs), after)
+        if g.cast_before_gather:
+            buf = buf.astype(g.compute_dtype)
+        cols = g.layout.unpack_gathered(g.comm.all_gather(buf))
+        out = ()
+        for i in range(len(cols)):
+            x = cols[i].reshape(g.padded_shapes[i])
+            if g.pads[i] > 0:
+                x = copy_slice(x, 0, 0, g.full_rows[i])  # a copy: [Note: a view keeps its base] in slicing.py
+            if g.cast_after_gather:
+                x = x.astype(g.compute_dtype)
+            out = out + (x,)
+        return out
+
+    def bprop(self, xs, after, out, dout):
+        g = self.base
+        grads = ()
+        for i in range(len(dout)):
+            grads = grads + (pad_dim0(cast_if_needed(dout[i], g.param_dtype), g.pads[i]),)
+        buf = divide(g.comm.reduce_scatter(g.layout.pack_rank_major(grads)), g.group_size)
+        blocks = g.layout.unpack_shards(buf)
+        shards = ()
+        for i in range(len(blocks)):
+            shards = shards + (blocks[i].reshape(g.shard_shapes[i]),)
+        return shards, after_grad(after)
 
 
 class _CoalescedGather(nn.Cell):
-    """All-gather a tuple of shards in one collective; custom bprop: one reduce-scatter."""
+    """All-gather a tuple of shards in one collective; custom bprop: one reduce-scatter. ``waiting``
+    runs it once an input exists ([Note: gather order] in param_wrapper.py)."""
 
     def __init__(self, gathers: List):
         super().__init__(auto_prefix=False)
@@ -61,32 +97,13 @@ class _CoalescedGather(nn.Cell):
         self.pads = tuple(g.pad for g in gathers)
         self.layout = PackedLayout([int(np.prod(s)) for s in self.shard_shapes], self.group_size)
         self.comm = GroupComm(base.group_name)
+        self.waiting = _CoalescedWaiting(self)
 
     def construct(self, xs):
-        buf = self.layout.pack(xs)
-        if self.cast_before_gather:
-            buf = buf.astype(self.compute_dtype)
-        cols = self.layout.unpack_gathered(self.comm.all_gather(buf))
-        out = ()
-        for i in range(len(cols)):
-            x = cols[i].reshape(self.padded_shapes[i])
-            if self.pads[i] > 0:
-                x = copy_slice(x, 0, 0, self.full_rows[i])  # a copy: [Note: a view keeps its base] in slicing.py
-            if self.cast_after_gather:
-                x = x.astype(self.compute_dtype)
-            out = out + (x,)
-        return out
+        return self.waiting.construct(xs, None)  # PYNATIVE_MODE ([Note: gather order] in param_wrapper.py)
 
     def bprop(self, xs, out, dout):
-        grads = ()
-        for i in range(len(dout)):
-            grads = grads + (pad_dim0(cast_if_needed(dout[i], self.param_dtype), self.pads[i]),)
-        buf = divide(self.comm.reduce_scatter(self.layout.pack_rank_major(grads)), self.group_size)
-        blocks = self.layout.unpack_shards(buf)
-        shards = ()
-        for i in range(len(blocks)):
-            shards = shards + (blocks[i].reshape(self.shard_shapes[i]),)
-        return (shards,)
+        return self.waiting.bprop(xs, None, out, dout)[:1]
 
     def nbytes(self, itemsize: int) -> int:
         """Bytes of the gathered buffer (N * S elements of ``itemsize``)."""
@@ -102,8 +119,9 @@ class ZeroGatherGroup(nn.Cell):
     """Gather several ZeRO-3 shards of one Cell in one all-gather; their gradients in one reduce-scatter.
 
     ``group(w, b)`` returns the full tensors ``(W, B)``, what ``w_wrapper(w), b_wrapper(b)`` return,
-    bit for bit ([Note: coalesced gathers]). Collective over the parameters' group. Built by
-    ``build_gather_group``.
+    bit for bit ([Note: coalesced gathers]); ``group.waiting_for(x, w, b)`` the same once ``x``
+    exists (the layer's input: [Note: gather order] in param_wrapper.py). Collective over the
+    parameters' group. Built by ``build_gather_group``.
     """
 
     def __init__(self, gathers: List):
@@ -117,6 +135,11 @@ class ZeroGatherGroup(nn.Cell):
         # real shape (see ZeroParamWrapper). GRAPH_MODE needs it too: [Note: unit shards] in units.py.
         # A gather unit's parts call ``self.gather`` on shards reshaped already.
         return self.gather(each(_RESHAPE, xs, self.gather.shard_shapes))
+
+    def waiting_for(self, after, *xs):
+        """What ``construct(*xs)`` returns, gathered once ``after`` exists ([Note: gather order] in
+        param_wrapper.py)."""
+        return self.gather.waiting(each(_RESHAPE, xs, self.gather.shard_shapes), after)
 
     def record_comm(self, plan: CommPlan, ctx: PlanContext) -> None:
         """[Note: comm plan]: this group's collectives of one optimizer step (native bytes): per

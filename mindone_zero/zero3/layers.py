@@ -179,7 +179,7 @@ class Dense(ZeroCell):
         if len(x_shape) != 2:
             x = x.reshape(-1, x_shape[-1])
         if self.zero_coalesce:
-            weight, bias = self.zero_gather_group(ops.depend(self.weight, x), self.bias)  # [Note: gather order]
+            weight, bias = self.zero_gather_group.waiting_for(x, self.weight, self.bias)  # [Note: gather order]
             x = self.bias_add(self.matmul(x, weight), bias)
         else:
             out = self.matmul(x, self.weight_zero_gather(self.weight, x))
@@ -205,7 +205,7 @@ class Linear(ZeroCell):
 
     def construct(self, x):
         if self.zero_coalesce:
-            weight, bias = self.zero_gather_group(ops.depend(self.weight, x), self.bias)  # [Note: gather order]
+            weight, bias = self.zero_gather_group.waiting_for(x, self.weight, self.bias)  # [Note: gather order]
             return self.dense(x, weight, bias)
         weight = self.weight_zero_gather(self.weight, x)
         if self.has_bias:

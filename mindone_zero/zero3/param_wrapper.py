@@ -18,14 +18,31 @@ Which parameters are sharded (DESIGN section 3):
 [Note: gather order]
 A stage-3 gather depends only on its shard Parameter, so a device scheduler may start every gather
 at the top of the graph and hold the whole model gathered at once. The ``parallel_modules`` layers
-therefore pass their input as ``after`` (``ZeroParamWrapper``), or, for a coalesced gather, wrap the
-first shard in ``ops.depend(shard, input)``: the gather waits until the layer's input exists. The
-generic rewrite (rewrite.py) passes a ``construct``'s first input the same way. Depend's gradient
-for its second input is zeros, added to the input's gradient, so no number changes; the CPU
-backend runs the gathers in program order with or without it (tests/unit/test_gather_order.py
-shows the Depend in the compiled graph). A gather unit's ``ZeroUnitGather`` (units.py) ties every
-shard to the unit root's first input. Not tied: gathers the rewrite puts in methods other than
-``construct`` (a helper's inputs are not known to be the layer's).
+therefore pass their input as ``after`` (``ZeroParamWrapper``; ``ZeroGatherGroup.waiting_for`` for
+a coalesced gather): the gather waits until the layer's input exists. The generic rewrite
+(rewrite.py) passes a ``construct``'s first input the same way, and a gather unit's
+``ZeroUnitGather`` (units.py) the unit root's first input. Not tied: gathers the rewrite puts in
+methods other than ``construct`` (a helper's inputs are not known to be the layer's).
+
+The tie is a Depend inside a Cell with a custom bprop, on the tensor the collective sends: the
+gather Cell's ``waiting`` (``_ShardWaiting`` of a ``_GatherShard``, ``_CoalescedWaiting`` of a
+``_CoalescedGather``; base class ``Waiting``), called as ``waiting(x, after)``, whose bprop returns
+the gather's gradient and zeros for ``after`` (``after_grad``): no number changes. Autodiff does not
+look inside a custom-bprop Cell, so the Depend gets no gradient graph of its own. Outside it (a
+Depend in the wrapper, before the call), each gather cost a Depend's J graph, its bprop graph and a
+``zeros_like`` graph for the input: in the 24-block model of tools/bench/benchmark_compile.py the
+stage-3 graph that autodiff hands to type inference (the first ``renormalize``) went from 1381
+subgraphs and 7568 nodes to 998 and 6053, and with ``gather_units=(Block,)``, where each shard had
+its Depend, from 2372 and 11670 to 2108 and 10389. The forward is written in the ``waiting`` Cell
+and the gather Cell's ``construct`` calls it, so a call compiles one graph, not two; a test of the
+mode inside ``construct`` cost two subgraphs per call.
+
+PYNATIVE_MODE calls the gather Cell itself, one input (``Waiting.__call__``; a graph compiles
+``construct`` and never runs it): MindSpore 2.10's PYNATIVE grad of a recomputed Cell fails on a
+custom bprop with two inputs, and eager ops run in program order, so there is nothing to wait for.
+hpZ's two Cells keep the Depend in the wrapper. The CPU backend runs the gathers in program order
+with or without the tie (tests/unit/test_gather_order.py shows the Depend in the compiled graph, and
+tests/dist/test_gather_units.py the all-gathers' inputs at N=2).
 
 [Note: ZeRO++ at build]
 ZeRO++'s qwZ and qgZ are options of each parameter's gather (``_GatherShard``), so a wrapper is
@@ -46,6 +63,7 @@ from typing import Optional
 import numpy as np
 import mindspore as ms
 from mindspore import Parameter, nn, ops
+from mindspore.ops.composite import zeros_like
 
 from ..core.comm import GroupComm, cast_if_needed, divide, group_size_and_rank, pad_dim0, world_group
 from ..core.comm_plan import CommPlan, PlanContext
@@ -53,17 +71,78 @@ from ..core.quantize import block_layout
 from ..core.packing import ITEMSIZE, itemsize_of
 from ..core.materialize import block_of, materialize, set_value
 from ..core.partition import ShardSpec, set_zero_spec, splits_over, zero_spec_of
+from ..core.run_mode import in_pynative
 from ..core.slicing import copy_slice
 from ..core.stage import StagePolicy, check_stage
 
 __all__ = [
     "ZeroParamWrapper", "shard_parameter", "compute_dtype_of", "gather_attr_name",
-    "check_group", "check_compute_dtype", "GATHER_SUFFIX", "zeropp_scope",
+    "check_group", "check_compute_dtype", "GATHER_SUFFIX", "zeropp_scope", "after_grad", "Waiting",
 ]
 
 GATHER_SUFFIX = "_zero_gather"
 _RESHAPE, _DEPEND = ops.Reshape(), ops.Depend()
+_ZEROS_LIKE = ops.ZerosLike()
+after_grad = ops.MultitypeFuncGraph("after_grad")
+"""The gradient a custom bprop returns for its ``after`` input ([Note: gather order]): zeros of a
+tensor (the primitive: no ``zeros_like`` graph); None for None; for any other input (a construct's
+first input may be a tuple, a list or a number), MindSpore's ``zeros_like`` of it."""
+
+
+@after_grad.register("Tensor")
+def _after_grad_tensor(after):
+    return _ZEROS_LIKE(after)
+
+
+@after_grad.register("None")
+def _after_grad_none(after):
+    return after
+
+
+@after_grad.register("Tuple")
+@after_grad.register("List")
+@after_grad.register("Number")
+def _after_grad_other(after):
+    return zeros_like(after)
+
+
 _ZEROPP = contextvars.ContextVar("mindone_zero_zeropp", default=None)
+
+
+class Waiting(nn.Cell):
+    """Base of the Cells that run a gather Cell's collective once an input exists ([Note: gather
+    order]): ``cell(x, after)``, held as ``base.waiting`` of the gather Cell ``base`` (its parent,
+    not its child). A subclass writes the forward (``Depend(x, after)`` first) and a custom bprop
+    that returns zeros for ``after``. GRAPH_MODE only: MindSpore 2.10's PYNATIVE grad of a
+    recomputed Cell fails on a custom bprop with two inputs, so in PYNATIVE_MODE a call runs
+    ``base(x)`` (eager ops run in program order: there is nothing to wait for). A graph never runs
+    ``__call__``: it compiles ``construct``."""
+
+    def __init__(self, base: nn.Cell):
+        super().__init__(auto_prefix=False)
+        object.__setattr__(self, "base", base)
+
+    def __call__(self, x, after):
+        if in_pynative():
+            return self.base(x)
+        return super().__call__(x, after)
+
+
+class _ShardWaiting(Waiting):
+    """A ``_GatherShard``'s gather once ``after`` exists; its gradient (see ``Waiting``). The forward
+    is written here, and ``_GatherShard.construct`` calls it: one graph per call, not two."""
+
+    def construct(self, x, after):
+        g = self.base
+        x = _DEPEND(x, after)
+        if g.gathers:
+            return g.finish(g.gather_padded(x))
+        if g.cast_before_gather or g.cast_after_gather:
+            x = x.astype(g.compute_dtype)
+        return x
+
+    def bprop(self, x, after, out, dout):
+        return self.base.shard_grad(dout), after_grad(after)
 
 
 @contextlib.contextmanager
@@ -259,13 +338,13 @@ class ZeroParamWrapper(nn.Cell):
         # PYNATIVE keeps the autograd leaf a Parameter got at creation, with its full shape;
         # a custom bprop whose input is that leaf is checked against the stale shape. A same-shape
         # reshape (a view, no copy) gives the custom bprop an input with the shard's real shape.
-        # The primitives, with the static shape and without ``if after is not None`` (Depend takes
-        # None and returns its input): 294 fewer nodes after type inference and 196 fewer subgraphs
-        # at stage 3 in the 24-block model of tools/bench/benchmark_compile.py (3931 -> 3637).
-        x = _DEPEND(_RESHAPE(x, self.shard_shape), after)
+        # The primitive, with the static shape. ``after`` goes to the gather ([Note: gather order]),
+        # None or not (no ``if after is not None``, whose branches were subgraphs of their own).
+        x = _RESHAPE(x, self.shard_shape)
         if self.hpz:
+            x = _DEPEND(x, after)
             return self.hpz_secondary(self.hpz_primary(x), x)
-        return self.gather(x)
+        return self.gather.waiting(x, after)
 
     def record_comm(self, plan: CommPlan, ctx: PlanContext) -> None:
         """[Note: comm plan]: the collectives this wrapper issues in one optimizer step: its gather's
@@ -330,6 +409,7 @@ class _GatherShard(nn.Cell):
         if self.quantize_weights or self.quantize_grads:
             # qwZ quantizes this rank's shard, qgZ each destination's block: the same layout.
             self.block, self.blocks, _ = block_layout(int(np.prod(spec.shard_shape)), zeropp.block_size)
+        self.waiting = _ShardWaiting(self)
 
     def with_zeropp(self, zeropp) -> "_GatherShard":
         """A gather of the same parameter with ZeRO++ options ``zeropp``."""
@@ -352,11 +432,7 @@ class _GatherShard(nn.Cell):
         return x
 
     def construct(self, x):
-        if self.gathers:
-            return self.finish(self.gather_padded(x))
-        if self.cast_before_gather or self.cast_after_gather:
-            x = x.astype(self.compute_dtype)
-        return x
+        return self.waiting.construct(x, None)  # PYNATIVE_MODE ([Note: gather order])
 
     def shard_grad(self, dout):
         """This rank's block of the group mean of ``dout``, in the parameter's dtype; collective."""

@@ -125,9 +125,11 @@ def _holds_readers(cell: nn.Cell) -> bool:
 # gather Cell the reader calls: a wrapper's ``_GatherShard``, a coalesced group's ``_CoalescedGather``.
 # Those take tensors and return tensors. The wrapper and the group around them take the shard
 # Parameters themselves: their graphs load each shard with the graph's memory state (a Load, then an
-# UpdateState) and tie the gather to the reader's input (a Depend, [Note: gather order] in
-# param_wrapper.py). Marked, the wrapper had those ops copied into the recomputed region, and autodiff
-# built a small bprop graph for each of them there: two UpdateStates and a Depend per parameter.
+# UpdateState). Marked, the wrapper had those ops copied into the recomputed region, and autodiff
+# built a small bprop graph for each of them there: two UpdateStates and a Depend per parameter (the
+# Depend that ties the gather to the reader's input, then in the wrapper; it is now in the
+# collective Cell's ``waiting``, which GRAPH_MODE calls and which is marked with it, recomputed with
+# it and with no bprop graph: [Note: gather order] in param_wrapper.py).
 # What runs is the same either way: the wrapper returns its gather's output unchanged, so that output
 # is what backward reads, and the AllGathers are the same (171 in the kernel graph of the 24-block model of
 # tools/bench/benchmark_compile.py). The graph the compiler infers again after autodiff shrank from
@@ -152,6 +154,8 @@ def _regather_only(cell: nn.Cell, whole: bool) -> None:
         target = _regather_cell(gather, whole)
         if not _recompute_marked(gather) and not _recompute_marked(target):
             target.recompute(output_recompute=True)
+            if target is not gather:  # GRAPH_MODE runs the collective in it ([Note: gather order])
+                target.waiting.recompute(output_recompute=True)
 
 
 def mark_reshard_after_forward(network: nn.Cell, zeropp: bool = False) -> List[Tuple[str, nn.Cell, List[str], bool]]:

@@ -57,16 +57,17 @@ Memory: a unit's parameters are all full at once (in forward, and again when bac
 
 Compile time: a unit's code reads its k gathered tensors out of one tuple, the output of a Cell with
 a custom bprop. MindSpore's autodiff gives each read (a TupleGetItem) the gradient of the whole tuple,
-zeros but one (``bprop_tuple_getitem``), and the gathered tuple also enters the UpdateState that
-orders the shards' loads; each zero is a small graph to infer, so a unit adds about k * k of them. In
-the 24-block model of ``tools/bench/benchmark_compile.py`` (k = 4) the graph after autodiff (the first
-``renormalize``) had 2372 subgraphs and 11670 nodes with units, 1381 and 7568 without; 410
-``zeros_like`` graphs against 146, and 50 UpdateState gradients of 1715 nodes against none. Without
-``reshard_after_forward`` it had 11095 nodes: the recomputation is not what costs. Loading the shards
-in a Cell of their own before the gather (no UpdateState over the gathered tuple) moved that cost to
-the tuple of loaded shards (11359 nodes) and compiled no faster. So units compile slower than
-per-layer gathers (1.3-1.8x the stage-3 first call on that benchmark, 2026-12-04), and their step is
-faster (fewer, larger collectives).
+zeros but one (``bprop_tuple_getitem``); each zero is a small graph to infer, so a unit adds about
+k * k of them. In the 24-block model of ``tools/bench/benchmark_compile.py`` (k = 4) the graph after
+autodiff (the first ``renormalize``) had 2108 subgraphs and 10389 nodes with units, 998 and 6053
+without: 120 TupleGetItem gradients against 24, and 336 ``zeros_like`` graphs against 48
+(2026-12-04). Ways around it that were measured or worked through, none better: without
+``reshard_after_forward`` the graph is about 5% smaller (the recomputation is not what costs);
+loading the shards in a Cell of their own before the gather, so that no UpdateState takes the
+gathered tuple, moved that cost to the tuple of loaded shards and compiled no faster; one flat
+buffer cut per reader, or a chain of two-way splits, would trade the zeros for copies of the unit's
+gradient at every step. So units compile slower than per-layer gathers (the benchmark's page shows
+by how much), and their step is faster (fewer, larger collectives).
 """
 from typing import Dict, List, Optional, Tuple
 
@@ -180,19 +181,7 @@ def _cast_to_tensor(dtype, x):
     return x.astype(dtype)
 
 
-_RESHAPE, _DEPEND = ops.Reshape(), ops.Depend()
-_shaped = ops.MultitypeFuncGraph("shaped")
-
-
-@_shaped.register("Tensor", "Tensor", "Tuple")
-@_shaped.register("Tuple", "Tensor", "Tuple")
-@_shaped.register("List", "Tensor", "Tuple")
-@_shaped.register("Number", "Tensor", "Tuple")
-@_shaped.register("None", "Tensor", "Tuple")
-def _shaped_after(after, x, shape):
-    """``x`` reshaped to ``shape``, its own, once ``after`` (the unit root's first input, or None:
-    no wait) exists."""
-    return _RESHAPE(_DEPEND(x, after), shape)
+_RESHAPE = ops.Reshape()
 
 
 class _UnitPart(ZeroGatherGroup):
@@ -203,13 +192,15 @@ class _UnitPart(ZeroGatherGroup):
         self.select = select
         self.every = every  # select is every element, in order: no take ([Note: compile cost])
 
-    def construct(self, xs):
-        # the shards come reshaped ([Note: unit shards] in ZeroUnitGather)
-        return self.gather(xs if self.every else take(xs, self.select))
+    def construct(self, xs, after):
+        # the shards come reshaped ([Note: unit shards] in ZeroUnitGather); the collective waits for
+        # ``after`` ([Note: gather order] in param_wrapper.py; PYNATIVE runs ops in program order)
+        return self.gather.waiting(xs if self.every else take(xs, self.select), after)
 
 
 class _UnitCasts(nn.Cell):
-    """Elements that need no collective (a group of one rank): cast to the compute dtype only."""
+    """Elements that need no collective (a group of one rank): cast to the compute dtype only
+    (nothing to order: ``after`` is not read)."""
 
     def __init__(self, gathers: List, select: tuple, every: bool):
         super().__init__(auto_prefix=False)
@@ -218,7 +209,7 @@ class _UnitCasts(nn.Cell):
         self.compute_dtype = gathers[0].compute_dtype
         self.param_names = tuple(g.param_name for g in gathers)
 
-    def construct(self, xs):
+    def construct(self, xs, after):
         return hyper_map(ops.partial(_cast_to, self.compute_dtype), xs if self.every else take(xs, self.select))
 
 
@@ -231,15 +222,16 @@ class _UnitSingle(nn.Cell):
         self.index = index
         self.param_names = (gather.param_name,)
 
-    def construct(self, xs):
-        return (self.gather(xs[self.index]),)  # reshaped ([Note: unit shards] in ZeroUnitGather)
+    def construct(self, xs, after):
+        # reshaped ([Note: unit shards] in ZeroUnitGather); waits as _UnitPart's collective does
+        return (self.gather.waiting(xs[self.index], after),)
 
 
 class ZeroUnitGather(nn.Cell):
     """All-gather a unit's shards: one collective per gather setting ([Note: gather units]).
 
     ``construct(xs, after=None)`` takes the tuple of the unit's shards, in element order (and the unit
-    root's input as ``after``: every gather waits for it), and returns their full
+    root's input as ``after``: every collective waits for it), and returns their full
     tensors (padding dropped, compute dtype) in the same order, bit for bit what per-parameter
     gathers return. Collective over the parameters' group. ``gathers``: one ``_GatherShard`` per
     element (``param_wrapper.py``), used for its settings only.
@@ -275,20 +267,18 @@ class ZeroUnitGather(nn.Cell):
         # [Note: unit shards]
         # Every shard is reshaped to its own shape before any part sees it: PYNATIVE, so that the
         # custom bprop gets the shard's real shape (see ZeroParamWrapper); GRAPH_MODE, because passed
-        # on as they are, the shards gave another first loss (tests/dist/test_gather_units.py). With
-        # the root's input as ``after``, the same map makes every shard wait for it ([Note: gather
-        # order] in param_wrapper.py): one ``each`` (Map, with the Reshape primitive and static
-        # shapes: [Note: constants in a map] in core/graph_tuples.py). A map per purpose and a loop
-        # over the single part cost 696 more nodes after type inference (4666 against 3970) in the
-        # 24-block model of tools/bench/benchmark_compile.py. Without ``after`` (None) the Depend
-        # returns the shard: no ``if``, whose branches were subgraphs of their own (with the same
-        # change in ZeroParamWrapper, 3970 -> 3892).
-        xs = each(ops.partial(_shaped, after), xs, self.shard_shapes)
+        # on as they are, the shards gave another first loss (tests/dist/test_gather_units.py). One
+        # ``each`` (Map, with the Reshape primitive and static shapes: [Note: constants in a map] in
+        # core/graph_tuples.py). Each part's collective waits for ``after`` inside its custom-bprop
+        # Cell ([Note: gather order] in param_wrapper.py). A Depend per shard in this map, before
+        # that, cost 1283 more nodes in the graph autodiff hands to type inference (11670 against
+        # 10389) in the 24-block model of tools/bench/benchmark_compile.py.
+        xs = each(_RESHAPE, xs, self.shard_shapes)
         if self.one_part:
-            return self.parts[0](xs)
+            return self.parts[0](xs, after)
         outs = ()
         for part in self.parts:  # a few parts: one per gather setting
-            outs = outs + part(xs)
+            outs = outs + part(xs, after)
         if self.in_order:
             return outs
         return take(outs, self.order)

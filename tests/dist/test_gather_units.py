@@ -13,7 +13,10 @@ each coalesced group and wrapper calling its own gather Cell, and identical ones
 gather graphs] in mindone_zero/zero3/coalesce.py). Losses at every
 micro-step and every rank's parameter shards after every step must be bit-identical, and the
 library's ``CommPlan`` must count one all-gather (two with the re-gather) and one reduce-scatter per
-unit (per gather setting) per micro-step in place of the per-Cell ones.
+unit (per gather setting) per micro-step in place of the per-Cell ones. The same job checks,
+at N=2 where there are collectives to order, the [Note: gather order] of
+mindone_zero/zero3/param_wrapper.py: every all-gather of a coalesced group, of the generic
+rewrite's wrappers and of a unit takes a Depend on the layer's (the unit root's) input.
 """
 import collections
 import json
@@ -37,12 +40,13 @@ CASES = [
 ]
 NAMES = [c["name"] for c in CASES]
 UNIT_NAMES = [c["name"] for c in CASES if c["units"]]
+ORDER = {"name": "gather_order", "kind": "gather_order"}
 
 
 @pytest.fixture(scope="module")
 def reports(tmp_path_factory):
     out = tmp_path_factory.mktemp("gather_units")
-    run_msrun(str(WORKER), WORLD, out, ["--cases", json.dumps(CASES)], timeout=900)
+    run_msrun(str(WORKER), WORLD, out, ["--cases", json.dumps(CASES + [ORDER])], timeout=900)
     return lambda name: [json.loads((out / f"{name}_rank{r}.json").read_text()) for r in range(WORLD)]
 
 
@@ -107,3 +111,14 @@ def test_demo_lm_collectives_per_optimizer_step(reports, name, total, base_total
     15 with the TransformerLM a unit too."""
     rep = reports(name)[0]
     assert (len(rep["plan"]), len(rep["base_plan"])) == (total, base_total)
+
+
+def test_every_gather_waits_for_the_layer_input_at_n2(reports):
+    """The Tanh before each network defines the second operand of the Depend that every all-gather
+    takes (a coalesced Dense: one; a LayerNorm's two wrappers: two; a unit of two Dense layers: one
+    for its four parameters); the control, a wrapper called without ``after``, all-gathers its Load."""
+    tied = ["Depend", "PrimFunc_Tanh"]
+    for rep in reports("gather_order"):
+        assert rep["dense"] == [tied] and rep["layernorm_rewrite"] == [tied, tied], rep
+        assert rep["unit"] == [tied], rep
+        assert rep["no_after"] == [["Load", None]], rep

@@ -3,17 +3,22 @@ layer's input ([Note: gather order] in mindone_zero/zero3/param_wrapper.py), and
 the generic rewrite puts in a ``construct``.
 
 Evidence from the compiled graph (one process, GRAPH_MODE, ``save_graphs``): in the final IR
-(``graph_build_*.ir``) every ``<attr>_zero_gather-ZeroParamWrapper/Depend`` node takes the shard's
-Load and the layer's input, e.g. for a Dense after a Tanh:
+(``graph_build_*.ir``) every
+``<attr>_zero_gather-ZeroParamWrapper/gather-_GatherShard/waiting-_ShardWaiting/Depend`` node (the tie
+sits in the Cell with the custom bprop, so autodiff builds no gradient graph for it) takes the
+shard's Load and the layer's input, e.g. for a Dense after a Tanh:
 
     %0 = PrimFunc_Tanh(%para1_x)
-    %1 = Load(%para2_layer.weight, UMonad[U])      # weight_zero_gather-ZeroParamWrapper/Load
-    %2 = Depend(%1, %0)                            # weight_zero_gather-ZeroParamWrapper/Depend
+    %1 = Load(%para2_layer.weight, UMonad[U])   # weight_zero_gather-ZeroParamWrapper/.../Load
+    %2 = Depend(%1, %0)                         # .../gather-_GatherShard/waiting-_ShardWaiting/Depend
     %3 = PrimFunc_MatMul(%0, %2, ...)
 
 With N >= 2 the all-gather takes %2 as its input, so it cannot start before the Tanh. (A group of
-one gathers nothing, so here the Depend feeds the MatMul directly.) The numbers are unchanged:
-the parity tests of tests/dist, bitwise ones included, run with the dependency in place.
+one gathers nothing, so here the Depend feeds the MatMul directly.) At N=2 the all-gathers
+themselves are checked, coalesced groups and gather units included, by
+tests/dist/test_gather_units.py::test_every_gather_waits_for_the_layer_input_at_n2. The numbers
+are unchanged: the parity tests of tests/dist, bitwise ones included, run with the dependency in
+place, and the last test here checks the gradients for every kind of ``after``.
 """
 import re
 
@@ -22,9 +27,11 @@ import numpy as np
 import pytest
 from mindspore import Tensor, nn, ops
 
+from mindone_zero.zero3.param_wrapper import ZeroParamWrapper
 from parallel_modules import Conv2d, Dense, Embedding, shard_network
 
 ms.set_device("CPU")
+TIE_SCOPE = "ZeroParamWrapper/gather-_GatherShard/waiting-_ShardWaiting/Depend"
 KEEP_ALIVE = []
 
 
@@ -62,7 +69,7 @@ def _depend_inputs(ir: str, attr: str):
     lines = ir.splitlines()
     for i, line in enumerate(lines):
         m = re.match(r"\s*%\d+\(\S+\) = Depend\((%\d+), (%\d+)\)", line)
-        if m and any(f"/{attr}_zero_gather-ZeroParamWrapper/Depend" in t for t in lines[i + 1:i + 4]):
+        if m and any(f"/{attr}_zero_gather-{TIE_SCOPE}" in t for t in lines[i + 1:i + 4]):
             return m.group(1), m.group(2)
     raise AssertionError(f"no Depend in {attr}_zero_gather's scope")
 
@@ -113,29 +120,28 @@ def test_without_after_there_is_no_dependency(tmp_path):
         _depend_inputs(_final_ir(tmp_path), "weight")
 
 
-class _Unit(nn.Cell):
-    def __init__(self):
-        super().__init__()
-        self.fc1, self.fc2 = nn.Dense(6, 5), nn.Dense(5, 4)
+@pytest.mark.parametrize("mode", [ms.GRAPH_MODE, ms.PYNATIVE_MODE], ids=["graph", "pynative"])
+@pytest.mark.parametrize("kind", ["tensor", "none", "tuple", "list", "number"])
+def test_any_construct_input_can_be_after_and_the_gradients_are_unchanged(mode, kind):
+    """The rewrite passes a ``construct``'s first input as ``after``, whatever it is; its gradient
+    is zeros (``after_grad``), so x's gradient is the wrapper's full tensor and the weight's is x."""
+    class Net(nn.Cell):
+        def __init__(self):
+            super().__init__()
+            self.w = ms.Parameter(Tensor(np.arange(6, dtype=np.float32).reshape(2, 3)), name="w")
+            self.w_zero_gather = ZeroParamWrapper(self.w, zero_stage=3)
 
-    def construct(self, x):
-        return self.fc2(self.fc1(x))
+        def construct(self, x):
+            after = {"tensor": x, "none": None, "tuple": (x, 1), "list": [x], "number": 3}[kind]
+            return (self.w_zero_gather(self.w, after) * x).sum()
 
-
-def test_a_gather_unit_waits_for_its_root_input(tmp_path):
-    """[Note: gather units]: ``zero3_unit_gather((shards...), x)``; each shard's Depend takes the input."""
-    ms.set_context(mode=ms.GRAPH_MODE, save_graphs=True, save_graphs_path=str(tmp_path))
+    ms.set_context(mode=mode)
     try:
-        net = _After(shard_network(_Unit(), gather_units=(_Unit,)), ops.Tanh())
+        net = Net()
         KEEP_ALIVE.append(net)
-        net(Tensor(np.ones((2, 6), np.float32)))
+        x = Tensor(np.full((2, 3), 2.0, np.float32))
+        (dx,), (dw,) = ops.GradOperation(get_all=True, get_by_list=True)(net, net.trainable_params())(x)
     finally:
-        ms.set_context(save_graphs=False)
-    ir = _final_ir(tmp_path)
-    lines = ir.splitlines()
-    afters = []
-    for i, line in enumerate(lines):
-        m = re.match(r"\s*%\d+\(\S+\) = Depend\((%[\w.]+), (%\d+)\)", line)  # a shard read without Load here
-        if m and any("/zero3_unit_gather-ZeroUnitGather/Depend" in t for t in lines[i + 1:i + 4]):
-            afters.append(_definition(ir, m.group(2)))
-    assert afters == ["PrimFunc_Tanh"] * 4, afters
+        ms.set_context(mode=ms.GRAPH_MODE)
+    np.testing.assert_array_equal(dx.asnumpy(), np.arange(6, dtype=np.float32).reshape(2, 3))
+    np.testing.assert_array_equal(dw.asnumpy(), np.full((2, 3), 2.0, np.float32))

@@ -12,16 +12,24 @@ builds it, identical ones sharing one ([Note: shared gather graphs] in
 mindone_zero/zero3/shared_graphs.py); its report adds the count of groups and wrappers and of the
 distinct gather Cells they call, for each run.
 
+The case ``{"kind": "gather_order"}`` trains nothing: it runs, in GRAPH_MODE with ``save_graphs``, a
+Tanh and then a stage-3 ``parallel_modules.Dense`` (its coalesced group), a LayerNorm sharded by the
+generic rewrite (its wrappers) and a gather unit of two Dense layers (and, as the control, a wrapper called without ``after``), and reports, for every
+AllGather of each compiled graph, the op that defines its input and, when that is a Depend, the op
+that defines the Depend's second operand ([Note: gather order] in mindone_zero/zero3/param_wrapper.py).
+
 Usage (from tests/dist/test_gather_units.py): ``msrun ... units_worker.py --out DIR --cases JSON``
 """
 import argparse
+import glob
 import json
 import os
+import re
 import sys
 
 import numpy as np
 import mindspore as ms
-from mindspore import Tensor, nn
+from mindspore import Tensor, nn, ops
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
 sys.path.insert(0, REPO)
@@ -33,6 +41,7 @@ from mindone_zero.zero3 import shard as shard_module  # noqa: E402
 from mindone_zero.zero3.coalesce import ZeroGatherGroup  # noqa: E402
 from mindone_zero.zero3.reshard import gathers_split  # noqa: E402
 from mindone_zero.zero3.units import unit_gathers  # noqa: E402
+from parallel_modules import Dense, shard_network  # noqa: E402
 from tools.lm_model import Block, LMLoss, TransformerLM, build_lm, init_lm_weights, reversal_batch  # noqa: E402
 
 LM = {"vocab_size": 32, "d_model": 64, "n_layers": 1, "d_ff": 128, "max_len": 16, "n_heads": 4}
@@ -167,7 +176,69 @@ def _train_unshared(case, rank, world, out):
         shard_module.share_gather_graphs = share
 
 
+class _After(nn.Cell):
+    """``layer(tanh(x))``: the Tanh's node is the layer's input in the IR."""
+
+    def __init__(self, layer):
+        super().__init__()
+        self.layer, self.tanh = layer, ops.Tanh()
+
+    def construct(self, x):
+        return self.layer(self.tanh(x))
+
+
+class _TwoDense(nn.Cell):
+    def __init__(self):
+        super().__init__()
+        self.fc1, self.fc2 = nn.Dense(6, 4), nn.Dense(4, 2)
+
+    def construct(self, x):
+        return self.fc2(self.fc1(x))
+
+
+class _NoAfter(nn.Cell):
+    """A Dense's weight wrapper called without ``after``: the control, its gather waits for nothing."""
+
+    def __init__(self):
+        super().__init__()
+        self.layer = Dense(nn.Dense(4, 6), zero_stage=3)
+
+    def construct(self, x):
+        return ops.matmul(x, self.layer.weight_zero_gather(self.layer.weight).T)
+
+
+def _gather_inputs(ir: str):
+    """[(op defining the AllGather's input, op defining that Depend's second operand or None)]."""
+    defs = dict(re.findall(r"^\s*(%\d+)\(\S+\) = ([\w.]+)\(", ir, re.M))
+    found = []
+    for operand in re.findall(r"^\s*%\d+\(\S+\) = AllGather\((%\d+)\)", ir, re.M):
+        depend = re.search(rf"^\s*{operand}\(\S+\) = Depend\((%\d+), (%\d+)\)", ir, re.M)
+        found.append([defs.get(operand), defs.get(depend.group(2)) if depend else None])
+    return found
+
+
+def _gather_order(rank, out):
+    nets = {"dense": lambda: Dense(nn.Dense(4, 6), zero_stage=3),
+            "layernorm_rewrite": lambda: shard_network(nn.LayerNorm((6,))),
+            "unit": lambda: shard_network(_TwoDense(), gather_units=(_TwoDense,)), "no_after": _NoAfter}
+    inputs = {"dense": (2, 4), "layernorm_rewrite": (2, 6), "unit": (2, 6), "no_after": (2, 4)}
+    report = {"case": "gather_order", "rank": rank}
+    for name, build in nets.items():
+        folder = os.path.join(out, f"ir_{name}_rank{rank}")
+        ms.set_context(mode=ms.GRAPH_MODE, save_graphs=True, save_graphs_path=folder)
+        try:
+            _After(build())(Tensor(np.ones(inputs[name], np.float32)))
+        finally:
+            ms.set_context(save_graphs=False)
+        (ir,) = sorted(glob.glob(os.path.join(folder, "**", "graph_build_*.ir"), recursive=True))
+        with open(ir) as f:
+            report[name] = _gather_inputs(f.read())
+    return report
+
+
 def run_case(case, rank, world, out):
+    if case.get("kind") == "gather_order":
+        return _gather_order(rank, out)
     ms.set_context(mode=ms.PYNATIVE_MODE if case.get("mode") == "pynative" else ms.GRAPH_MODE)
     if case["units"]:
         base_losses, base_shards, base_plan, _, base = _train(case, None, rank, world, out)
