@@ -133,7 +133,7 @@ class ZeroGatherGroup(nn.Cell):
         # A same-shape reshape of each shard (the Reshape primitive mapped over static shapes: [Note:
         # constants in a map] in core/graph_tuples.py). PYNATIVE: it gives the custom bprop the shard's
         # real shape (see ZeroParamWrapper). GRAPH_MODE needs it too: [Note: unit shards] in units.py.
-        # A gather unit's parts call ``self.gather`` on shards reshaped already.
+        # A gather unit's parts call ``self.gather.waiting`` on shards reshaped already.
         return self.gather(each(_RESHAPE, xs, self.gather.shard_shapes))
 
     def waiting_for(self, after, *xs):
