@@ -9,7 +9,8 @@ import numpy as np
 from ..core.partition import merge_arrays
 from .readers import FORMATS, format_of_path, open_checkpoint
 from ..core.split_info import full_shape_of, read_split_infos
-from .export import check_dtype, check_export_target, check_max_shard_size, cast_tensor, plan_export, write_export
+from .export import (cast_tensor, check_copy_files_from, check_dtype, check_export_target, check_max_shard_size,
+                     export_names, plan_export, write_export)
 from .writers import TensorEntry
 
 __all__ = ["convert_checkpoints", "OPTIMIZER_STATE_PREFIXES", "OPTIMIZER_SCALAR_NAMES"]
@@ -153,6 +154,9 @@ def convert_checkpoints(
     progress: Optional[Callable[[int, int, str], None]] = None,
     dtype=None,
     max_shard_size=None,
+    strip_prefix: Optional[str] = None,
+    add_prefix: Optional[str] = None,
+    copy_files_from: Optional[str] = None,
 ) -> str:
     """Combine per-rank ZeRO checkpoints into one file of full tensors (MindOne's naming).
 
@@ -184,7 +188,8 @@ def convert_checkpoints(
 
     Memory: tensors are read lazily, one at a time (``readers``), and the output is
     written as it goes, one tensor at a time (``writers``), byte for byte the file
-    ``mindspore.save_checkpoint`` would write for the same tensors. At most one tensor's blocks
+    ``mindspore.save_checkpoint`` would write for the same tensors (a safetensors file declares
+    ``{"format": "pt"}``, which ``transformers`` reads: [Note: safetensors metadata] in writers.py). At most one tensor's blocks
     from all ranks and their concatenation are held at once: the call raises the peak RSS by
     about twice the largest tensor (three times with a ``dtype`` cast), whatever the checkpoint's
     size. ``tools/bench/measure_combine_memory.py`` measures it (docs/guides/checkpoints.md);
@@ -204,6 +209,13 @@ def convert_checkpoints(
         max_shard_size: None (one file), or bytes as an int or a string such as ``"5GB"``: write
             the sharded safetensors folder, files of at most that many bytes of data (a larger
             tensor gets a file of its own).
+        strip_prefix: taken off the front of every tensor name that has it (e.g. ``"net."``);
+            EMA weights keep ``ema.`` in front of their mapped name ([Note: export names] in
+            export.py). None keeps the names.
+        add_prefix: then put in front of every tensor name.
+        copy_files_from: with ``max_shard_size``, a folder (the Hugging Face folder the model was
+            loaded from) whose non-weight files at its top are copied as they are into the output
+            ([Note: companion files] in hf_folder.py); the names copied are logged (INFO).
 
     Returns:
         The output path (a folder with ``max_shard_size``).
@@ -214,12 +226,14 @@ def convert_checkpoints(
             names, shapes or dtypes; a shard shape inconsistent with the JSON ``shape``; a
             truncated or corrupted checkpoint; strings requested in ``.safetensors`` output; an
             unknown ``dtype``; a bad ``max_shard_size``; a sharded output folder that is a file
-            or not empty.
+            or not empty; prefixes that give two tensors one name; ``copy_files_from`` without
+            ``max_shard_size`` or not an existing folder.
             Each message names the file and the problem.
         FileNotFoundError: a rank's checkpoint or JSON is missing.
     """
     _check_convert_args(src_checkpoint, src_param_split_info_json, group_size, output_format, progress)
     target, max_size = check_dtype(dtype, _CALLER), check_max_shard_size(max_shard_size, _CALLER)
+    copies = check_copy_files_from(copy_files_from, max_size is not None, _CALLER)
     n = int(group_size)
     ckpt_paths = [src_checkpoint.format(r) for r in range(n)]
     json_paths = [src_param_split_info_json.format(r) for r in range(n)]
@@ -241,12 +255,15 @@ def convert_checkpoints(
             f"For '{_CALLER}', '{ckpt_paths[0]}' holds strings {strings[:5]},"
             " which safetensors cannot store."
         )
-    full_d0_of = dict(plan)
+    entries = _entries(files[0], plan)
+    exported = export_names([name for name, _ in plan], strip_prefix, add_prefix, _CALLER)
+    source = dict(zip(exported, plan))  # exported name -> (name in the rank files, full dim 0 or None)
 
     def produce(name):
-        if full_d0_of[name] is None:
-            return cast_tensor(files[0].read(name), target)
-        return cast_tensor(merge_arrays([f.read(name) for f in files], full_d0_of[name]), target)
+        stored, full_d0 = source[name]
+        if full_d0 is None:
+            return cast_tensor(files[0].read(stored), target)
+        return cast_tensor(merge_arrays([f.read(stored) for f in files], full_d0), target)
 
     done = []
 
@@ -255,8 +272,8 @@ def convert_checkpoints(
         if progress is not None:
             progress(len(done), len(plan), name)
 
-    export = plan_export(_entries(files[0], plan), out_format, target, max_size)
-    return write_export(out_path, export, produce, written)
+    export = plan_export([(new,) + tuple(e[1:]) for new, e in zip(exported, entries)], out_format, target, max_size)
+    return write_export(out_path, export, produce, written, copy_files=copies)
 
 
 def _entries(rank0, plan) -> List[TensorEntry]:

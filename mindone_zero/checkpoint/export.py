@@ -15,9 +15,19 @@ in the same order while only global rank 0 writes.
 The sharded layout is written into a temporary sibling folder ``.{name}.*.tmp`` (each file and the
 index atomically), and that folder is renamed onto ``path`` at the end. ``path`` must not exist or
 must be an empty folder: a non-empty folder is never replaced (it may hold anything), so after an
-error ``path`` is as before and the temporary folder is removed.
+error ``path`` is as before and the temporary folder is removed. Files copied from the folder a model
+was loaded from ([Note: companion files] in hf_folder.py) go into the temporary folder after the
+weights and the index, so they too appear only with the whole export.
+
+[Note: export names]
+An export names each tensor as the network does (EMA weights ``ema.<param name>``). A loss Cell
+that holds the network as ``net`` puts ``net.`` in front of every parameter name; ``strip_prefix``
+takes it off (and ``add_prefix`` puts another on) so that the export's names are those of the
+folder the model was loaded from. An EMA weight keeps ``ema.`` in front of its mapped parameter
+name. Two tensors that would get one name are an error, raised before anything is written.
 """
 import io
+import logging
 import os
 import shutil
 import tempfile
@@ -27,12 +37,17 @@ from typing import Callable, List, Optional, Sequence, Tuple
 import mindspore as ms
 import numpy as np
 
+from .hf_folder import companion_files, copy_companion_files
 from .hf_index import group_into_shards, index_json, parse_size, write_index, shard_file_name
+from .naming import prefix_mapper
 from .readers import FORMATS
 from .writers import SafetensorsWriter, TensorEntry, stream_checkpoint
 
 __all__ = ["EXPORT_DTYPES", "check_dtype", "check_max_shard_size", "check_export_path", "check_export_target",
-           "cast_tensor", "ExportPlan", "plan_export", "write_export"]
+           "cast_tensor", "export_names", "check_copy_files_from", "ExportPlan", "plan_export", "write_export"]
+
+_logger = logging.getLogger(__name__)
+_EMA = "ema."
 
 # Importing mindspore (readers does) registers numpy's "bfloat16".
 EXPORT_DTYPES = {"fp32": np.dtype(np.float32), "fp16": np.dtype(np.float16), "bf16": np.dtype("bfloat16")}
@@ -108,6 +123,48 @@ def check_export_target(path: str, sharded: bool, caller: str, label: str = "arg
                          f"holds {len(os.listdir(path))} entries; remove them first.")
 
 
+def export_names(names: Sequence[str], strip_prefix: Optional[str], add_prefix: Optional[str],
+                 caller: str) -> List[str]:
+    """The exported name of each of ``names``, in order ([Note: export names]).
+
+    Raises:
+        TypeError: a prefix that is neither a str nor None.
+        ValueError: two names that would be exported under one, naming ``caller``, the prefixes and
+            both names.
+    """
+    mapper = prefix_mapper(strip_prefix, add_prefix, caller)
+    out, taken = [], {}
+    for name in names:
+        new = _EMA + mapper(name[len(_EMA):]) if name.startswith(_EMA) else mapper(name)
+        if new in taken:
+            raise ValueError(f"For '{caller}', the arguments 'strip_prefix' ({strip_prefix!r}) and 'add_prefix' "
+                             f"({add_prefix!r}) would export both {taken[new]!r} and {name!r} as {new!r}.")
+        taken[new] = name
+        out.append(new)
+    return out
+
+
+def check_copy_files_from(copy_files_from, sharded: bool, caller: str, look: bool = True) -> List[str]:
+    """The files an export copies from ``copy_files_from`` ([Note: companion files] in hf_folder.py):
+    none for None. With ``look`` False only the arguments are checked (the ranks that do not write
+    do not look at the file system) and the result is empty.
+
+    Raises:
+        TypeError / ValueError: naming ``caller``, the argument ``copy_files_from`` and the value: not
+            a path, not an existing folder, or given without ``max_shard_size`` (a one-file export
+            has no folder to copy into).
+    """
+    if copy_files_from is None:
+        return []
+    if not sharded:
+        raise ValueError(f"For '{caller}', the argument 'copy_files_from' needs 'max_shard_size' (an export into a "
+                         f"folder), but got copy_files_from={copy_files_from!r} with max_shard_size=None.")
+    if not isinstance(copy_files_from, (str, os.PathLike)) or not os.fspath(copy_files_from):
+        raise TypeError(f"For '{caller}', the argument 'copy_files_from' must be a folder path or None, but got "
+                        f"{copy_files_from!r}.")
+    return companion_files(copy_files_from, caller) if look else []
+
+
 def out_dtype(dtype, target: Optional[np.dtype]):
     """The exported dtype of a tensor held as ``dtype``: ``target`` for floating tensors."""
     if target is None or dtype is str or np.dtype(dtype) not in _FLOATS:
@@ -165,7 +222,8 @@ def plan_export(entries: Sequence[TensorEntry], fmt: str, target: Optional[np.dt
     return ExportPlan("safetensors", True, files, order, total)
 
 
-def write_export(path: str, plan: ExportPlan, produce: Callable, on_written: Optional[Callable] = None) -> str:
+def write_export(path: str, plan: ExportPlan, produce: Callable, on_written: Optional[Callable] = None,
+                 copy_files: Sequence[str] = ()) -> str:
     """Write ``plan`` at ``path``, calling ``produce(name)`` once per tensor in ``plan.order``; each
     value is written and dropped before the next call. Not collective.
 
@@ -174,6 +232,8 @@ def write_export(path: str, plan: ExportPlan, produce: Callable, on_written: Opt
         plan: from ``plan_export``.
         produce: name -> numpy array in the planned dtype and shape (or ``str``, ``.ckpt`` only).
         on_written: called as ``on_written(name)`` after each tensor.
+        copy_files: sharded only, files copied as they are into the folder
+            (``hf_folder.companion_files``); their names are logged (INFO).
 
     Returns:
         ``path``.
@@ -193,6 +253,7 @@ def write_export(path: str, plan: ExportPlan, produce: Callable, on_written: Opt
         for file_name, entries in plan.files:
             stream_checkpoint(os.path.join(tmp, file_name), "safetensors", entries, produce, on_written)
         write_index(tmp, index_json([[e[0] for e in entries] for _, entries in plan.files], plan.total_size))
+        copied = copy_companion_files(copy_files, tmp)
         umask = os.umask(0)
         os.umask(umask)
         os.chmod(tmp, 0o777 & ~umask)  # mkdtemp's folder is private; the export is an ordinary folder
@@ -200,4 +261,7 @@ def write_export(path: str, plan: ExportPlan, produce: Callable, on_written: Opt
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
+    if copy_files:
+        _logger.info("Copied %d file(s) from %s into the export %s: %s.", len(copied),
+                     os.path.dirname(copy_files[0]), path, ", ".join(copied))
     return path

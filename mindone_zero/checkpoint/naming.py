@@ -6,12 +6,14 @@ import os
 import re
 from typing import List, Optional
 
+from typing import Callable
+
 import numpy as np
 
 from ..core.stage import StagePolicy
 
 __all__ = ["KINDS", "META", "LATEST", "SPLIT_INFO_DIR", "per_rank_kind", "file_names", "rank_pattern", "split_info_pattern", "check_dir",
-           "check_step", "step_dir_name", "is_complete", "latest_checkpoint"]
+           "check_step", "step_dir_name", "is_complete", "latest_checkpoint", "prefix_mapper"]
 
 
 KINDS = ("network", "optimizer", "ema", "train_state")
@@ -102,3 +104,26 @@ def latest_checkpoint(ckpt_dir) -> Optional[str]:
     steps = [(int(m.group(1)), name) for name in os.listdir(ckpt_dir)
              if (m := _STEP_DIR.fullmatch(name)) and is_complete(os.path.join(ckpt_dir, name))]
     return os.path.join(ckpt_dir, max(steps)[1]) if steps else None
+
+
+def prefix_mapper(strip_prefix, add_prefix, caller: str) -> Callable[[str], str]:
+    """name -> ``add_prefix`` + name without a leading ``strip_prefix`` (where it has it).
+
+    ``load_full_checkpoint`` maps file names to parameter names with it, ``save_full_checkpoint``
+    parameter names to exported names: a loss Cell that holds the network as ``net`` adds ``"net."``
+    to every parameter name, which ``strip_prefix="net."`` takes off again.
+
+    Raises:
+        TypeError: a prefix that is neither a str nor None, naming ``caller`` and the argument.
+    """
+    for arg, value in (("strip_prefix", strip_prefix), ("add_prefix", add_prefix)):
+        if value is not None and not isinstance(value, str):
+            raise TypeError(f"For '{caller}', the argument '{arg}' must be a str or None, but got {value!r}.")
+    strip, add = strip_prefix or "", add_prefix or ""
+
+    def by_prefix(name: str) -> str:
+        if strip and name.startswith(strip):
+            name = name[len(strip):]
+        return add + name
+
+    return by_prefix

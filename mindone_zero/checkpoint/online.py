@@ -12,14 +12,16 @@ copy) and the others only the gather. When rank 0's writing fails half-way it st
 the remaining gathers, so no rank is left waiting in a collective; then the ranks agree (one
 all-reduce) and every rank raises.
 """
-from typing import Dict, List
+from dataclasses import dataclass
+from typing import Dict, List, Optional
 
 import numpy as np
 
 from ..core.comm import eager_mode
-from .export import (cast_tensor, check_dtype, check_export_path, check_export_target, check_max_shard_size,
-                     plan_export, write_export)
-from .layout import build_layout, world_and_rank
+from .export import (cast_tensor, check_copy_files_from, check_dtype, check_export_path, check_export_target,
+                     check_max_shard_size, export_names, plan_export, write_export)
+from ..train.inventory import Held
+from .layout import Layout, build_layout, world_and_rank
 from .naming import check_dir
 from .readers import CKPT_DTYPES
 from .agreement import agree, attempt
@@ -89,7 +91,8 @@ def _full_value(train_net, layout, it) -> np.ndarray:
     return it.param.asnumpy()
 
 
-def save_full_checkpoint(train_net, path, include_ema: bool = False, *, dtype=None, max_shard_size=None) -> str:
+def save_full_checkpoint(train_net, path, include_ema: bool = False, *, dtype=None, max_shard_size=None,
+                         strip_prefix=None, add_prefix=None, copy_files_from=None) -> str:
     """Write the full network (and EMA) as an inference checkpoint, streamed one tensor at a time.
 
     Collective: every rank must call it, with the same arguments; it returns when the export
@@ -98,8 +101,16 @@ def save_full_checkpoint(train_net, path, include_ema: bool = False, *, dtype=No
     the model. The names are the network's (EMA weights: ``ema.<param name>``), so
     ``mindspore.load_checkpoint`` / ``load_param_into_net`` load the file into the unsharded
     network; with ``dtype=None`` it holds the same bytes as ``mindspore.save_checkpoint`` of the
-    gathered tensors would. Every file is written atomically; arguments are checked, and the ranks
-    agree on them, before any gather or file.
+    gathered tensors would (safetensors files declare ``{"format": "pt"}``, which ``transformers``
+    and ``mindone.transformers`` read: [Note: safetensors metadata] in writers.py). Every file is
+    written atomically; arguments are checked, and the ranks agree on them, before any gather or
+    file.
+
+    A model loaded from a Hugging Face folder is handed back as one: ``max_shard_size`` writes the
+    sharded layout, ``strip_prefix`` takes off the loss Cell's prefix ([Note: export names] in
+    export.py) and ``copy_files_from`` copies the folder's config and tokenizer files ([Note:
+    companion files] in hf_folder.py), so that ``transformers``' ``from_pretrained`` loads the
+    export.
 
     Args:
         train_net (TrainOneStepWrapper): from ``prepare_train_network``.
@@ -114,6 +125,14 @@ def save_full_checkpoint(train_net, path, include_ema: bool = False, *, dtype=No
             set, ``path`` becomes a folder in the Hugging Face sharded layout
             (``model-0000k-of-0000n.safetensors`` and ``model.safetensors.index.json``,
             [Note: sharded layout] in hf_index.py). None: one file.
+        strip_prefix (str): taken off the front of every parameter name that has it (e.g.
+            ``"net."``, which a loss Cell holding the network as ``net`` adds); None keeps the names.
+        add_prefix (str): then put in front of every parameter name. EMA weights keep ``ema.`` in
+            front of their mapped name.
+        copy_files_from (str): with ``max_shard_size``, a folder (the one the model was loaded from)
+            whose non-weight files at its top (``config.json``, ``generation_config.json``, the
+            tokenizer's files) are copied as they are into the export; weight files and indexes are
+            never copied. The names copied are logged (INFO) on rank 0. None copies nothing.
 
     Returns:
         str: ``path``.
@@ -122,18 +141,19 @@ def save_full_checkpoint(train_net, path, include_ema: bool = False, *, dtype=No
         TypeError: ``train_net`` is not a TrainOneStepWrapper; ``path`` is not a path.
         ValueError: ``path`` has another extension (or, sharded, any of these extensions, or is a
             file or a non-empty folder); ``dtype`` or ``max_shard_size`` is not one of the values
-            above; ``include_ema`` without an EMA. Raised on every rank when any rank finds it.
+            above; ``include_ema`` without an EMA; prefixes that give two tensors one name;
+            ``copy_files_from`` without ``max_shard_size`` or not an existing folder. Raised on
+            every rank when any rank finds it.
         RuntimeError / OSError: writing failed (raised on rank 0, reported on the others).
     """
     caller = "save_full_checkpoint"
     _check_train_net(train_net, caller)
-    checked, error = attempt(lambda: _check_save_args(train_net, path, include_ema, dtype, max_shard_size, caller))
+    checked, error = attempt(lambda: _check_save_args(train_net, path, include_ema, dtype, max_shard_size,
+                                                      (strip_prefix, add_prefix), copy_files_from, caller))
     agree(train_net, error, caller)
-    path, fmt, target, max_size = checked
-    layout = build_layout(train_net, caller)
-    items = {it.param.name: it for it in _full_items(train_net, layout, include_ema)}
+    path, target, layout, items = checked.path, checked.target, checked.layout, checked.items
     entries = [(name, it.held.shape, _numpy_dtype(it.param)) for name, it in items.items()]
-    plan = plan_export(entries, fmt, target, max_size)
+    plan = plan_export(entries, checked.fmt, target, checked.max_size)
     pending = list(reversed(plan.order))  # popped in order: the gathers every rank makes
 
     def gather(name):
@@ -145,7 +165,8 @@ def save_full_checkpoint(train_net, path, include_ema: bool = False, *, dtype=No
     error = None
     with eager_mode():
         if layout.rank == 0:
-            _, error = attempt(lambda: write_export(path, plan, lambda name: cast_tensor(gather(name), target)))
+            _, error = attempt(lambda: write_export(path, plan, lambda name: cast_tensor(gather(name), target),
+                                                    copy_files=checked.copies))
         while pending:  # every gather this rank has not made yet; on rank 0 only after a failure
             name = pending[-1]
             if _is_gathered(layout, items[name]):
@@ -156,17 +177,36 @@ def save_full_checkpoint(train_net, path, include_ema: bool = False, *, dtype=No
     return path
 
 
-def _check_save_args(train_net, path, include_ema, dtype, max_shard_size, caller):
-    """(path, format, target numpy dtype or None, max_shard_size in bytes or None); the file
-    system is looked at on global rank 0 only, the rank that writes."""
+@dataclass(frozen=True)
+class _SaveArgs:
+    """``save_full_checkpoint``'s arguments, checked."""
+
+    path: str
+    fmt: str
+    target: Optional[np.dtype]  # floating tensors' exported dtype; None: as held
+    max_size: Optional[int]  # bytes per file of the sharded layout; None: one file
+    layout: Layout
+    items: Dict[str, Held]  # exported name -> what is gathered, in the network's order, then the EMA's
+    copies: List[str]  # files copied into the folder (global rank 0 only)
+
+
+def _check_save_args(train_net, path, include_ema, dtype, max_shard_size, prefixes, copy_files_from,
+                     caller) -> _SaveArgs:
+    """``save_full_checkpoint``'s arguments, checked; the file system is looked at on global rank 0
+    only, the rank that writes."""
     path = check_dir(path, caller, "path")
     target = check_dtype(dtype, caller)
     max_size = check_max_shard_size(max_shard_size, caller)
     fmt = check_export_path(path, max_size is not None, caller)
     _check_include_ema(train_net, include_ema, caller)
-    if world_and_rank()[1] == 0:
+    layout = build_layout(train_net, caller)
+    held = _full_items(train_net, layout, include_ema)
+    items = dict(zip(export_names([it.param.name for it in held], *prefixes, caller), held))
+    writer = world_and_rank()[1] == 0
+    copies = check_copy_files_from(copy_files_from, max_size is not None, caller, look=writer)
+    if writer:
         check_export_target(path, max_size is not None, caller)
-    return path, fmt, target, max_size
+    return _SaveArgs(path, fmt, target, max_size, layout, items, copies)
 
 
 def _numpy_dtype(param) -> np.dtype:

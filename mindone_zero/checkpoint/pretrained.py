@@ -30,6 +30,7 @@ from ..train.ema import ema_entries
 from ..train.inventory import inventory
 from ..train.train_step import TrainOneStepWrapper
 from .hf_index import read_index
+from .naming import prefix_mapper
 from .agreement import agree, attempt
 from .readers import SafetensorsFile, open_checkpoint
 
@@ -150,25 +151,16 @@ def _strict_message(path, source, missing, unexpected) -> str:
 
 
 def _name_mapper(strip_prefix, add_prefix, name_map) -> Callable[[str], Optional[str]]:
-    for arg, value in (("strip_prefix", strip_prefix), ("add_prefix", add_prefix)):
-        if value is not None and not isinstance(value, str):
-            raise TypeError(f"For '{CALLER}', the argument '{arg}' must be a str or None, but got {value!r}.")
-    if name_map is not None:
-        if not callable(name_map):
-            raise TypeError(f"For '{CALLER}', the argument 'name_map' must be a callable or None, but got "
-                            f"{name_map!r}.")
-        if strip_prefix or add_prefix:
-            raise ValueError(f"For '{CALLER}', give either the argument 'name_map' or the prefixes, but got "
-                             f"name_map={name_map!r}, strip_prefix={strip_prefix!r}, add_prefix={add_prefix!r}.")
-        return lambda file_name: _checked_name(file_name, name_map(file_name))
-    strip, add = strip_prefix or "", add_prefix or ""
-
-    def by_prefix(file_name: str) -> str:
-        if strip and file_name.startswith(strip):
-            file_name = file_name[len(strip):]
-        return add + file_name
-
-    return by_prefix
+    by_prefix = prefix_mapper(strip_prefix, add_prefix, CALLER)
+    if name_map is None:
+        return by_prefix
+    if not callable(name_map):
+        raise TypeError(f"For '{CALLER}', the argument 'name_map' must be a callable or None, but got "
+                        f"{name_map!r}.")
+    if strip_prefix or add_prefix:
+        raise ValueError(f"For '{CALLER}', give either the argument 'name_map' or the prefixes, but got "
+                         f"name_map={name_map!r}, strip_prefix={strip_prefix!r}, add_prefix={add_prefix!r}.")
+    return lambda file_name: _checked_name(file_name, name_map(file_name))
 
 
 def _checked_name(file_name: str, name) -> Optional[str]:

@@ -2,7 +2,8 @@
 
 The offline combine (``convert.convert_checkpoints``) must not hold its whole output in
 memory: ``mindspore.save_checkpoint`` takes every tensor in one call. These writers produce the
-same bytes as ``save_checkpoint`` would for the same tensors, but take them one by one, so the
+same bytes as ``save_checkpoint`` would for the same tensors (a safetensors file declares the
+format ``transformers`` reads, [Note: safetensors metadata]), but take them one by one, so the
 caller can free each tensor once it is written. Not collective; no MindSpore context is needed.
 
 [Note: streamed ckpt]
@@ -17,12 +18,22 @@ straight from its numpy buffer, with no serialised copy.
 
 [Note: streamed safetensors]
 A safetensors file is an 8-byte little-endian header length, a JSON header padded with spaces
-to a multiple of 8 bytes, then the raw little-endian data. ``save_checkpoint`` passes
-``metadata {"format": "ms"}`` (none when there is no tensor); the ``safetensors`` package lays
-tensors out by descending dtype (its ``Dtype`` enum order, ``_SAFETENSORS_ORDER``), then by
-name, and writes the header with ``__metadata__`` first and the tensors in that same order.
-The header depends only on names, shapes and dtypes, so it is written first and the tensors
-follow in ``write_order``.
+to a multiple of 8 bytes, then the raw little-endian data. The ``safetensors`` package lays
+tensors out by descending dtype (its ``Dtype`` enum order, ``_SAFETENSORS_ORDER``), then by name,
+and writes the header with ``__metadata__`` first and the tensors in that same order. The header
+depends only on names, shapes and dtypes, so it is written first and the tensors follow in
+``write_order``. The file is the one ``mindspore.save_checkpoint`` writes for the same tensors,
+but for the metadata ([Note: safetensors metadata]).
+
+[Note: safetensors metadata]
+A safetensors header may carry ``__metadata__``; readers look at its ``"format"``. ``transformers``'
+``from_pretrained`` accepts ``pt``, ``tf``, ``flax`` and ``mlx`` and refuses any other value, and
+``mindone.transformers`` accepts ``pt``, ``tf``, ``flax`` and ``np``; ``mindspore.load_checkpoint``
+and ``load_full_checkpoint`` do not look at it. ``mindspore.save_checkpoint`` writes ``{"format":
+"ms"}``, which both ``transformers`` refuse. Every file written here carries ``{"format": "pt"}``
+(``SAFETENSORS_METADATA``), what ``save_pretrained`` writes: the data is plain little-endian C-order
+arrays, the layout every framework reads, so one value serves every reader and there is no option.
+Only those two bytes differ from ``save_checkpoint``'s file (none when there is no tensor).
 """
 import json
 from typing import List, Sequence, Tuple, Union
@@ -32,7 +43,8 @@ import numpy as np
 from ..core.atomic_files import atomic_file
 from .readers import CKPT_DTYPES, SAFETENSORS_DTYPES
 
-__all__ = ["TensorEntry", "CkptWriter", "SafetensorsWriter", "stream_checkpoint", "ckpt_type_name"]
+__all__ = ["TensorEntry", "CkptWriter", "SafetensorsWriter", "stream_checkpoint", "ckpt_type_name",
+           "SAFETENSORS_METADATA"]
 
 # mindspore.train.serialization.SLICE_SIZE (KB) * 1024: the record size of _write_parameter_bytes_data.
 _CKPT_RECORD_BYTES = 512 * 1024 * 1024
@@ -41,6 +53,8 @@ _SAFETENSORS_NAMES = {np.dtype(v): k for k, v in SAFETENSORS_DTYPES.items()}
 _SAFETENSORS_ORDER = ("BOOL", "U8", "I8", "I16", "U16", "F16", "BF16", "I32", "U32", "F32", "C64", "F64", "I64",
                       "U64")
 _CKPT_NAMES = {np.dtype(v): k for k, v in CKPT_DTYPES.items()}
+# What every streamed safetensors file declares ([Note: safetensors metadata]).
+SAFETENSORS_METADATA = {"format": "pt"}
 
 # (name, shape, dtype): numpy dtype for a tensor, ``str`` for a string entry (ckpt only).
 TensorEntry = Tuple[str, Tuple[int, ...], Union[np.dtype, type]]
@@ -126,7 +140,8 @@ class CkptWriter:
 
 
 class SafetensorsWriter:
-    """Writes a ``.safetensors`` file tensor by tensor, byte for byte as ``mindspore.save_checkpoint``.
+    """Writes a ``.safetensors`` file tensor by tensor, as ``mindspore.save_checkpoint`` would but
+    with the metadata ``transformers`` reads ([Note: safetensors metadata]).
 
     The header is written at once from ``entries``; then ``write`` must be called for every
     entry in ``write_order`` (see [Note: streamed safetensors]).
@@ -149,7 +164,7 @@ class SafetensorsWriter:
                                  f"which safetensors cannot store.")
             kinds[name] = kind
         ordered = sorted(entries, key=lambda e: (-_SAFETENSORS_ORDER.index(kinds[e[0]]), e[0]))
-        header = {"__metadata__": {"format": "ms"}} if ordered else {}
+        header = {"__metadata__": dict(SAFETENSORS_METADATA)} if ordered else {}
         offset, self._expected = 0, []
         for name, shape, dtype in ordered:
             nbytes = int(np.prod(shape, dtype=np.int64)) * np.dtype(dtype).itemsize
@@ -193,8 +208,9 @@ def stream_checkpoint(path: str, fmt: str, entries: Sequence[TensorEntry], produ
     ``produce(name)`` is called once per entry, in the order the format needs (``entries``' own
     order for ``.ckpt``, ``SafetensorsWriter.write_order`` for ``.safetensors``), and its value is
     written and dropped before the next call. The file is the one ``mindspore.save_checkpoint``
-    would write for the same tensors (in ``entries``' order) and is made read-only for its owner,
-    as ``save_checkpoint`` does. Not collective.
+    would write for the same tensors (in ``entries``' order; a safetensors file with ``transformers``'
+    metadata, [Note: safetensors metadata]) and is made read-only for its owner, as
+    ``save_checkpoint`` does. Not collective.
 
     Args:
         path: destination file; its folder must exist.

@@ -8,7 +8,8 @@
 ``{}`` stands for the rank index 0 .. group_size-1. The output, ``src_checkpoint`` with ``{}``
 replaced by ``all_{group_size}`` (MindOne's naming), is printed on stdout (with ``--max_shard_size``,
 a folder of that name without extension, in the Hugging Face sharded safetensors layout;
-``--dtype fp16|bf16|fp32`` writes floating tensors in that dtype); progress goes to
+``--dtype fp16|bf16|fp32`` writes floating tensors in that dtype; ``--strip_prefix net.`` and
+``--copy_files_from HF_FOLDER`` make it a folder ``transformers`` loads); progress goes to
 stderr, one line per tensor. Bad input exits with status 2 and a message naming the file and
 the problem; no output file is written then. See ``mindone_zero.checkpoint.convert_checkpoints``.
 
@@ -56,6 +57,11 @@ def main(argv=None) -> int:
                         help="floating tensors in this dtype (default: as stored)")
     parser.add_argument("--max_shard_size", default=None,
                         help='write a sharded safetensors folder, files of at most this size ("5GB", "500MB", bytes)')
+    parser.add_argument("--strip_prefix", default=None,
+                        help='taken off the front of every tensor name that has it, e.g. "net."')
+    parser.add_argument("--add_prefix", default=None, help="then put in front of every tensor name")
+    parser.add_argument("--copy_files_from", default=None,
+                        help="with --max_shard_size: copy this folder's config and tokenizer files into the output")
     parser.add_argument("--quiet", action="store_true", help="no progress lines on stderr")
     args = parser.parse_args(argv)
     try:
@@ -68,6 +74,9 @@ def main(argv=None) -> int:
             progress=None if args.quiet else _print_progress,
             dtype=args.dtype,
             max_shard_size=_size_arg(args.max_shard_size),
+            strip_prefix=args.strip_prefix,
+            add_prefix=args.add_prefix,
+            copy_files_from=args.copy_files_from,
         )
     except (ValueError, TypeError, OSError) as err:
         parser.error(str(err))

@@ -3,6 +3,11 @@ dtype, one ``.ckpt`` / ``.safetensors`` file and the Hugging Face sharded folder
 unsharded network and compared bit for bit with ``gather_full_params`` cast with numpy; rank 0
 holds one gathered tensor at a time; bad inputs raise on every rank and no rank hangs.
 
+The hand-back: a tiny Llama (tests/dist/hf_llama.py) loaded from a Hugging Face folder, fine-tuned
+at stage 3 and exported with the loss Cell's prefix stripped and the folder's files copied, is read
+as ``transformers`` reads it (the ``safetensors`` package: metadata, index, shapes, dtypes), and,
+where ``torch`` and ``transformers`` are installed, loaded with ``from_pretrained``.
+
 One msrun job per world size runs every case (tests/dist/workers/export_worker.py).
 """
 import json
@@ -14,13 +19,17 @@ import pytest
 from safetensors import safe_open
 
 from export_cases import ExportLoss, ExportNet, MAX_SHARD_SIZE, cases, export_path, exports
+from hf_llama import COMPANIONS, hf_shapes, hf_weights, input_ids, write_hf_folder
 from msrun_harness import load_json, run_msrun
 from mindone_zero.checkpoint.hf_index import INDEX_NAME, shard_file_name
+from mindone_zero.checkpoint.readers import open_checkpoint
 
 WORKER = "tests/dist/workers/export_worker.py"
 WORLDS = (2, 4)
 CASES = cases()
 TARGETS = {None: None, "fp32": np.dtype(np.float32), "fp16": np.dtype(np.float16), "bf16": np.dtype("bfloat16")}
+# The "format" values transformers' from_pretrained accepts in a safetensors header (modeling_utils.py, 4.57).
+TRANSFORMERS_FORMATS = ("pt", "tf", "flax", "mlx")
 
 
 @pytest.fixture(scope="module")
@@ -31,8 +40,9 @@ def job(tmp_path_factory):
     def get(world):
         if world not in done:
             out = tmp_path_factory.mktemp(f"export_N{world}")
+            hf = dict(name="hf", src=write_hf_folder(str(out / "hf_src"), hf_weights()))
             try:
-                run_msrun(WORKER, world, out, ["--cases", json.dumps(CASES)], timeout=300)
+                run_msrun(WORKER, world, out, ["--cases", json.dumps([hf] + CASES)], timeout=300)
                 done[world] = out
             except AssertionError as err:  # a failed job fails every test that reads it, once
                 done[world] = err
@@ -175,3 +185,80 @@ def test_export_reloads_with_load_full_checkpoint(job, world):
             ema = sorted(k for k in full if k.startswith("ema.")) if include_ema else []
             for report in reports:
                 assert report["reload"][name] == {"missing": [], "unexpected": ema}, (case["name"], name)
+
+
+# ----------------------------------------------------------------------------- the hand-back
+
+
+def _header(path):
+    """The JSON header of a safetensors file, as any reader sees it (dtype names included)."""
+    with open(path, "rb") as f:
+        size = int.from_bytes(f.read(8), "little")
+        return json.loads(f.read(size))
+
+
+def _hf_folder_tensors(folder):
+    """{name: numpy array} of an exported folder, after the checks of transformers' sharded load."""
+    index = json.loads(open(os.path.join(folder, INDEX_NAME)).read())
+    files = sorted(set(index["weight_map"].values()))
+    assert sorted(os.listdir(folder)) == sorted(files + [INDEX_NAME] + list(COMPANIONS))
+    out = {}
+    for file_name in files:
+        path = os.path.join(folder, file_name)
+        with safe_open(path, framework="np") as f:  # as transformers opens it first
+            assert f.metadata() == {"format": "pt"} and f.metadata()["format"] in TRANSFORMERS_FORMATS
+            assert sorted(f.keys()) == sorted(k for k, v in index["weight_map"].items() if v == file_name)
+        reader = open_checkpoint(path)
+        for name in reader.infos:
+            assert name not in out, name  # every tensor in one file only
+            out[name] = reader.read(name)
+    assert sorted(out) == sorted(index["weight_map"])
+    assert index["metadata"]["total_size"] == sum(v.nbytes for v in out.values())
+    return out
+
+
+@pytest.mark.parametrize("world", WORLDS)
+def test_hf_export_reads_as_transformers_reads(job, world):
+    """The export of a stage-3 fine-tune, read with the safetensors package alone: the metadata,
+    the index covering every tensor once, the config's names and shapes, the dtypes; the values are
+    the fine-tuned network's (bf16: rounded from fp32); the folder's files are copied as they are."""
+    out = job(world)
+    for r in range(world):
+        report = load_json(out / f"hf_rank{r}.json")
+        assert report["missing"] == [] and report["unexpected"] == []
+        assert all(np.isfinite(report["losses"]))
+    full = dict(np.load(out / "hf" / "full.npz"))
+    shapes = hf_shapes()
+    assert sorted(full) == sorted("net." + k for k in shapes)
+    source = hf_weights()
+    fp32 = _hf_folder_tensors(str(out / "hf" / "fp32"))
+    bf16 = _hf_folder_tensors(str(out / "hf" / "bf16"))
+    for name, shape in shapes.items():
+        assert fp32[name].shape == shape and fp32[name].dtype == np.float32, name
+        assert _same_bits(fp32[name], full["net." + name]), name
+        assert not np.array_equal(fp32[name], source[name]), name  # fine-tuned, not the folder's weights
+        assert _same_bits(bf16[name], fp32[name].astype(np.dtype("bfloat16"))), name
+    for file_name in os.listdir(out / "hf" / "bf16"):
+        if file_name.endswith(".safetensors"):
+            header = _header(str(out / "hf" / "bf16" / file_name))
+            assert {v["dtype"] for k, v in header.items() if k != "__metadata__"} == {"BF16"}
+    for name, text in COMPANIONS.items():
+        assert (out / "hf" / "fp32" / name).read_text() == text
+
+
+@pytest.mark.parametrize("world", WORLDS)
+def test_hf_export_loads_in_transformers(job, world):
+    """``from_pretrained`` of the export: no missing, unexpected or mismatched key; the logits are
+    MindSpore's within 1e-5; the bf16 export holds the fp32 export rounded."""
+    torch = pytest.importorskip("torch", reason="torch is not a test dependency (a CPU build is several hundred "
+                                                "MB); the safetensors checks above run without it")
+    transformers = pytest.importorskip("transformers", reason="transformers is not a test dependency")
+    out = job(world)
+    model, info = transformers.LlamaForCausalLM.from_pretrained(str(out / "hf" / "fp32"), output_loading_info=True)
+    assert info == {"missing_keys": [], "unexpected_keys": [], "mismatched_keys": [], "error_msgs": []}
+    with torch.no_grad():
+        logits = model(torch.tensor(input_ids(), dtype=torch.long)).logits.numpy()
+    assert np.abs(logits - np.load(out / "hf" / "logits.npy")).max() < 1e-5
+    half = transformers.LlamaForCausalLM.from_pretrained(str(out / "hf" / "bf16"), torch_dtype=torch.bfloat16)
+    for name, value in model.state_dict().items():
+        assert torch.equal(half.state_dict()[name], value.to(torch.bfloat16)), name

@@ -20,6 +20,14 @@ case; rank 0 writes what it holds, gathered, to ``DIR/{case}/reload_{export}.npz
 The last case also runs the bad inputs (every rank must raise, none hang) and a write that fails
 half-way on rank 0, then one good export to show the ranks are still in step. Each rank writes
 ``DIR/{case}_rank{r}.json``: {export name: "ok" or the error}, and the spy's counts.
+
+The hand-back case ({"name": "hf", "src": a Hugging Face folder of hf_llama.TinyLlama}): the model
+is built, prepared at stage 3 (GRAPH_MODE), loaded from the folder with ``load_full_checkpoint``
+(``add_prefix="net."``), fine-tuned for ``HF_STEPS`` steps, and exported into ``DIR/hf/fp32`` and
+``DIR/hf/bf16`` with ``strip_prefix="net."`` and ``copy_files_from`` the folder. Rank 0 writes
+``DIR/hf/full.npz`` (the gathered network) and ``DIR/hf/logits.npy`` (the network's logits of
+``hf_llama.input_ids()``); each rank writes ``DIR/hf_rank{r}.json`` (the load's missing and
+unexpected names, the losses).
 """
 import json
 import os
@@ -35,11 +43,15 @@ sys.path.insert(0, os.path.join(HERE, ".."))
 sys.path.insert(0, os.path.join(HERE, "..", "..", ".."))
 
 from export_cases import ExportLoss, ExportNet, MAX_SHARD_SIZE, export_path, exports, init_export_net  # noqa: E402
+from hf_llama import CausalLMLoss, TinyLlama, input_ids  # noqa: E402
 from models import LiveArrays  # noqa: E402
 from msrun_harness import worker_args  # noqa: E402
 from mindone_zero import EMA, load_full_checkpoint, prepare_train_network  # noqa: E402
 from mindone_zero.checkpoint import gather_full_params, online, save_full_checkpoint  # noqa: E402
 from mindone_zero.core.comm import init_data_parallel  # noqa: E402
+
+HF_STEPS = 3
+HF_SHARD_SIZE = 1024  # bytes: the 16 x 42 embedding (2688) and head get files of their own
 
 
 def install_spy():
@@ -143,10 +155,38 @@ def run_errors(case, train, rank, world, report):
     report["errors_left"] = sorted(os.listdir(folder)) if rank == 0 else []
 
 
+def run_hf(case, rank, world):
+    """The hand-back: load from a Hugging Face folder, fine-tune at stage 3, export as one."""
+    ms.set_context(mode=ms.GRAPH_MODE)
+    net = TinyLlama()
+    train = prepare_train_network(CausalLMLoss(net), nn.AdamWeightDecay(net.trainable_params(), learning_rate=1e-2),
+                                  zero_stage=3, params_split_info=os.path.join(OUT, "build_info", "hf"))
+    missing, unexpected = load_full_checkpoint(train, case["src"], add_prefix="net.")
+    losses = []
+    for step in range(HF_STEPS):
+        ids = input_ids(batch=2, seed=100 + step * world + rank)
+        losses.append(float(train(ms.Tensor(ids))[0].asnumpy()))
+    logits = train.network.net(ms.Tensor(input_ids())).asnumpy()  # stage 3: every rank gathers
+    full = gather_full_params(train)
+    folder = os.path.join(OUT, "hf")
+    os.makedirs(folder, exist_ok=True)
+    if rank == 0:
+        np.savez(os.path.join(folder, "full.npz"), **full)
+        np.save(os.path.join(folder, "logits.npy"), logits)
+    for dtype in ("fp32", "bf16"):
+        save_full_checkpoint(train, os.path.join(folder, dtype), dtype=dtype, max_shard_size=HF_SHARD_SIZE,
+                             strip_prefix="net.", copy_files_from=case["src"])
+    with open(os.path.join(OUT, f"hf_rank{rank}.json"), "w") as f:
+        json.dump({"missing": missing, "unexpected": unexpected, "losses": losses}, f)
+
+
 def main():
     global OUT
     OUT, cases = worker_args()
     rank, world = init_data_parallel()
+    for case in [c for c in cases if c["name"] == "hf"]:
+        run_hf(case, rank, world)
+    cases = [c for c in cases if c["name"] != "hf"]
     for k, case in enumerate(cases):
         train = build(case)
         full = gather_full_params(train, include_ema=True)
