@@ -14,6 +14,7 @@ resume         ``save_train_state`` / ``load_train_state`` (collective)
 online         ``gather_full_params`` / ``save_full_checkpoint`` (collective, streamed)
 export         an export's dtype, files (one, or the sharded folder) and writing
 hf_index       the Hugging Face sharded layout: file names, index, grouping
+hf_folder      a Hugging Face folder's other files (config, tokenizer), copied into an export
 convert        ``convert_checkpoints``, the offline combine (one process)
 pretrained     ``load_full_checkpoint``: a full pretrained file into a prepared network (collective)
 ============== ==========================================================================
