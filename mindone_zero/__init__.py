@@ -1,6 +1,6 @@
 """mindone_zero: MindSpore-native ZeRO with MindOne's API (``mindone.trainers.zero``)."""
 from .checkpoint import (convert_checkpoints, gather_full_params, latest_checkpoint, load_full_checkpoint,
-                         load_train_state, save_full_checkpoint, save_train_state)
+                         load_train_state, save_full_checkpoint, save_train_state, transform_checkpoints)
 from .train.ema import EMA
 from .core.groups import create_hybrid_groups
 from .core.materialize import sharded_init
@@ -19,6 +19,7 @@ __all__ = [
     "TrainOneStepWrapper",
     "EMA",
     "convert_checkpoints",
+    "transform_checkpoints",
     "estimate_model_states_memory",
     "estimate_peak_memory",
     "save_train_state",

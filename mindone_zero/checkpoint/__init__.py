@@ -15,13 +15,14 @@ online         ``gather_full_params`` / ``save_full_checkpoint`` (collective, st
 export         an export's dtype, files (one, or the sharded folder) and writing
 hf_index       the Hugging Face sharded layout: file names, index, grouping
 hf_folder      a Hugging Face folder's other files (config, tokenizer), copied into an export
-convert        ``convert_checkpoints``, the offline combine (one process)
+convert        ``convert_checkpoints`` and its MindOne 0.2.0 name ``transform_checkpoints``: the offline
+               combine (one process)
 pretrained     ``load_full_checkpoint``: a full pretrained file into a prepared network (collective)
 ============== ==========================================================================
 """
 from ..core.atomic_files import atomic_write_json
 from .atomic import atomic_save_checkpoint
-from .convert import OPTIMIZER_SCALAR_NAMES, OPTIMIZER_STATE_PREFIXES, convert_checkpoints
+from .convert import OPTIMIZER_SCALAR_NAMES, OPTIMIZER_STATE_PREFIXES, convert_checkpoints, transform_checkpoints
 from .naming import latest_checkpoint, step_dir_name
 from .online import gather_full_params, save_full_checkpoint
 from .pretrained import load_full_checkpoint
@@ -38,6 +39,7 @@ __all__ = [
     "save_full_checkpoint",
     "load_full_checkpoint",
     "convert_checkpoints",
+    "transform_checkpoints",
     "atomic_save_checkpoint",
     "atomic_write_json",
     "write_split_info",

@@ -1,5 +1,6 @@
 """Offline combine: ``convert_checkpoints`` merges per-rank ZeRO checkpoints into one file of
 full tensors, reading and writing one tensor at a time. Not collective; one process.
+``transform_checkpoints`` is the same function under MindOne 0.2.0's name.
 """
 import os
 from typing import Callable, Dict, List, Optional, Tuple
@@ -13,7 +14,7 @@ from .export import (cast_tensor, check_copy_files_from, check_dtype, check_expo
                      export_names, plan_export, write_export)
 from .writers import TensorEntry
 
-__all__ = ["convert_checkpoints", "OPTIMIZER_STATE_PREFIXES", "OPTIMIZER_SCALAR_NAMES"]
+__all__ = ["convert_checkpoints", "transform_checkpoints", "OPTIMIZER_STATE_PREFIXES", "OPTIMIZER_SCALAR_NAMES"]
 
 
 # First dotted component of the names MindSpore / MindOne optimizers give their states
@@ -274,6 +275,30 @@ def convert_checkpoints(
 
     export = plan_export([(new,) + tuple(e[1:]) for new, e in zip(exported, entries)], out_format, target, max_size)
     return write_export(out_path, export, produce, written, copy_files=copies)
+
+
+def transform_checkpoints(src_checkpoint: str, src_param_split_info_json: str, group_size: int, **options) -> str:
+    """MindOne 0.2.0's name for ``convert_checkpoints`` (0.3.0 onward call it that): the same call.
+
+    Not collective; runs in one process. Takes MindOne's three arguments in MindOne's order and
+    ``convert_checkpoints``' keyword-only options (``output_format``, ``dtype``, ``max_shard_size``
+    and the others), writes the same file, ``src_checkpoint.format(f"all_{group_size}")``, and
+    returns its path (MindOne's returns None).
+
+    Args:
+        src_checkpoint (str): per-rank checkpoint path with ``{}`` for the rank index.
+        src_param_split_info_json (str): per-rank split-info path with ``{}``.
+        group_size (int): ranks in the optimizer parallel group that wrote the files.
+        **options: ``convert_checkpoints``' keyword-only arguments.
+
+    Returns:
+        str: the output path.
+
+    Raises:
+        ValueError / FileNotFoundError / TypeError: as ``convert_checkpoints``, whose name the
+            messages give.
+    """
+    return convert_checkpoints(src_checkpoint, src_param_split_info_json, group_size, **options)
 
 
 def _entries(rank0, plan) -> List[TensorEntry]:

@@ -46,9 +46,10 @@ class OffloadConfig:
         return self.device != "none"
 
     @classmethod
-    def parse(cls, value, where: str = "prepare_train_network") -> "OffloadConfig":
+    def parse(cls, value, where: str = "prepare_train_network", check_path: bool = True) -> "OffloadConfig":
         """Check ``value`` and, for files, that ``path`` is a writable folder (created if missing;
-        nothing is left behind when the check fails). Raises ValueError naming the argument."""
+        nothing is left behind when the check fails; with ``check_path`` False the folder is not
+        touched, for an offload that will not run). Raises ValueError naming the argument."""
         if value is None or value is False:
             return cls()
         if value is True:
@@ -74,7 +75,8 @@ class OffloadConfig:
         path = value.get("path", value.get("nvme_path"))
         if not isinstance(path, str) or not path:
             raise _bad(where, "with 'device' 'nvme' must have a folder 'path'", value)
-        _check_writable(path, where)
+        if check_path:
+            _check_writable(path, where)
         return cls("nvme", os.path.abspath(path), chunk, keep)
 
 

@@ -2,7 +2,8 @@
 
 No communication here; ``nn.AdamWeightDecay`` runs MindSpore's own CPU kernel function where the
 installed MindSpore ships it ([Note: host kernel parity] in nnacl.py), the rest is numpy.
-``host_rule_for(optimizer)`` picks the rule of a supported MindSpore optimizer;
+``host_rule_for(optimizer)`` picks the rule of a supported MindSpore optimizer (``offload_for`` reads
+the ``optimizer_offload`` argument against it: without a rule, a warning and no offload);
 ``StepHyper.read(optimizer)`` reads what one step needs from the optimizer object (learning rate
 and weight decay for its current ``global_step``, schedules included, then advances its
 ``global_step`` and Adam's beta powers exactly as its ``construct`` would); ``rule.update``
@@ -31,16 +32,20 @@ Everything is computed in float32, as the kernels do; only the nnacl path repeat
 fused operations, so the numpy rules agree with the device within round-off (tests/unit/test_offload.py
 checks the tolerance).
 """
+import logging
 from dataclasses import dataclass
-from typing import Dict, Tuple
+from typing import Dict, Optional, Tuple
 
 import mindspore as ms
 import numpy as np
 from mindspore import Tensor, nn
 
+from .config import OffloadConfig
 from .nnacl import adam_weight_decay_kernel
 
-__all__ = ["HostRule", "StepHyper", "host_rule_for", "SUPPORTED"]
+__all__ = ["HostRule", "StepHyper", "host_rule_for", "offload_for", "SUPPORTED"]
+
+_logger = logging.getLogger(__name__)
 
 SUPPORTED = ("nn.AdamWeightDecay", "nn.Adam", "nn.Momentum", "nn.SGD")
 _F32 = np.float32
@@ -169,7 +174,44 @@ class HostRule:
 
 def host_rule_for(optimizer, where: str = "prepare_train_network") -> HostRule:
     """The host rule of ``optimizer``; raises ValueError naming ``optimizer_offload`` when the
-    optimizer has none (before anything is changed)."""
+    optimizer has none (before anything is changed). The entry points go through ``offload_for``,
+    which warns instead."""
+    rule = _rule_of(optimizer)
+    if rule is None:
+        raise ValueError(
+            f"For '{where}', the argument 'optimizer_offload' needs an optimizer with a host update "
+            f"({', '.join(SUPPORTED)}; Adam without amsgrad, lazy or offload), but got "
+            f"{type(optimizer).__name__}."
+        )
+    return rule
+
+
+def offload_for(optimizer_offload, optimizer, where: str = "prepare_train_network") -> OffloadConfig:
+    """``optimizer_offload`` parsed for ``optimizer`` ([Note: offload argument] in config.py).
+
+    An optimizer without a host rule (anything but ``SUPPORTED``) runs on the device without
+    offload, after a warning naming its type: MindOne's meaning, which warns and ignores
+    ``optimizer_offload`` for an optimizer other than ``nn.AdamWeightDecay``. The argument is still
+    checked, but an nvme ``path`` is then neither created nor written. Not collective.
+
+    Raises:
+        ValueError: ``optimizer_offload`` is malformed (``OffloadConfig.parse``).
+    """
+    asked = optimizer_offload is not None and optimizer_offload is not False
+    supported = asked and _rule_of(optimizer) is not None
+    config = OffloadConfig.parse(optimizer_offload, where, check_path=supported)
+    if config.enabled and not supported:
+        _logger.warning(
+            "For '%s', optimizer_offload=%r has no effect with the optimizer %s: the host update covers %s (Adam "
+            "without amsgrad, lazy or offload). The optimizer step runs on the device, without offload, as MindOne "
+            "does for an optimizer other than nn.AdamWeightDecay.",
+            where, optimizer_offload, type(optimizer).__name__, ", ".join(SUPPORTED))
+        return OffloadConfig()
+    return config
+
+
+def _rule_of(optimizer) -> Optional[HostRule]:
+    """The host rule of ``optimizer`` ([Note: host update formulas]), or None."""
     if isinstance(optimizer, nn.AdamWeightDecay):
         return HostRule("AdamWeightDecay", ("moments1", "moments2"), _scalar(optimizer.beta1),
                         _scalar(optimizer.beta2), _scalar(optimizer.eps),
@@ -185,8 +227,4 @@ def host_rule_for(optimizer, where: str = "prepare_train_network") -> HostRule:
     if isinstance(optimizer, nn.SGD):
         return HostRule("SGD", ("accum", "stat"), momentum=_scalar(optimizer.momentum),
                         dampening=float(optimizer.dampening), nesterov=bool(optimizer.nesterov))
-    raise ValueError(
-        f"For '{where}', the argument 'optimizer_offload' needs an optimizer with a host update "
-        f"({', '.join(SUPPORTED)}; Adam without amsgrad, lazy or offload), but got "
-        f"{type(optimizer).__name__}."
-    )
+    return None

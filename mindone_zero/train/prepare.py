@@ -8,9 +8,10 @@ import logging
 from mindspore import nn
 
 from ..core.comm import check_hybrid_groups, is_data_parallel, world_group
+from ..core.group_alias import group_argument
 from .ema import bind_ema_to_zero, check_ema, ema_entries
 from .fusion import FusionConfig
-from ..offload import OffloadConfig, host_rule_for
+from ..offload.host_optimizer import offload_for
 from ..zero3.options import Stage3Options, options_of
 from ..zero3.shard import shard_with_options
 from .optimizer_states import check_optimizer, find_optimizer_states, optimizer_parameters
@@ -32,7 +33,7 @@ def _check_groups(where, optimizer_parallel_group, dp_group):
 
 def prepare_network(network, zero_stage=0, optimizer_parallel_group=None, parallel_modules=None,
                     special_cases_parallel_module=None, reshard_after_forward=True, zeropp=None, gather_units=None,
-                    pad_uneven_params=False):
+                    pad_uneven_params=False, *, op_group=None):
     """Shard ``network``'s parameters in place for ZeRO-3 (other stages return it unchanged).
 
     Must run before the network (or anything using its parameters) is compiled, and before
@@ -70,6 +71,7 @@ def prepare_network(network, zero_stage=0, optimizer_parallel_group=None, parall
             follows the ZeRO formulas; an ``ops.AllGather`` of such a shard then returns the padding
             rows (use ``gather_full_params`` or the offline combine). [Note: split rule] in
             partition.py.
+        op_group (str): MindOne 0.2.0's name for ``optimizer_parallel_group``; give one or the other.
 
     Returns:
         nn.Cell: the network (the top Cell itself may have been replaced by its ZeRO-3 version); at
@@ -83,6 +85,7 @@ def prepare_network(network, zero_stage=0, optimizer_parallel_group=None, parall
             the network, at stage 3, without ``zeropp``).
     """
     where = "prepare_network"
+    optimizer_parallel_group = group_argument(where, optimizer_parallel_group, op_group)
     check_stage(zero_stage, where)
     options = Stage3Options.build(where, zero_stage, optimizer_parallel_group, reshard_after_forward, zeropp,
                                   gather_units, parallel_modules, special_cases_parallel_module, pad_uneven_params)
@@ -93,16 +96,20 @@ def prepare_network(network, zero_stage=0, optimizer_parallel_group=None, parall
     return shard_with_options(network, optimizer_parallel_group, options)
 
 
-def prepare_ema(ema, zero_stage=0, optimizer_parallel_group=None):
+def prepare_ema(ema, zero_stage=0, optimizer_parallel_group=None, *, op_group=None):
     """Check that ``ema`` has MindOne's EMA interface ([Note: EMA interface] in ema.py).
 
     Its weights are sharded when the train network is built (``prepare_train_network`` binds it
     to the optimizer's shards at stages >= 1), so this only validates and returns it, keeping
     MindOne's call pattern working. Not collective.
 
+    Args:
+        op_group (str): MindOne 0.2.0's name for ``optimizer_parallel_group``; give one or the other.
+
     Raises:
-        TypeError: naming what ``ema`` lacks.
+        TypeError: naming what ``ema`` lacks, or both group keywords given.
     """
+    group_argument("prepare_ema", optimizer_parallel_group, op_group)
     check_stage(zero_stage, "prepare_ema")
     check_ema(ema, "prepare_ema")
     return ema
@@ -113,7 +120,7 @@ def prepare_train_network(network, optimizer, scale_sense=1.0, ema=None, updates
                           zero_stage=0, optimizer_offload=False, optimizer_parallel_group=None, dp_group=None,
                           comm_fusion=None, parallel_modules=None, params_split_info="params_info",
                           special_cases_parallel_module=None, reshard_after_forward=True, zeropp=None,
-                          gather_units=None, pad_uneven_params=False, shard_ema=False):
+                          gather_units=None, pad_uneven_params=False, shard_ema=False, *, op_group=None):
     """Wrap ``network`` (returning the loss) and ``optimizer`` into a ZeRO train step.
 
     Same signature and defaults as MindOne's ``prepare_train_network``, plus
@@ -130,10 +137,14 @@ def prepare_train_network(network, optimizer, scale_sense=1.0, ema=None, updates
     ``swap_before_eval`` is then collective). ``optimizer`` an ``nn.Optimizer`` or a
     ``mindspore.experimental.optim.Optimizer`` (``mint.optim``); ``optimizer_offload`` ``True``,
     ``{"device": "cpu"}`` or ``{"device": "nvme", "path": ...}`` runs the optimizer step on the
-    host with its states in host memory or files ([Note: offload argument] in offload/config.py).
+    host with its states in host memory or files ([Note: offload argument] in offload/config.py); for
+    an optimizer that the host update does not cover, it warns and runs without offload, as MindOne does.
     Afterwards every Parameter's ``parallel_optimizer`` says whether this rank holds a shard of it
     ([Note: split rule] in partition.py). Building is not collective; calling the returned wrapper is (every rank of
     the world, every step).
+
+    Args:
+        op_group (str): MindOne 0.2.0's name for ``optimizer_parallel_group``; give one or the other.
 
     Returns:
         TrainOneStepWrapper: call it with the network's inputs; returns (loss, overflow, loss_scale).
@@ -144,6 +155,7 @@ def prepare_train_network(network, optimizer, scale_sense=1.0, ema=None, updates
             with other options than the ones given.
     """
     where = "prepare_train_network"
+    optimizer_parallel_group = group_argument(where, optimizer_parallel_group, op_group)
     check_stage(zero_stage, where)
     check_split_rule_flag(where, "shard_ema", shard_ema)
     if not isinstance(network, nn.Cell):
@@ -154,9 +166,7 @@ def prepare_train_network(network, optimizer, scale_sense=1.0, ema=None, updates
     options = Stage3Options.build(where, zero_stage, optimizer_parallel_group, reshard_after_forward, zeropp,
                                   gather_units, parallel_modules, special_cases_parallel_module, pad_uneven_params)
     fusion = FusionConfig.from_mindone(comm_fusion, where)
-    offload = OffloadConfig.parse(optimizer_offload, where)  # [Note: offload argument]
-    if offload.enabled:
-        host_rule_for(optimizer, where)
+    offload = offload_for(optimizer_offload, optimizer, where)  # [Note: offload argument]
     policy = StagePolicy.of(zero_stage, is_data_parallel(), where)  # stage 0 without data parallelism
     sharded = policy.shards_params and any(zero_spec_of(p) is not None for p in network.get_parameters())
     for prepared in options_of(network) if sharded else ():  # [Note: stage-3 options]

@@ -30,10 +30,12 @@ from mindspore import Parameter, ParameterTuple, Tensor, nn, ops
 from ..core.comm import (GroupComm, cast_if_needed, check_hybrid_groups, group_size_and_rank, is_data_parallel,
                          pad_dim0, world_group)
 from ..core.comm_plan import CommPlan, PlanContext
+from ..core.group_alias import group_argument
 from ..core.graph_tuples import hyper_map, take
 from ..core.scaling import any_nonfinite, times
 from .fusion import BucketedComm, FusionConfig
-from ..offload import HostOffload, OffloadConfig, host_rule_for
+from ..offload import HostOffload
+from ..offload.host_optimizer import offload_for
 from .optimizer_states import check_optimizer, find_optimizer_states, optimizer_parameters, repoint_optimizer
 from ..core.materialize import block_of, materialize, set_value
 from ..core.partition import ShardSpec, check_split_rule_flag, splits_over, zero_spec_of
@@ -123,7 +125,8 @@ class ZeroHelper(nn.Cell):
         optimizer_offload (bool | dict): ``True`` or ``{"device": "cpu"}`` keeps the optimizer states
             in host memory and runs the update there; ``{"device": "nvme", "path": ...}`` keeps them
             in files ([Note: offload argument] in offload/config.py, [Note: host step] in
-            offload/host_step.py). ``host_offload`` is then the host side, else None.
+            offload/host_step.py). ``host_offload`` is then the host side, else None. An optimizer the
+            host update does not cover warns and runs on the device without offload, as MindOne does.
         comm_fusion (dict): MindOne's communication-fusion dict; None (the default) buckets by
             ``fusion.DEFAULT_BUCKET_SIZE`` (25 MiB), ``{}`` sends one collective per tensor (see
             [Note: buckets] in fusion.py), or a ``FusionConfig`` already parsed by the caller.
@@ -134,22 +137,23 @@ class ZeroHelper(nn.Cell):
             by the group size, zero-padded (default False: they stay whole and their gradients are
             all-reduced, as MindOne does; [Note: split rule] in partition.py). At stage 3 the
             network's own layout holds.
+        op_group (str): MindOne 0.2.0's name for ``optimizer_parallel_group``; give one or the other.
 
     Raises:
-        TypeError: ``optimizer`` is neither an ``nn.Optimizer`` nor an experimental ``Optimizer``.
+        TypeError: ``optimizer`` is neither an ``nn.Optimizer`` nor an experimental ``Optimizer``, or both
+            ``optimizer_parallel_group`` and ``op_group`` are given.
         ValueError: bad stage, groups, or optimizer states not shaped like their parameters.
     """
 
     def __init__(self, optimizer, zero_stage=0, optimizer_parallel_group=None, dp_group=None,
                  optimizer_offload=False, comm_fusion=None, params_split_info="params_info",
-                 pad_uneven_params=False):
+                 pad_uneven_params=False, *, op_group=None):
         super().__init__(auto_prefix=False)
+        optimizer_parallel_group = group_argument("ZeroHelper", optimizer_parallel_group, op_group)
         check_optimizer(optimizer, "ZeroHelper")
         check_split_rule_flag("ZeroHelper", "pad_uneven_params", pad_uneven_params)
         self.pad_uneven_params = pad_uneven_params
-        offload = OffloadConfig.parse(optimizer_offload, "ZeroHelper")
-        if offload.enabled:
-            host_rule_for(optimizer, "ZeroHelper")
+        offload = offload_for(optimizer_offload, optimizer, "ZeroHelper")
         # An entry point that parsed comm_fusion already (prepare_train_network) hands its FusionConfig down.
         fusion = comm_fusion if isinstance(comm_fusion, FusionConfig) else FusionConfig.from_mindone(comm_fusion,
                                                                                                     "ZeroHelper")

@@ -23,6 +23,7 @@ from typing import Optional
 from mindspore import mint, nn, ops
 
 from ..core.comm_plan import CommPlan, PlanContext, comm_recorders
+from ..core.group_alias import group_argument
 from ..core.partition import zero_spec_of
 from ..core.stage import StagePolicy, check_stage
 
@@ -32,7 +33,8 @@ from .carry import carry_cell_state, check_carryable, is_recompute_scoped, reapp
 from .param_wrapper import (ZeroParamWrapper, check_compute_dtype, check_group, compute_dtype_of,
                             gather_attr_name)
 
-__all__ = ["Dense", "Linear", "Conv1d", "Conv2d", "Conv3d", "Embedding", "ZeroCell", "PARALLEL_MODULES"]
+__all__ = ["Dense", "Linear", "Conv1d", "Conv2d", "Conv3d", "Mint_Conv2d", "Mint_Conv3d", "Embedding", "ZeroCell",
+           "PARALLEL_MODULES"]
 
 
 class ZeroCell(nn.Cell):
@@ -113,12 +115,7 @@ class ZeroCell(nn.Cell):
             accepted = [f"{c.__module__}.{c.__name__}" for c in self.accepts]
             raise TypeError(f"For '{name}', the argument 'net' must be one of {accepted}, but got {type(net)}.")
         check_stage(zero_stage, name)
-        if op_group is not None and group is not None:
-            raise TypeError(
-                f"For '{name}', the arguments 'optimizer_parallel_group' and 'op_group' are aliases; pass one, but "
-                f"got {group!r} and {op_group!r}."
-            )
-        group = op_group if group is None else group
+        group = group_argument(name, group, op_group)
         check_group(name, "optimizer_parallel_group", group)
         check_compute_dtype(name, "cell_type", cell_type)
         check_carryable(name, net)
@@ -215,17 +212,18 @@ class Linear(ZeroCell):
 
 class _Conv(ZeroCell):
     """Shared init of the ZeRO-3 convolutions: ``nn.ConvNd`` keep their primitives, ``mint.nn.ConvNd``
-    their functional op and padding config."""
+    (``mint_class``) their functional op and padding config."""
 
     nn_attrs = ()
     mint_attrs = ("padding_mode", "_reversed_padding", "stride", "padding", "dilation", "groups")
     mint_op = ""
+    mint_class = None
 
     def _build(self, net):
-        self.is_mint = isinstance(net, self.accepts[1])
+        self.is_mint = isinstance(net, self.mint_class)
 
     def _layout(self, net):
-        if isinstance(net, self.accepts[1]):
+        if isinstance(net, self.mint_class):
             return self.mint_attrs + (self.mint_op,), self.param_attrs
         return self.nn_attrs, self.param_attrs
 
@@ -239,6 +237,7 @@ class Conv1d(_Conv):
     """ZeRO-3 ``nn.Conv1d`` and ``mint.nn.Conv1d`` with weight and bias gathered."""
 
     accepts = (nn.Conv1d, mint.nn.Conv1d)
+    mint_class = mint.nn.Conv1d
     nn_attrs = ("conv2d", "bias_add", "expand_dims", "squeeze", "has_bias")
     mint_op = "conv1d"
 
@@ -259,6 +258,7 @@ class Conv2d(_Conv):
     """ZeRO-3 ``nn.Conv2d`` and ``mint.nn.Conv2d`` with weight and bias gathered."""
 
     accepts = (nn.Conv2d, mint.nn.Conv2d)
+    mint_class = mint.nn.Conv2d
     nn_attrs = ("conv2d", "bias_add", "has_bias")
     mint_op = "conv2d"
 
@@ -279,6 +279,7 @@ class Conv3d(_Conv):
     """ZeRO-3 ``nn.Conv3d`` and ``mint.nn.Conv3d`` with weight and bias gathered."""
 
     accepts = (nn.Conv3d, mint.nn.Conv3d)
+    mint_class = mint.nn.Conv3d
     nn_attrs = ("conv3d", "bias_add", "has_bias", "group", "split_0", "split_1", "concat", "out_channels")
     mint_op = "conv3d"
 
@@ -310,6 +311,30 @@ class Conv3d(_Conv):
             shape = (1, self.out_channels) + (1,) * (out.ndim - 2)
             out = out + self.bias_zero_gather(self.bias, x).reshape(shape)
         return out
+
+
+class Mint_Conv2d(Conv2d):
+    """ZeRO-3 ``mint.nn.Conv2d``: MindOne 0.3.0+'s name (``mindone.models.modules.parallel.Mint_Conv2d``).
+
+    ``Conv2d`` restricted to ``mint.nn.Conv2d``, with the same constructor
+    ``(net, zero_stage=0, optimizer_parallel_group=None, cell_type=None)`` and the same computation.
+    A subclass rather than an alias, because MindOne's ``Mint_Conv2d`` computes only a mint
+    convolution: an ``nn.Conv2d`` given to it is refused here when it is built (``TypeError``), not
+    when the graph compiles; ``PARALLEL_MODULES[mint.nn.Conv2d]`` is this class, as in MindOne, and
+    ``isinstance(cell, Conv2d)`` still holds. mint convolution kernels do not exist on MindSpore's
+    CPU backend (2.10): on CPU it is built, not run.
+    """
+
+    accepts = (mint.nn.Conv2d,)
+
+
+class Mint_Conv3d(Conv3d):
+    """ZeRO-3 ``mint.nn.Conv3d``: MindOne 0.3.0+'s name (``mindone.models.modules.parallel.Mint_Conv3d``).
+
+    ``Conv3d`` restricted to ``mint.nn.Conv3d``, for the reasons ``Mint_Conv2d`` gives.
+    """
+
+    accepts = (mint.nn.Conv3d,)
 
 
 class Embedding(ZeroCell):
@@ -357,7 +382,7 @@ class Embedding(ZeroCell):
 
 def _default_modules() -> dict:
     mapping = {nn.Dense: Dense, nn.Linear: Linear, mint.nn.Linear: Linear}
-    for cls in (Conv1d, Conv2d, Conv3d, Embedding):
+    for cls in (Conv1d, Conv2d, Conv3d, Mint_Conv2d, Mint_Conv3d, Embedding):  # later ones win, as in MindOne
         for original in cls.accepts:
             mapping[original] = cls
     return mapping

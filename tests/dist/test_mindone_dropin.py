@@ -2,7 +2,8 @@
 mindone_zero and gives at stages 1-3 the losses, EMA evaluation and weights of stage 0 (issue 9).
 
 One msrun job at N=2 runs every case: stages 0-3 x GRAPH/PYNATIVE x without/with a comm-fusion
-dict, plus an experimental optimizer, stage 0 following ``gradients_mean``, and bad inputs.
+dict, plus an experimental optimizer, stage 0 following ``gradients_mean``, bad inputs, and MindOne
+0.2.0's ``op_group=`` naming a group of the script's own at stages 1 and 3 (issue 48).
 """
 import json
 
@@ -31,6 +32,8 @@ EXTRA = [
     dict(name="sgd_mean", mode="graph", stage=0, fusion=False, optimizer="sgd", steps=3, lr=0.04),
     dict(name="sgd_sum", mode="graph", stage=0, fusion=False, optimizer="sgd", steps=3, lr=0.02,
          gradients_mean=False),
+    *[dict(name=f"op_group_s{s}", mode="graph", stage=s, fusion=False, optimizer="adam", steps=STEPS, op_group=True)
+      for s in (1, 3)],
 ]
 COMPARED = [pytest.param(s, m, f, id=_name(s, m, f)) for s in (1, 2, 3) for m in MODES for f in (False, True)]
 
@@ -131,6 +134,18 @@ def test_stage0_follows_gradients_mean(job):
     summed, mean = _ranks(job, "sgd_sum"), _ranks(job, "sgd_mean")
     _assert_same_training(summed, mean)
     assert not np.allclose(summed[0].losses, _ranks(job, "exp_adamw_s0")[0].losses)
+
+
+@pytest.mark.parametrize("stage", [1, 3])
+def test_op_group_of_mindone_020_shards_over_the_named_group(job, stage):
+    got = _ranks(job, f"op_group_s{stage}")
+    _assert_same_training(got, _ranks(job, _name(0, "graph", False)))
+    for r in got:
+        assert r.meta["zero_stage"] == stage and r.meta["op_group"] == "script_op_group"
+        assert r.meta["cell_groups"] == (["script_op_group"] if stage == 3 else [])
+        assert any(r.meta["flags"].values())  # something is sharded over it
+    for r in _ranks(job, _name(stage, "graph", False)):
+        assert r.meta["op_group"] != "script_op_group"  # the default is the world group
 
 
 def test_incompatible_inputs_raise_before_anything_is_modified(job):

@@ -1,15 +1,30 @@
 """MindOne drop-in pieces that one process can check (issue 9): any EMA with MindOne's interface,
 the wrapper's MindOne/MindSpore attributes, experimental optimizers, and the split rule's memory
-of the user's ``parallel_optimizer = False``. The multi-process behaviour is in
-tests/dist/test_mindone_dropin.py."""
+of the user's ``parallel_optimizer = False``. Issue 48: MindOne 0.2.0's names (``op_group``,
+``transform_checkpoints``), 0.3.0+'s ``Mint_Conv2d``/``Mint_Conv3d``, and offload with an optimizer
+without a host update (a warning, then the step on the device, as MindOne). The multi-process
+behaviour is in tests/dist/test_mindone_dropin.py; the signatures of every release in
+tests/unit/test_mindone_signatures.py."""
+import json
+import logging
+import os
+
 import numpy as np
 import pytest
 import mindspore as ms
 from mindspore import Parameter, ParameterTuple, Tensor, mint, nn, ops
+from mindspore.context import ParallelMode
+from mindspore.experimental.optim import AdamW
 
-from models import LossNet, TinyNet, init_weights, micro_batch
-from mindone_zero import EMA, prepare_ema, prepare_train_network
-from mindone_zero.core.partition import is_split_candidate, mark_shard_flag, user_opted_out
+import parallel_modules as pm
+from models import LossNet, TinyNet, init_weights, make_optimizer, micro_batch
+from mindone_zero import (EMA, ZeroHelper, convert_checkpoints, prepare_ema, prepare_network, prepare_train_network,
+                          transform_checkpoints)
+from mindone_zero.checkpoint import atomic_save_checkpoint
+from mindone_zero.core.comm import world_group
+from mindone_zero.core.partition import is_split_candidate, mark_shard_flag, split_all, user_opted_out
+from mindone_zero.train.optimizer_states import find_optimizer_states
+from mindone_zero.zero3.layers import ZeroCell
 
 ms.set_device("CPU")
 
@@ -214,3 +229,163 @@ def test_parallel_optimizer_input_and_output_stay_apart():
     assert not user_opted_out(p)  # the output written last is not read back as an opt-out
     p.zero_opt_out = True  # the documented way to change the choice after a preparation
     assert user_opted_out(p) and not is_split_candidate(p)
+
+
+# -- issue 48: every MindOne release's names --------------------------------------------------
+
+@pytest.fixture
+def data_parallel():
+    """One process in ParallelMode.DATA_PARALLEL: a group of one rank, so stages 1-3 really run."""
+    ms.set_auto_parallel_context(parallel_mode=ParallelMode.DATA_PARALLEL)
+    yield
+    ms.reset_auto_parallel_context()
+
+
+def _zero3_groups(network):
+    """The group every ZeRO-3 Cell and parameter wrapper of ``network`` was built with."""
+    return {c.optimizer_parallel_group for _, c in network.cells_and_names()
+            if isinstance(c, (ZeroCell, pm.ZeroParamWrapper))}
+
+
+@pytest.mark.parametrize("entry", ["prepare_network", "prepare_train_network"])
+def test_op_group_reaches_every_zero3_cell(data_parallel, entry, tmp_path):
+    group = world_group()  # the one group a process without a backend has; given, each Cell records it
+    for kwargs, expected in (({}, {None}), ({"op_group": group}, {group}), ({"optimizer_parallel_group": group}, {group})):
+        net = LossNet(init_weights(TinyNet()))
+        if entry == "prepare_network":
+            net = prepare_network(net, 3, **kwargs)
+        else:
+            net = prepare_train_network(net, make_optimizer(net.trainable_params()), zero_stage=3,
+                                        params_split_info=str(tmp_path), **kwargs).network
+        assert _zero3_groups(net) == expected, kwargs
+
+
+@pytest.mark.parametrize("stage", [1, 2])
+def test_op_group_is_the_group_zero_helper_shards_over(data_parallel, stage, tmp_path):
+    net = LossNet(init_weights(TinyNet()))
+    train = prepare_train_network(net, make_optimizer(net.trainable_params()), zero_stage=stage,
+                                  op_group=world_group(), params_split_info=str(tmp_path))
+    assert train.zero_helper.zero_stage == stage and train.zero_helper.op_group == world_group()
+    assert train.zero_helper.op_comm.group == world_group()
+    # a group this process does not have fails where the long name fails, so the alias reaches it
+    failures = []
+    for keyword in ("optimizer_parallel_group", "op_group"):
+        with pytest.raises(RuntimeError) as info:
+            ZeroHelper(make_optimizer(net.trainable_params()), stage, **{keyword: "no_such_group"})
+        failures.append(str(info.value))
+    assert failures[0] == failures[1]
+
+
+def test_op_group_keeps_prepare_ema_working(data_parallel):
+    net = LossNet(init_weights(TinyNet()))
+    ema = EMA(net)
+    assert prepare_ema(ema, 3, op_group=world_group()) is ema
+
+
+def _mindone_group(folder, n=2):
+    """Rank files and MindOne-format split-info files (no ``shape``) of a group of ``n`` ranks."""
+    rng = np.random.default_rng(3)
+    tensors = {"dense.weight": (rng.standard_normal((4, 3)).astype(np.float32), True),
+               "adam_m.dense.weight": (rng.standard_normal((4, 3)).astype(np.float32), True),
+               "norm.gamma": (rng.standard_normal(5).astype(np.float32), False),
+               "global_step": (np.array([7], np.int32), False)}
+    os.makedirs(os.path.join(folder, "info"))
+    for r in range(n):
+        atomic_save_checkpoint({k: split_all(a, n)[r] if split else a for k, (a, split) in tensors.items()},
+                               os.path.join(folder, f"net_{r}.ckpt"))
+        info = {k: {"split": split, "group_size": n, "rank_id": r} for k, (_, split) in tensors.items()
+                if k in ("dense.weight", "norm.gamma")}
+        with open(os.path.join(folder, "info", f"params_split_info_{r}.json"), "w") as f:
+            json.dump(info, f)
+    return os.path.join(folder, "net_{}.ckpt"), os.path.join(folder, "info", "params_split_info_{}.json"), tensors
+
+
+@pytest.mark.parametrize("options", [{}, {"output_format": "safetensors", "exclude_optimizer_states": True}])
+def test_transform_checkpoints_is_convert_checkpoints(tmp_path, options):
+    src, info, tensors = _mindone_group(str(tmp_path))
+    out = convert_checkpoints(src, info, 2, **options)
+    with open(out, "rb") as f:
+        converted = f.read()
+    os.remove(out)
+    assert transform_checkpoints(src, info, 2, **options) == out  # MindOne 0.2.0's call: same file, same name
+    with open(out, "rb") as f:
+        assert f.read() == converted
+    loaded = {k: v.asnumpy() for k, v in ms.load_checkpoint(out, format=out.rsplit(".", 1)[1]).items()}
+    assert sorted(loaded) == sorted(k for k in tensors if not (options and k.startswith(("adam_m", "global"))))
+    for name, value in loaded.items():
+        np.testing.assert_array_equal(value, tensors[name][0])
+    with pytest.raises(ValueError, match="'group_size'") as info_t:
+        transform_checkpoints(src, info, 0)
+    with pytest.raises(ValueError, match="'group_size'") as info_c:
+        convert_checkpoints(src, info, 0)
+    assert str(info_t.value) == str(info_c.value)
+
+
+@pytest.mark.parametrize("cls, original", [(pm.Mint_Conv2d, lambda: mint.nn.Conv2d(2, 4, 3, bias=True)),
+                                           (pm.Mint_Conv3d, lambda: mint.nn.Conv3d(2, 4, 3, bias=False))])
+def test_mint_conv_cells_take_mindones_call(cls, original):
+    # mint Conv kernels do not exist on CPU (MindSpore 2.10): structure only, as test_mint_layer_cells_build
+    layer = original()
+    params = dict(layer.parameters_and_names())
+    wrapped = cls(layer, 3, None, None)  # MindOne's call: (net, zero_stage, optimizer_parallel_group, cell_type)
+    assert isinstance(wrapped, pm.Conv2d if cls is pm.Mint_Conv2d else pm.Conv3d) and wrapped.is_mint
+    assert dict(wrapped.parameters_and_names()) == params  # same Parameter objects, same names
+    assert all(p.zero_spec.split for p in params.values())  # sharded over the group (here of one rank)
+    assert isinstance(wrapped.weight_zero_gather, pm.ZeroParamWrapper)
+    assert (wrapped.bias is None) == (cls is pm.Mint_Conv3d)
+    assert pm.PARALLEL_MODULES[type(layer)] is cls  # MindOne's mapping: a PARALLEL_MODULES-style dict works
+    below = cls(original(), 0)
+    assert not below.weight_zero_gather.sharded and not hasattr(below.weight, "zero_spec")
+
+
+def test_mint_conv_cells_refuse_other_convolutions():
+    with pytest.raises(TypeError, match="'net' must be one of \\['mindspore.mint.nn.layer.conv.Conv2d'\\]"):
+        pm.Mint_Conv2d(nn.Conv2d(2, 4, 3), 3)
+    with pytest.raises(TypeError, match="Mint_Conv3d.*'net' must be one of"):
+        pm.Mint_Conv3d(mint.nn.Conv2d(2, 4, 3), 3)
+
+
+@pytest.mark.parametrize("offload", [True, {"device": "cpu"}, "nvme"])
+@pytest.mark.parametrize("make", [
+    lambda p: nn.Adam(p, learning_rate=0.01, use_amsgrad=True),
+    lambda p: AdamW(p, lr=0.01),
+], ids=["amsgrad", "experimental_adamw"])
+def test_offload_with_an_optimizer_without_host_update_warns_and_runs_on_the_device(make, offload, caplog, tmp_path):
+    ms.set_context(mode=ms.GRAPH_MODE)
+    folder = tmp_path / "states"
+    if offload == "nvme":
+        offload = {"device": "nvme", "path": str(folder)}
+    runs = []
+    for given in (offload, False):
+        net = init_weights(TinyNet(with_scalar=False))
+        opt = make(net.trainable_params())
+        caplog.clear()
+        with caplog.at_level(logging.WARNING, logger="mindone_zero.offload.host_optimizer"):
+            train = prepare_train_network(LossNet(net), opt, optimizer_offload=given, params_split_info=str(tmp_path))
+        warned = [r.getMessage() for r in caplog.records if "optimizer_offload" in r.getMessage()]
+        if given:
+            assert len(warned) == 1 and type(opt).__name__ in warned[0]
+            assert "runs on the device, without offload" in warned[0]
+        else:
+            assert warned == []
+        assert not train.offload and train.zero_helper.host_offload is None and not train.zero_helper.optimizer_offload
+        # the optimizer keeps its states on the device at full size (offload cuts them to one element)
+        shapes = [tuple(p.shape) for p in net.trainable_params()]
+        states = find_optimizer_states(opt, shapes)
+        assert states and all([tuple(v.shape) for v in values] == shapes for values in states.values())
+        losses = [float(train(*_batch())[0].asnumpy()) for _ in range(2)]
+        runs.append((losses, [p.asnumpy().copy() for p in net.trainable_params()]))
+        KEEP_ALIVE.append(train)
+    assert runs[0][0] == runs[1][0]  # the same steps as without offload
+    assert all(np.array_equal(a, b) for a, b in zip(runs[0][1], runs[1][1]))
+    assert not folder.exists()  # an nvme path is not created for an offload that does not run
+
+
+def test_zero_helper_falls_back_the_same_way(caplog):
+    net = init_weights(TinyNet(with_scalar=False))
+    with caplog.at_level(logging.WARNING, logger="mindone_zero.offload.host_optimizer"):
+        helper = ZeroHelper(AdamW(net.trainable_params(), lr=0.01), 0, optimizer_offload=True)
+    assert helper.host_offload is None and "For 'ZeroHelper'" in caplog.text and "AdamW" in caplog.text
+
+
+KEEP_ALIVE = []  # MindSpore caches compiled Cells by id: keep each case's Cells alive

@@ -9,10 +9,13 @@ import numpy as np
 import pytest
 import mindspore as ms
 from mindspore import Tensor, nn
+from mindspore.context import ParallelMode
 
-from models import FactoredOptimizer, LossNet, TinyNet, init_weights, make_optimizer
+from models import (FactoredOptimizer, LossNet, TinyNet, assert_params_untouched, init_weights, make_optimizer,
+                    snapshot_params)
 from mindone_zero import EMA, ZeroHelper, prepare_ema, prepare_network, prepare_train_network
 from mindone_zero.train.optimizer_states import find_optimizer_states
+from parallel_modules import Dense
 
 ms.set_device("CPU")
 
@@ -48,6 +51,31 @@ def test_prepare_train_network_rejects(net, opt, kwargs, exc, words, tmp_path):
     for word in words:
         assert word in str(info.value)
     assert not (tmp_path / "info").exists()  # raised before any work
+
+
+@pytest.mark.parametrize("call", [
+    lambda net, opt, info, **kw: prepare_train_network(net, opt, zero_stage=3, params_split_info=info, **kw),
+    lambda net, opt, info, **kw: prepare_network(net, 3, **kw),
+    lambda net, opt, info, **kw: prepare_ema(EMA(net), 3, **kw),
+    lambda net, opt, info, **kw: ZeroHelper(opt, 1, params_split_info=info, **kw),
+    lambda net, opt, info, **kw: Dense(net.net.head, 3, **kw),
+], ids=["prepare_train_network", "prepare_network", "prepare_ema", "ZeroHelper", "Dense"])
+def test_both_group_keywords_raise_naming_both(net, opt, call, tmp_path):
+    """``op_group`` (MindOne 0.2.0) and ``optimizer_parallel_group`` name one argument: one or the other.
+    In ParallelMode.DATA_PARALLEL, where stage 3 would shard at once, so the error comes first."""
+    before = snapshot_params(net)
+    info = str(tmp_path / "info")
+    ms.set_auto_parallel_context(parallel_mode=ParallelMode.DATA_PARALLEL)
+    try:
+        with pytest.raises(TypeError) as error:
+            call(net, opt, info, optimizer_parallel_group="shard_a", op_group="shard_b")
+    finally:
+        ms.reset_auto_parallel_context()
+    for words in ("'optimizer_parallel_group'", "'op_group'", "optimizer_parallel_group='shard_a'",
+                  "op_group='shard_b'"):
+        assert words in str(error.value)
+    assert_params_untouched(net, before)
+    assert not os.path.exists(info)
 
 
 def test_optimizer_must_be_an_optimizer(net):

@@ -5,11 +5,13 @@ interface (not mindone_zero's), one Cell is marked ``recompute()``, and so is a 
 cast to fp16 with ``to_float``, biases are opted out with ``parallel_optimizer = False``, every
 rank reads other data, a Cell type of the script has a ZeRO-3 class written against MindOne's
 constructor (``parallel_modules``), and after training the script evaluates with the EMA
-weights swapped in, then swaps the trained weights back.
+weights swapped in, then swaps the trained weights back. A case with ``"op_group": true`` calls
+``prepare_train_network`` as MindOne 0.2.0's scripts do, with ``op_group=`` naming a group of every
+rank created by the script (issue 48).
 
 Usage (under msrun): mindone_style_worker.py --out DIR --cases JSON
 Each case: {"name", "mode": "graph"|"pynative", "stage", "fusion": bool, "optimizer": "adam"|"exp_adamw"|"sgd",
-            "steps", "gradients_mean" (optional, default True), "lr" (optional)}.
+            "steps", "gradients_mean" (optional, default True), "lr" (optional), "op_group" (optional)}.
 Writes DIR/{name}_rank{r}.npz (losses, evals, full params and EMA weights) and .json (flags).
 Also DIR/errors_rank{r}.json: bad EMA / optimizer inputs, and whether anything was modified.
 """
@@ -20,6 +22,7 @@ import sys
 import numpy as np
 import mindspore as ms
 from mindspore import Parameter, ParameterTuple, Tensor, nn, ops
+from mindspore.communication import create_group, get_group_size
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", ".."))
 from msrun_harness import worker_args  # noqa: E402
@@ -28,6 +31,7 @@ from models import FactoredOptimizer, ScriptEMA, SparseCELoss as LossNet  # noqa
 from mindone_zero import prepare_train_network  # noqa: E402
 from mindone_zero.checkpoint import gather_full_params  # noqa: E402
 from mindone_zero.core.comm import init_data_parallel  # noqa: E402
+from mindone_zero.zero3.layers import ZeroCell  # noqa: E402
 from parallel_modules import ZeroParamWrapper  # noqa: E402
 
 VOCAB, SEQ, EMB, CLASSES, CHANNELS = 11, 5, 6, 8, 3
@@ -38,6 +42,7 @@ FUSION = {kind: {"openstate": True, "bucket_size": 300} for kind in ("allreduce"
 # the object's id, and a Cell that reuses a freed Cell's id gets the stale entry (shard_network
 # keeps the Cells it replaces alive for the same reason).
 KEEP_ALIVE = []
+OP_GROUP = "script_op_group"  # every rank, under the script's own name (not the world group's)
 
 
 class EMAWithoutUpdate(nn.Cell):
@@ -156,9 +161,11 @@ def run_case(case, out, rank):
     loss_net = LossNet(net)
     ema = ScriptEMA(net, ema_decay=EMA_DECAY)  # the script's own EMA class
     opt = make_optimizer(case["optimizer"], net.trainable_params(), case.get("lr", 0.02))
+    group = {"op_group": script_group()} if case.get("op_group") else {}  # MindOne 0.2.0's keyword
     train = prepare_train_network(
         loss_net, opt, ema=ema, zero_stage=case["stage"], comm_fusion=FUSION if case["fusion"] else None,
         parallel_modules={ScaleShift: ZeroScaleShift}, params_split_info=os.path.join(out, case["name"] + "_info"),
+        **group,
     )
     ms.set_auto_parallel_context(gradients_mean=True)
     KEEP_ALIVE.append((train, loss_net, ema))
@@ -186,11 +193,22 @@ def run_case(case, out, rank):
         "shapes": {p.name: list(p.shape) for _, p in train.parameters_and_names()},
         "zero_stage": train.zero_stage,
         "online_combine": online_combine_recipe(net) if case["stage"] == 3 else None,
+        "op_group": train.zero_helper.op_group,
+        "cell_groups": sorted({str(c.optimizer_parallel_group) for _, c in net.cells_and_names()
+                               if isinstance(c, (ZeroCell, ZeroParamWrapper))}),
     }
     np.savez(os.path.join(out, f"{case['name']}_rank{rank}.npz"), losses=np.array(losses),
              evals=np.array([trained, with_ema, back]), **{"full/" + k: v for k, v in full.items()})
     with open(os.path.join(out, f"{case['name']}_rank{rank}.json"), "w") as f:
         json.dump(meta, f)
+
+
+def script_group():
+    """The script's group of every rank, created on first use (collective: every rank runs the same cases)."""
+    if OP_GROUP not in KEEP_ALIVE:
+        create_group(OP_GROUP, list(range(get_group_size())))
+        KEEP_ALIVE.append(OP_GROUP)
+    return OP_GROUP
 
 
 def online_combine_recipe(net):
