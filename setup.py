@@ -23,7 +23,9 @@ setup(
     },
     python_requires=">=3.9",
     install_requires=[
-        "mindspore==2.10.0",
+        # Any 2.10.x build named mindspore: pip keeps an installed Ascend or GPU build of 2.10 instead
+        # of replacing it with PyPI's (docs/guides/ascend-gpu.md, tests/unit/test_install_pin.py).
+        "mindspore>=2.10.0,<2.11",
         "numpy<2",
         "pyyaml",
     ],

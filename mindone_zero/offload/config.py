@@ -14,12 +14,15 @@
   freed or the process exits, unless ``keep_files`` is True. Those files are working state, not
   checkpoints: ``save_train_state`` saves the states like any others.
 """
+import logging
 import os
 import tempfile
 from dataclasses import dataclass
 from typing import Optional
 
 __all__ = ["OffloadConfig", "DEFAULT_CHUNK_SIZE"]
+
+_logger = logging.getLogger(__name__)
 
 # 1 MiB (DeepSpeed's aio block size): the host update's peak growth is about 4 chunks (4 MB here,
 # 67 MB at 16 MiB) at no measurable cost in time (`tools/bench/benchmark_offload.py --chunk_sweep`);
@@ -71,6 +74,7 @@ class OffloadConfig:
         if not isinstance(keep, bool):
             raise _bad(where, "must have a bool 'keep_files'", value)
         if device == "cpu":
+            _warn_ignored_path(value, where)
             return cls("cpu", None, chunk, keep)
         path = value.get("path", value.get("nvme_path"))
         if not isinstance(path, str) or not path:
@@ -78,6 +82,19 @@ class OffloadConfig:
         if check_path:
             _check_writable(path, where)
         return cls("nvme", os.path.abspath(path), chunk, keep)
+
+
+def _warn_ignored_path(value: dict, where: str) -> None:
+    # A DeepSpeed user writes {"nvme_path": "/nvme"} and expects files there; without
+    # "device": "nvme" the states go to host memory, so say so rather than drop the folder silently.
+    given = [key for key in ("path", "nvme_path") if key in value]
+    if not given:
+        return
+    why = "has no 'device', so it means 'cpu'" if "device" not in value else "has 'device' 'cpu'"
+    _logger.warning(
+        "For '%s', the argument 'optimizer_offload' %s: the optimizer states are kept in host memory and "
+        "%s is ignored; set \"device\": \"nvme\" to keep them in files there. Got %r.",
+        where, why, " and ".join(f"'{key}' {value[key]!r}" for key in given), value)
 
 
 def _check_writable(path: str, where: str) -> None:
