@@ -218,7 +218,7 @@ def convert_checkpoints(
             ([Note: companion files] in hf_folder.py); the names copied are logged (INFO).
 
     Returns:
-        The output path (a folder with ``max_shard_size``).
+        str: the output path (a folder with ``max_shard_size``).
 
     Raises:
         ValueError: bad arguments; a JSON whose ``group_size`` or ``rank_id`` disagrees with the
@@ -230,6 +230,29 @@ def convert_checkpoints(
             ``max_shard_size`` or not an existing folder.
             Each message names the file and the problem.
         FileNotFoundError: a rank's checkpoint or JSON is missing.
+
+    Examples:
+        >>> import os
+        >>> import mindspore as ms
+        >>> from mindspore import nn
+        >>> from mindone_zero import convert_checkpoints, prepare_train_network
+        >>> net = nn.WithLossCell(nn.Dense(4, 2), nn.MSELoss())
+        >>> train_net = prepare_train_network(net, nn.AdamWeightDecay(net.trainable_params()))
+        >>> train_net.zero_helper.dump_params_split_info("params_info")   # done for you at stages >= 1
+        >>> os.makedirs("rank_0")
+        >>> ms.save_checkpoint(train_net, "rank_0/net.ckpt")               # MindOne's per-rank save
+        >>> convert_checkpoints("rank_{}/net.ckpt", "params_info/params_split_info_{}.json", 1,
+        ...                     exclude_optimizer_states=True)
+        'rank_all_1/net.ckpt'
+        >>> sorted(ms.load_checkpoint("rank_all_1/net.ckpt"))
+        ['bias', 'scale_sense', 'weight']
+
+        The files of a 4-rank job, into a Hugging Face folder in bf16 (tests/unit/test_checkpoint_io.py
+        and tests/unit/test_hf_export.py run these calls on files they write for 1 to 4 ranks):
+
+        >>> convert_checkpoints("ckpt/rank_{}/net.ckpt", "params_info/params_split_info_{}.json", 4,
+        ...                     output_format="safetensors", dtype="bf16", max_shard_size="5GB")
+        'ckpt/rank_all_4/net'
     """
     _check_convert_args(src_checkpoint, src_param_split_info_json, group_size, output_format, progress)
     target, max_size = check_dtype(dtype, _CALLER), check_max_shard_size(max_shard_size, _CALLER)

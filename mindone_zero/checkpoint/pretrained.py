@@ -99,6 +99,23 @@ def load_full_checkpoint(network, path, *, strict: bool = True, strip_prefix: Op
             that differs, a dtype numpy cannot hold or that does not convert (only floating types
             convert to one another); each names the argument or the tensor and the file.
         RuntimeError: another rank failed (this one changed nothing).
+
+    Examples:
+        >>> import mindspore as ms
+        >>> from mindspore import nn
+        >>> from mindone_zero import load_full_checkpoint, prepare_network
+        >>> ms.save_checkpoint(nn.Dense(4, 2), "pretrained.ckpt")   # a full checkpoint
+        >>> network = prepare_network(nn.Dense(4, 2), zero_stage=3)
+        >>> load_full_checkpoint(network, "pretrained.ckpt")         # (missing, unexpected)
+        ([], [])
+
+        A Hugging Face folder into a stage-3 network built without memory, on every rank
+        (tests/dist/test_pretrained_parity.py runs these calls):
+
+        >>> with sharded_init():
+        ...     network = MyModel(config)
+        >>> network = prepare_network(network, zero_stage=3)
+        >>> missing, unexpected = load_full_checkpoint(network, "hf_model_folder", strict=False)
     """
     plan, error = attempt(lambda: _plan(network, path, strict, strip_prefix, add_prefix, name_map))
     agree(network, error, CALLER)
