@@ -237,11 +237,14 @@ def convert_checkpoints(
         >>> from mindspore import nn
         >>> from mindone_zero import convert_checkpoints, prepare_train_network
         >>> net = nn.WithLossCell(nn.Dense(4, 2), nn.MSELoss())
-        >>> train_net = prepare_train_network(net, nn.AdamWeightDecay(net.trainable_params()))
-        >>> train_net.zero_helper.dump_params_split_info("params_info")   # done for you at stages >= 1
+        >>> optimizer = nn.AdamWeightDecay(net.trainable_params())
+        >>> train_net = prepare_train_network(net, optimizer)
+        >>> # prepare_train_network writes the split info at stages >= 1:
+        >>> train_net.zero_helper.dump_params_split_info("params_info")
         >>> os.makedirs("rank_0")
-        >>> ms.save_checkpoint(train_net, "rank_0/net.ckpt")               # MindOne's per-rank save
-        >>> convert_checkpoints("rank_{}/net.ckpt", "params_info/params_split_info_{}.json", 1,
+        >>> ms.save_checkpoint(train_net, "rank_0/net.ckpt")   # MindOne's per-rank save
+        >>> info = "params_info/params_split_info_{}.json"
+        >>> convert_checkpoints("rank_{}/net.ckpt", info, 1,
         ...                     exclude_optimizer_states=True)
         'rank_all_1/net.ckpt'
         >>> sorted(ms.load_checkpoint("rank_all_1/net.ckpt"))
@@ -250,8 +253,8 @@ def convert_checkpoints(
         The files of a 4-rank job, into a Hugging Face folder in bf16 (tests/unit/test_checkpoint_io.py
         and tests/unit/test_hf_export.py run these calls on files they write for 1 to 4 ranks):
 
-        >>> convert_checkpoints("ckpt/rank_{}/net.ckpt", "params_info/params_split_info_{}.json", 4,
-        ...                     output_format="safetensors", dtype="bf16", max_shard_size="5GB")
+        >>> convert_checkpoints("ckpt/rank_{}/net.ckpt", info, 4, dtype="bf16",
+        ...                     output_format="safetensors", max_shard_size="5GB")
         'ckpt/rank_all_4/net'
     """
     _check_convert_args(src_checkpoint, src_param_split_info_json, group_size, output_format, progress)

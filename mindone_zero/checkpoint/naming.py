@@ -99,11 +99,13 @@ def latest_checkpoint(ckpt_dir) -> Optional[str]:
 
     Examples:
         >>> from mindspore import nn
-        >>> from mindone_zero import latest_checkpoint, prepare_train_network, save_train_state
+        >>> from mindone_zero import (latest_checkpoint, prepare_train_network,
+        ...                           save_train_state)
         >>> latest_checkpoint("ckpt") is None
         True
         >>> net = nn.WithLossCell(nn.Dense(4, 2), nn.MSELoss())
-        >>> train_net = prepare_train_network(net, nn.AdamWeightDecay(net.trainable_params()))
+        >>> optimizer = nn.AdamWeightDecay(net.trainable_params())
+        >>> train_net = prepare_train_network(net, optimizer)
         >>> for step in (100, 200):
         ...     _ = save_train_state(train_net, "ckpt", step)
         >>> latest_checkpoint("ckpt")

@@ -55,7 +55,8 @@ def gather_full_params(train_net, rank0_only: bool = False, include_ema: bool = 
         >>> from mindone_zero import EMA, gather_full_params, prepare_train_network
         >>> dense = nn.Dense(4, 2)
         >>> net = nn.WithLossCell(dense, nn.MSELoss())
-        >>> train_net = prepare_train_network(net, nn.AdamWeightDecay(net.trainable_params()), ema=EMA(dense))
+        >>> optimizer = nn.AdamWeightDecay(net.trainable_params())
+        >>> train_net = prepare_train_network(net, optimizer, ema=EMA(dense))
         >>> full = gather_full_params(train_net, include_ema=True)
         >>> sorted(full), full["weight"].shape
         (['bias', 'ema.bias', 'ema.weight', 'weight'], (2, 4))
@@ -63,7 +64,7 @@ def gather_full_params(train_net, rank0_only: bool = False, include_ema: bool = 
         At stage 3, on every rank (tests/dist/test_mindone_dropin.py compares it with stage 0's
         weights and EMA):
 
-        >>> full = gather_full_params(train_net, rank0_only=True)   # {} on the other ranks
+        >>> full = gather_full_params(train_net, rank0_only=True)  # {} on others
     """
     caller = "gather_full_params"
     _check_train_net(train_net, caller)
@@ -166,7 +167,8 @@ def save_full_checkpoint(train_net, path, include_ema: bool = False, *, dtype=No
         >>> from mindspore import nn
         >>> from mindone_zero import prepare_train_network, save_full_checkpoint
         >>> net = nn.WithLossCell(nn.Dense(4, 2), nn.MSELoss())
-        >>> train_net = prepare_train_network(net, nn.AdamWeightDecay(net.trainable_params()))
+        >>> optimizer = nn.AdamWeightDecay(net.trainable_params())
+        >>> train_net = prepare_train_network(net, optimizer)
         >>> save_full_checkpoint(train_net, "model.safetensors", dtype="bf16")
         'model.safetensors'
         >>> sorted(ms.load_checkpoint("model.safetensors", format="safetensors"))
@@ -175,8 +177,8 @@ def save_full_checkpoint(train_net, path, include_ema: bool = False, *, dtype=No
         A Hugging Face folder from a stage-3 job, on every rank (tests/dist/test_export_job.py runs
         these calls):
 
-        >>> save_full_checkpoint(train_net, "export", max_shard_size="5GB", strip_prefix="net.",
-        ...                      copy_files_from="llama-7b")
+        >>> save_full_checkpoint(train_net, "export", max_shard_size="5GB",
+        ...                      strip_prefix="net.", copy_files_from="llama-7b")
     """
     caller = "save_full_checkpoint"
     _check_train_net(train_net, caller)

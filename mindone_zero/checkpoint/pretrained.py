@@ -87,8 +87,8 @@ def load_full_checkpoint(network, path, *, strict: bool = True, strip_prefix: Op
             network parameter name; None skips that tensor.
 
     Returns:
-        tuple: (missing, unexpected): network parameter names that got no tensor and file tensor
-        names that went to no parameter (both empty when ``strict``).
+        tuple: ``(missing, unexpected)``: network parameter names that got no tensor and file
+            tensor names that went to no parameter (both empty when ``strict``).
 
     Raises:
         TypeError: ``network``, ``path``, ``strict``, a prefix or ``name_map`` of the wrong type,
@@ -106,7 +106,7 @@ def load_full_checkpoint(network, path, *, strict: bool = True, strip_prefix: Op
         >>> from mindone_zero import load_full_checkpoint, prepare_network
         >>> ms.save_checkpoint(nn.Dense(4, 2), "pretrained.ckpt")   # a full checkpoint
         >>> network = prepare_network(nn.Dense(4, 2), zero_stage=3)
-        >>> load_full_checkpoint(network, "pretrained.ckpt")         # (missing, unexpected)
+        >>> load_full_checkpoint(network, "pretrained.ckpt")   # (missing, unexpected)
         ([], [])
 
         A Hugging Face folder into a stage-3 network built without memory, on every rank
@@ -115,7 +115,7 @@ def load_full_checkpoint(network, path, *, strict: bool = True, strip_prefix: Op
         >>> with sharded_init():
         ...     network = MyModel(config)
         >>> network = prepare_network(network, zero_stage=3)
-        >>> missing, unexpected = load_full_checkpoint(network, "hf_model_folder", strict=False)
+        >>> missing, unexpected = load_full_checkpoint(network, "hf_dir", strict=False)
     """
     plan, error = attempt(lambda: _plan(network, path, strict, strip_prefix, add_prefix, name_map))
     agree(network, error, CALLER)

@@ -73,10 +73,12 @@ def save_train_state(train_net, ckpt_dir, step: int, format: str = "ckpt") -> st
 
     Examples:
         >>> from mindspore import nn
-        >>> from mindone_zero import load_train_state, prepare_train_network, save_train_state
+        >>> from mindone_zero import (load_train_state, prepare_train_network,
+        ...                           save_train_state)
         >>> def build():
         ...     net = nn.WithLossCell(nn.Dense(4, 2), nn.MSELoss())
-        ...     return prepare_train_network(net, nn.AdamWeightDecay(net.trainable_params()))
+        ...     optimizer = nn.AdamWeightDecay(net.trainable_params())
+        ...     return prepare_train_network(net, optimizer)
         >>> save_train_state(build(), "ckpt", step=100)
         'ckpt/step_00000100'
         >>> load_train_state(build(), "ckpt")   # the latest complete step
@@ -85,7 +87,7 @@ def save_train_state(train_net, ckpt_dir, step: int, format: str = "ckpt") -> st
         Saved by 4 ranks at stage 3 and resumed on 2 (tests/dist/test_checkpoint_resume.py runs
         these calls):
 
-        >>> save_train_state(train_net, "ckpt", step, format="safetensors")   # on every rank
+        >>> save_train_state(train_net, "ckpt", step, format="safetensors")
     """
     caller = "save_train_state"
     _check_train_net(train_net, caller)
@@ -207,10 +209,12 @@ def load_train_state(train_net, ckpt_dir, step: Optional[int] = None) -> int:
 
     Examples:
         >>> from mindspore import nn
-        >>> from mindone_zero import load_train_state, prepare_train_network, save_train_state
+        >>> from mindone_zero import (load_train_state, prepare_train_network,
+        ...                           save_train_state)
         >>> def build():
         ...     net = nn.WithLossCell(nn.Dense(4, 2), nn.MSELoss())
-        ...     return prepare_train_network(net, nn.AdamWeightDecay(net.trainable_params()))
+        ...     optimizer = nn.AdamWeightDecay(net.trainable_params())
+        ...     return prepare_train_network(net, optimizer)
         >>> for step in (100, 200):
         ...     _ = save_train_state(build(), "ckpt", step)
         >>> load_train_state(build(), "ckpt")             # the latest complete step

@@ -59,11 +59,14 @@ class CommPlan:
         >>> train_net.comm_plan.summary()     # one process: nothing to communicate
         'no collectives'
         >>> from mindone_zero.core.comm_plan import CommPlan
-        >>> plan = CommPlan([("all_reduce", "world", 1000, 4), ("all_gather", "world", 1000, 4)])
+        >>> plan = CommPlan([("all_reduce", "world", 1000, 4),
+        ...                  ("all_gather", "world", 1000, 4)])
         >>> plan.count(), plan.bytes("all_reduce"), plan.volume()
         (2, 1000, 2250.0)
-        >>> plan.summary()
-        'all_gather: 1 calls, 1000 B, 750 B sent per rank; all_reduce: 1 calls, 1000 B, 1500 B sent per rank'
+        >>> for kind in plan.summary().split("; "):
+        ...     print(kind)
+        all_gather: 1 calls, 1000 B, 750 B sent per rank
+        all_reduce: 1 calls, 1000 B, 1500 B sent per rank
 
         On several ranks, at stage 2 say (tests/unit/test_comm_plan.py checks train steps' plans
         with emulated groups, tests/dist/test_profile_collectives.py against the executed ones):

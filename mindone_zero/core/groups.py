@@ -137,7 +137,8 @@ def create_hybrid_groups(shard_size: int) -> Tuple[str, Optional[str]]:
         >>> op_group, dp_group
         ('zero_shard_4_5_6_7', 'zero_replica_1_5')
         >>> train_net = prepare_train_network(loss_net, optimizer, zero_stage=3,
-        ...                                   optimizer_parallel_group=op_group, dp_group=dp_group)
+        ...                                   optimizer_parallel_group=op_group,
+        ...                                   dp_group=dp_group)
     """
     world, rank = get_group_size(), get_rank()
     names = _names("create_hybrid_groups", shard_size, world, rank)  # validates before anything is created

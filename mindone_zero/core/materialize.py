@@ -100,8 +100,9 @@ def sharded_init():
         ...     net = nn.Dense(4, 2)            # no parameter memory yet
         >>> net.weight.has_init
         True
-        >>> train_net = prepare_train_network(nn.WithLossCell(net, nn.MSELoss()), nn.SGD(net.trainable_params()))
-        >>> bool(np.array_equal(net.weight.asnumpy(), eager))   # the eager build's values
+        >>> loss_net = nn.WithLossCell(net, nn.MSELoss())
+        >>> train_net = prepare_train_network(loss_net, nn.SGD(net.trainable_params()))
+        >>> bool(np.array_equal(net.weight.asnumpy(), eager))   # eager values
         True
 
         At stage 3 on every rank, each rank materializes only its blocks

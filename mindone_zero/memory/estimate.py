@@ -112,9 +112,11 @@ def estimate_model_states_memory(
 
     Examples:
         >>> from mindone_zero import estimate_model_states_memory
-        >>> [round(estimate_model_states_memory(7.5e9, 64, stage) / 1e9, 2) for stage in range(4)]
+        >>> per_stage = [estimate_model_states_memory(7.5e9, 64, s) for s in range(4)]
+        >>> [round(n / 1e9, 2) for n in per_stage]
         [120.0, 31.41, 16.64, 1.88]
-        >>> estimate_model_states_memory(7.5e9, 64, 3, ema_bytes=4) - estimate_model_states_memory(7.5e9, 64, 3)
+        >>> with_ema = estimate_model_states_memory(7.5e9, 64, 3, ema_bytes=4)
+        >>> with_ema - estimate_model_states_memory(7.5e9, 64, 3)   # 4 * P / N
         468750000
     """
     func = "estimate_model_states_memory"
@@ -189,9 +191,11 @@ def estimate_peak_memory(num_params, world_size: int, zero_stage: int, largest_l
         A 7B model on 8 ranks at stage 3, its largest block 2e8 parameters, fp16 with Adam:
 
         >>> from mindone_zero import estimate_peak_memory
-        >>> round(estimate_peak_memory(7e9, 8, 3, largest_layer_params=2e8) / 2**30, 1)   # GiB
+        >>> GiB = 2**30
+        >>> round(estimate_peak_memory(7e9, 8, 3, largest_layer_params=2e8) / GiB, 1)
         13.8
-        >>> round(estimate_peak_memory(7e9, 8, 3, 2e8, reshard_after_forward=False) / 2**30, 1)
+        >>> kept = estimate_peak_memory(7e9, 8, 3, 2e8, reshard_after_forward=False)
+        >>> round(kept / GiB, 1)
         24.8
     """
     func = "estimate_peak_memory"
@@ -242,14 +246,15 @@ def estimate_model_states_placement(num_params, world_size: int, zero_stage: int
 
     Returns:
         dict: ``{"device": int, "host": int, "file": int}`` bytes per rank; they add up to
-        ``estimate_model_states_memory`` of the same first six arguments.
+            ``estimate_model_states_memory`` of the same first six arguments.
 
     Raises:
         ValueError: an argument out of range, naming it and its value.
 
     Examples:
         >>> from mindone_zero.memory.estimate import estimate_model_states_placement
-        >>> placed = estimate_model_states_placement(1e9, 8, 2, optimizer_offload="cpu", offloaded_bytes=8)
+        >>> placed = estimate_model_states_placement(1e9, 8, 2, optimizer_offload="cpu",
+        ...                                          offloaded_bytes=8)
         >>> {where: round(n / 1e9, 2) for where, n in placed.items()}
         {'device': 2.75, 'host': 1.0, 'file': 0.0}
     """

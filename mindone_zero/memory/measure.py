@@ -57,7 +57,7 @@ def measure_model_states(train_net) -> Dict[str, int]:
 
     Returns:
         dict: ``{kind: bytes}`` with the keys of ``KINDS`` plus ``"total"``, ``"host"`` and
-        ``"file"``, all ints.
+            ``"file"``, all ints.
 
     Raises:
         TypeError: if ``train_net`` has no ``zero_helper``/``network``/``optimizer`` (is not a
@@ -68,9 +68,10 @@ def measure_model_states(train_net) -> Dict[str, int]:
         >>> from mindone_zero import prepare_train_network
         >>> from mindone_zero.memory.measure import measure_model_states
         >>> net = nn.WithLossCell(nn.Dense(1000, 1000), nn.MSELoss())
-        >>> train_net = prepare_train_network(net, nn.AdamWeightDecay(net.trainable_params()))
+        >>> optimizer = nn.AdamWeightDecay(net.trainable_params())
+        >>> train_net = prepare_train_network(net, optimizer)
         >>> held = measure_model_states(train_net)
-        >>> held["params"], held["optimizer_states"]   # fp32: 4 bytes a value; Adam: two moments
+        >>> held["params"], held["optimizer_states"]   # fp32; Adam's two moments
         (4004000, 8008000)
 
         At every stage on 2 and 4 ranks, against bytes computed by hand from the shapes
@@ -107,7 +108,8 @@ class PeakMemory:
 
     Examples:
         >>> from mindone_zero.memory.measure import PeakMemory
-        >>> PeakMemory(baseline_bytes=100, peak_bytes=250, source="process_rss").growth_bytes
+        >>> peak = PeakMemory(baseline_bytes=100, peak_bytes=250, source="process_rss")
+        >>> peak.growth_bytes
         150
     """
 
@@ -196,13 +198,15 @@ def measure_peak_memory(step: Callable[[], object], steps: int = 1, baseline: Op
         >>> from mindone_zero.memory.measure import measure_peak_memory, memory_in_use
         >>> before = memory_in_use()                    # before the network exists
         >>> net = nn.WithLossCell(nn.Dense(256, 256), nn.MSELoss())
-        >>> train_net = prepare_train_network(net, nn.AdamWeightDecay(net.trainable_params()))
-        >>> x, y = ms.Tensor(np.ones((8, 256), np.float32)), ms.Tensor(np.zeros((8, 256), np.float32))
+        >>> optimizer = nn.AdamWeightDecay(net.trainable_params())
+        >>> train_net = prepare_train_network(net, optimizer)
+        >>> x = ms.Tensor(np.ones((8, 256), np.float32))
+        >>> y = ms.Tensor(np.zeros((8, 256), np.float32))
         >>> _ = train_net(x, y)                         # compile first
-        >>> peak = measure_peak_memory(lambda: train_net(x, y), steps=2, baseline=before)
+        >>> peak = measure_peak_memory(lambda: train_net(x, y), 2, baseline=before)
         >>> peak.source, peak.baseline_bytes == before, peak.peak_bytes > 0
         ('process_rss', True, True)
-        >>> growth = peak.growth_bytes                  # the network, its states and the steps
+        >>> growth = peak.growth_bytes   # the network, its states and the steps
     """
     if not callable(step):
         raise TypeError(f"For 'measure_peak_memory', the argument 'step' must be callable, but got {type(step).__name__}.")
@@ -253,7 +257,8 @@ def hpz_secondary_bytes(train_net) -> int:
         >>> from mindone_zero import prepare_train_network
         >>> from mindone_zero.memory.measure import hpz_secondary_bytes
         >>> net = nn.WithLossCell(nn.Dense(4, 2), nn.MSELoss())
-        >>> hpz_secondary_bytes(prepare_train_network(net, nn.SGD(net.trainable_params())))
+        >>> train_net = prepare_train_network(net, nn.SGD(net.trainable_params()))
+        >>> hpz_secondary_bytes(train_net)
         0
 
         At stage 3 with ``zeropp={"hpz_group": ...}`` (tests/dist/test_zeropp.py compares it with

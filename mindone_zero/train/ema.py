@@ -298,7 +298,7 @@ class EMA(_InPlaceSwap, nn.Cell):
         >>> net = nn.Dense(4, 2)
         >>> ema = EMA(net, ema_decay=0.999)
         >>> trained = net.weight.asnumpy().copy()
-        >>> _ = ema.ema_update()        # after an optimizer step (the train network calls it)
+        >>> _ = ema.ema_update()        # after a step (the train network calls it)
         >>> ema.swap_before_eval()      # evaluate with the EMA weights ...
         True
         >>> ema.swap_after_eval()       # ... then put the trained weights back
@@ -309,7 +309,8 @@ class EMA(_InPlaceSwap, nn.Cell):
         With ZeRO, pass it to ``prepare_train_network(..., ema=ema)``, which updates it after each
         optimizer step (tests/dist/test_mindone_dropin.py runs this at stages 0-3):
 
-        >>> train_net = prepare_train_network(loss_net, optimizer, ema=ema, zero_stage=3)
+        >>> train_net = prepare_train_network(loss_net, optimizer, ema=ema,
+        ...                                   zero_stage=3)
     """
 
     def __init__(self, network, ema_decay=0.9999, updates=0, trainable_only=True, offloading=True):

@@ -98,9 +98,10 @@ def prepare_network(network, zero_stage=0, optimizer_parallel_group=None, parall
         (tests/dist/test_zero_parity.py runs these calls at stage 3 on 2 and 4 ranks):
 
         >>> init()
-        >>> ms.set_auto_parallel_context(parallel_mode=ms.ParallelMode.DATA_PARALLEL, gradients_mean=True)
-        >>> loss_net = prepare_network(loss_net, zero_stage=3, reshard_after_forward=True)
-        >>> optimizer = nn.AdamWeightDecay(loss_net.trainable_params(), learning_rate=1e-4)
+        >>> ms.set_auto_parallel_context(parallel_mode=ms.ParallelMode.DATA_PARALLEL,
+        ...                              gradients_mean=True)
+        >>> loss_net = prepare_network(loss_net, zero_stage=3)
+        >>> optimizer = nn.AdamWeightDecay(loss_net.trainable_params(), 1e-4)
         >>> train_net = prepare_train_network(loss_net, optimizer, zero_stage=3)
     """
     where = "prepare_network"
@@ -180,23 +181,23 @@ def prepare_train_network(network, optimizer, scale_sense=1.0, ema=None, updates
             re-pointed at the fp32 master shards.
         scale_sense (float | Tensor | nn.Cell): the loss scale: a positive number or one-element
             Tensor (static), or an update Cell such as ``nn.DynamicLossScaleUpdateCell``, run once
-            per micro-step. Default 1.0: no scaling.
+            per micro-step. 1.0: no scaling.
         ema (EMA): an EMA of the network's weights, updated after each optimizer step; any EMA with
             MindOne's interface ([Note: EMA interface] in ema.py). It is bound to the train network
             ([Note: ZeRO EMA]): whole on every rank at stages 0-2, sharded at stage 3, and its swaps
             work in place ([Note: in-place swaps]). None (default): no EMA.
-        updates (int): EMA updates already done (when resuming); sets ``ema.updates``. Default 0.
+        updates (int): EMA updates already done (when resuming); sets ``ema.updates``.
         drop_overflow_update (bool): True (default): skip the optimizer step on every rank when any
             micro-step of it overflowed (inf or nan gradients on any rank).
         gradient_accumulation_steps (int): micro-steps (calls) per optimizer step, an integer >= 1;
-            the gradients are averaged. Default 1.
+            the gradients are averaged.
         clip_grad (bool): clip the gradients by the global norm of the full (unsharded) gradient
-            before the optimizer step. Default False.
-        clip_norm (float): the largest global norm kept when ``clip_grad``, > 0. Default 1.0.
-        verbose (bool): log the configuration (INFO) when the wrapper is built. Default False.
+            before the optimizer step.
+        clip_norm (float): the largest global norm kept when ``clip_grad``, > 0.
+        verbose (bool): log the configuration (INFO) when the wrapper is built.
         zero_stage (int): 0 (data parallel), 1 (optimizer states sharded), 2 (and gradients) or 3
             (and parameters). Outside ``ParallelMode.DATA_PARALLEL`` a stage above 0 warns and
-            runs as stage 0, as MindOne does. Default 0.
+            runs as stage 0, as MindOne does.
         optimizer_offload (bool | dict): False (default): the optimizer runs on the device.
             ``True`` or ``{"device": "cpu"}``: its states live in host memory and the step runs on
             the host; ``{"device": "nvme", "path": DIR}``: they live in files under ``DIR`` ([Note:
@@ -212,11 +213,10 @@ def prepare_train_network(network, optimizer, scale_sense=1.0, ema=None, updates
             ``{}``: one collective per tensor ([Note: buckets] in fusion.py).
         params_split_info (str): the folder where ``params_split_info_{rank}.json`` is written at
             stages >= 1 (MindOne's file, which the offline combine ``convert_checkpoints`` reads).
-            Default ``"params_info"``.
         shard_ema (bool): shard the EMA at stages 1-2 too (1/N of its memory; its
-            ``swap_before_eval`` then all-gathers and is collective). Default False.
+            ``swap_before_eval`` then all-gathers and is collective).
         pad_uneven_params (bool): split also the parameters whose dim 0 does not divide by the group
-            size, zero-padded (stages 1-3; see ``prepare_network``). Default False: they stay whole,
+            size, zero-padded (stages 1-3; see ``prepare_network``). False: they stay whole,
             MindOne's rule.
         parallel_modules (dict): stage 3 only: ``{Cell class: ZeRO-3 Cell class}`` extending
             ``PARALLEL_MODULES``; see ``prepare_network``.
@@ -249,8 +249,10 @@ def prepare_train_network(network, optimizer, scale_sense=1.0, ema=None, updates
         >>> net = nn.Dense(4, 2)
         >>> loss_net = nn.WithLossCell(net, nn.MSELoss())
         >>> optimizer = nn.AdamWeightDecay(net.trainable_params(), learning_rate=1e-3)
-        >>> train_net = prepare_train_network(loss_net, optimizer, zero_stage=0, clip_grad=True, clip_norm=1.0)
-        >>> x, y = ms.Tensor(np.ones((8, 4), np.float32)), ms.Tensor(np.zeros((8, 2), np.float32))
+        >>> train_net = prepare_train_network(loss_net, optimizer, zero_stage=0,
+        ...                                   clip_grad=True, clip_norm=1.0)
+        >>> x = ms.Tensor(np.ones((8, 4), np.float32))
+        >>> y = ms.Tensor(np.zeros((8, 2), np.float32))
         >>> loss, overflow, loss_scale = train_net(x, y)
         >>> bool(overflow), float(loss_scale)
         (False, 1.0)
@@ -259,9 +261,12 @@ def prepare_train_network(network, optimizer, scale_sense=1.0, ema=None, updates
         (tests/dist/test_mindone_dropin.py and tests/dist/test_zero_parity.py run these calls):
 
         >>> init()
-        >>> ms.set_auto_parallel_context(parallel_mode=ms.ParallelMode.DATA_PARALLEL, gradients_mean=True)
-        >>> train_net = prepare_train_network(loss_net, optimizer, zero_stage=3, gradient_accumulation_steps=2,
-        ...                                   scale_sense=nn.DynamicLossScaleUpdateCell(2**16, 2, 1000))
+        >>> ms.set_auto_parallel_context(parallel_mode=ms.ParallelMode.DATA_PARALLEL,
+        ...                              gradients_mean=True)
+        >>> scale = nn.DynamicLossScaleUpdateCell(2**16, 2, 1000)
+        >>> train_net = prepare_train_network(
+        ...     loss_net, optimizer, scale_sense=scale, gradient_accumulation_steps=2,
+        ...     zero_stage=3)
         >>> loss, overflow, loss_scale = train_net(*batch)
     """
     where = "prepare_train_network"

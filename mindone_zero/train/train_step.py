@@ -151,17 +151,16 @@ class TrainOneStepWrapper(nn.Cell):
     Args:
         network (nn.Cell): returns the loss from the inputs.
         optimizer (nn.Optimizer): the optimizer (re-pointed at shards by ``zero_helper``).
-        scale_sense (float | Tensor | nn.Cell): loss scale (default 1.0), or an update Cell such as
+        scale_sense (float | Tensor | nn.Cell): loss scale, or an update Cell such as
             ``nn.DynamicLossScaleUpdateCell``, which is run once per micro-step.
         ema (EMA): updated once per optimizer step (after the optimizer), if given.
-        updates (int): EMA updates done so far (restored on resume). Default 0.
+        updates (int): EMA updates done so far (restored on resume).
         drop_overflow_update (bool): skip the optimizer step on every rank when any micro-step of
-            it overflowed. Default True.
+            it overflowed.
         gradient_accumulation_steps (int): micro-steps per optimizer step; gradients are averaged.
-            Default 1.
-        clip_grad (bool): clip by the global norm of the full gradient. Default False.
-        clip_norm (float): the largest global norm kept when ``clip_grad``, > 0. Default 1.0.
-        verbose (bool): log the configuration at build time. Default False.
+        clip_grad (bool): clip by the global norm of the full gradient.
+        clip_norm (float): the largest global norm kept when ``clip_grad``, > 0.
+        verbose (bool): log the configuration at build time.
         zero_helper (ZeroHelper): the ZeRO machinery; None builds a stage-0 helper.
 
     Raises:
@@ -177,9 +176,12 @@ class TrainOneStepWrapper(nn.Cell):
         >>> from mindone_zero import TrainOneStepWrapper, ZeroHelper
         >>> net = nn.WithLossCell(nn.Dense(4, 2), nn.MSELoss())
         >>> optimizer = nn.SGD(net.trainable_params(), learning_rate=0.1)
-        >>> train_net = TrainOneStepWrapper(net, optimizer, scale_sense=nn.FixedLossScaleUpdateCell(8.0),
-        ...                                 zero_helper=ZeroHelper(optimizer, zero_stage=0))
-        >>> x, y = ms.Tensor(np.ones((8, 4), np.float32)), ms.Tensor(np.zeros((8, 2), np.float32))
+        >>> helper = ZeroHelper(optimizer, zero_stage=0)
+        >>> scale = nn.FixedLossScaleUpdateCell(8.0)
+        >>> train_net = TrainOneStepWrapper(net, optimizer, scale_sense=scale,
+        ...                                 zero_helper=helper)
+        >>> x = ms.Tensor(np.ones((8, 4), np.float32))
+        >>> y = ms.Tensor(np.zeros((8, 2), np.float32))
         >>> loss, overflow, loss_scale = train_net(x, y)
         >>> bool(overflow), float(loss_scale)
         (False, 8.0)

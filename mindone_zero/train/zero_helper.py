@@ -159,14 +159,16 @@ class ZeroHelper(nn.Cell):
         >>> from mindspore import nn
         >>> from mindone_zero import ZeroHelper
         >>> net = nn.Dense(4, 2)
-        >>> helper = ZeroHelper(nn.AdamWeightDecay(net.trainable_params()), zero_stage=2)
+        >>> optimizer = nn.AdamWeightDecay(net.trainable_params())
+        >>> helper = ZeroHelper(optimizer, zero_stage=2)
         >>> helper.zero_stage, helper.op_size   # one process: stage 0, nothing sharded
         (0, 1)
 
         A MindOne-style step of your own, on every rank (tests/dist/test_mindone_dropin.py runs
         scripts of this kind at stages 0-3):
 
-        >>> helper = ZeroHelper(optimizer, zero_stage=2, optimizer_parallel_group=GlobalComm.WORLD_COMM_GROUP)
+        >>> helper = ZeroHelper(optimizer, zero_stage=2,
+        ...                     optimizer_parallel_group=GlobalComm.WORLD_COMM_GROUP)
         >>> grads = helper.cal_gradients(grad_fn(*inputs))
         >>> helper.run_optimizer(grads)
     """

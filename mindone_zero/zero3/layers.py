@@ -67,7 +67,7 @@ class ZeroCell(nn.Cell):
             lists them: ``nn.Dense`` for ``Dense``, ``nn.Conv2d`` or ``mint.nn.Conv2d`` for
             ``Conv2d``, ...).
         zero_stage (int): 0-3; 3 shards the parameters, below 3 the Cell computes what ``net``
-            computes. Default 0.
+            computes.
         optimizer_parallel_group (str): the group the parameters are sharded over; None
             (default): the world group.
         cell_type (mindspore.dtype): the dtype the gathered parameters are returned in; None
@@ -486,14 +486,14 @@ def _default_modules() -> dict:
     return mapping
 
 
+# tests/unit/test_docs_api.py checks the table in this docstring against the dict.
 PARALLEL_MODULES = _default_modules()
 """``{original Cell class: ZeRO-3 Cell class}``, MindOne's ``PARALLEL_MODULES``.
 
 ``shard_network`` (and so ``prepare_network`` and ``prepare_train_network`` at stage 3) replaces
 each Cell whose type is exactly a key by its value, built as ``ZeroCell`` says; subclasses go
 through the generic path, which keeps their own ``construct`` and methods. A ``parallel_modules``
-dict given to those functions extends or overrides it. The mapping
-(``tests/unit/test_docs_api.py`` checks this table against the dict):
+dict given to those functions extends or overrides it. The mapping:
 
 | original Cell class | ZeRO-3 Cell class |
 |---|---|

@@ -194,7 +194,7 @@ def shard_parameter(param: Parameter, group: Optional[str] = None) -> ShardSpec:
         >>> from mindspore import Parameter
         >>> from parallel_modules import shard_parameter
         >>> w = Parameter(ms.Tensor(np.ones((6, 4), np.float32)), name="w")
-        >>> spec = shard_parameter(w)   # one process: a group of one rank holds the whole tensor
+        >>> spec = shard_parameter(w)   # one process: the block is the whole tensor
         >>> spec.split, spec.shape, spec.shard_shape, w.zero_spec is spec
         (True, (6, 4), (6, 4), True)
         >>> shard_parameter(w) is w.zero_spec   # idempotent
@@ -339,8 +339,10 @@ class ZeroParamWrapper(nn.Cell):
         >>> class Scale(nn.Cell):
         ...     def __init__(self, zero_stage=3):
         ...         super().__init__()
-        ...         self.w = Parameter(ms.Tensor(np.full((4, 3), 2.0, np.float32)), name="w")
-        ...         self.w_gather = ZeroParamWrapper(self.w, zero_stage, None, ms.float16)
+        ...         value = ms.Tensor(np.full((4, 3), 2.0, np.float32))
+        ...         self.w = Parameter(value, name="w")
+        ...         self.w_gather = ZeroParamWrapper(self.w, zero_stage, None,
+        ...                                          ms.float16)
         ...     def construct(self, x):
         ...         return ops.matmul(x, self.w_gather(self.w, x))
         >>> layer = Scale()

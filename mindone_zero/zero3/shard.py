@@ -57,11 +57,12 @@ def recomputed_cells(network: nn.Cell) -> tuple:
         ...         self.fc1, self.fc2 = nn.Dense(8, 16), nn.Dense(16, 8)
         ...     def construct(self, x):
         ...         return self.fc2(self.fc1(x))
-        >>> net = shard_network(nn.SequentialCell([Block(), Block()]), gather_units=(Block,))
+        >>> net = nn.SequentialCell([Block(), Block()])
+        >>> net = shard_network(net, gather_units=(Block,))
         >>> for line in recomputed_cells(net):
-        ...     print(line)
-        0 (Block) recomputed whole: PYNATIVE_MODE: re-gathering a tensor without its reader ...
-        1 (Block) recomputed whole: PYNATIVE_MODE: re-gathering a tensor without its reader ...
+        ...     print(line[:60])
+        0 (Block) recomputed whole: PYNATIVE_MODE: re-gathering a te
+        1 (Block) recomputed whole: PYNATIVE_MODE: re-gathering a te
     """
     return getattr(network, RECOMPUTED_ATTR, ())
 
@@ -126,8 +127,7 @@ def shard_network(network: nn.Cell, group: Optional[str] = None, parallel_module
     ``reshard_after_forward=True`` the gathers are marked for recomputation, so that the gathered
     tensors are freed after their forward use and gathered again in backward; a reader whose code
     keeps a transformed copy of a gathered tensor, and every reader in PYNATIVE_MODE, is recomputed
-    whole instead (``recomputed_cells`` lists them). [Note: how shard_network rewrites] in
-    ``shard.py`` has the details.
+    whole instead (``recomputed_cells`` lists them).
 
     Used without a train wrapper, ``network(x)`` gives the unsharded network's output, and
     autodiff hands back, for a split parameter, the group mean of this rank's block of its
@@ -158,8 +158,8 @@ def shard_network(network: nn.Cell, group: Optional[str] = None, parallel_module
             too, zero-padded (default False: they stay whole, as MindOne leaves them).
 
     Returns:
-        nn.Cell: the network (a new object only when the top Cell itself was replaced), carrying the
-        options it was sharded with ([Note: stage-3 options] in ``options.py``).
+        nn.Cell: the network (a new object only when the top Cell itself was replaced), carrying
+            the options it was sharded with ([Note: stage-3 options] in ``options.py``).
 
     Raises:
         TypeError: if an argument has the wrong type.
@@ -181,7 +181,7 @@ def shard_network(network: nn.Cell, group: Optional[str] = None, parallel_module
         >>> net = nn.SequentialCell([nn.Dense(8, 16), nn.ReLU(), nn.Dense(16, 4)])
         >>> x = ms.Tensor(np.ones((2, 8), np.float32))
         >>> before = net(x).asnumpy()
-        >>> net = shard_network(net)    # one process: a group of one rank, each block the whole tensor
+        >>> net = shard_network(net)   # one process: each block is the whole tensor
         >>> import parallel_modules
         >>> isinstance(net[0], parallel_modules.Dense), net[0].weight.zero_spec.split
         (True, True)

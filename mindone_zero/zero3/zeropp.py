@@ -54,17 +54,17 @@ class ZeroPPConfig:
 
     Args:
         quantize_weights (bool): qwZ: the forward all-gather moves int8 blocks with a float32
-            scale per block, dequantized after the gather. Default False.
+            scale per block, dequantized after the gather.
         quantize_gradients (bool): qgZ: the backward reduce-scatter moves int8 blocks, summed in
-            float32. Default False.
+            float32.
         hpz_group (str): hpZ: a group inside the shard group (the ranks of one node, say); the
             backward re-gather runs in it only, exactly. Its size must divide the shard group's
             and its ranks must be in it; needs ``reshard_after_forward=True`` and GRAPH_MODE.
-            Default None: off.
-        block_size (int): elements per quantization block. Default 2048 (DeepSpeed's).
+            None: off.
+        block_size (int): elements per quantization block (2048: DeepSpeed's default).
         min_quantize_numel (int): a parameter with fewer elements (its full tensor) is gathered and
             reduce-scattered in full precision under qwZ and qgZ; 1-D parameters always are
-            ([Note: full-precision tensors]). Default 0; raise it to keep e.g. small embedding or
+            ([Note: full-precision tensors]). 0: only those; raise it to keep e.g. small embedding or
             position tables exact.
 
     Raises:
@@ -76,17 +76,18 @@ class ZeroPPConfig:
 
     Examples:
         >>> from mindone_zero import ZeroPPConfig
-        >>> config = ZeroPPConfig(quantize_weights=True, quantize_gradients=True, block_size=256)
+        >>> config = ZeroPPConfig(quantize_weights=True, block_size=256)
         >>> config.enabled, config.hpz_group
         (True, None)
-        >>> config.quantizes((1024, 1024)), config.quantizes((1024,))   # vectors stay full precision
+        >>> config.quantizes((1024, 1024)), config.quantizes((1024,))  # not vectors
         (True, False)
 
         At stage 3 on every rank, in GRAPH_MODE (tests/dist/test_zeropp.py runs these calls):
 
         >>> ms.set_context(mode=ms.GRAPH_MODE)
+        >>> zeropp = ZeroPPConfig(quantize_weights=True, hpz_group=node_group)
         >>> train_net = prepare_train_network(loss_net, optimizer, zero_stage=3,
-        ...                                   zeropp=ZeroPPConfig(quantize_weights=True, hpz_group=node_group))
+        ...                                   zeropp=zeropp)
     """
 
     quantize_weights: bool = False

@@ -217,6 +217,21 @@ def test_every_parameter_is_documented():
     assert not unknown, f"Args entries for parameters the signature does not have: {unknown}"
 
 
+EXAMPLE_WIDTH = 80  # characters of an example line that a code block shows at a 1400 px window
+
+
+def test_examples_fit_the_page_and_returns_are_one_entry():
+    """Example lines fit the page's code blocks; a ``Returns`` section is one entry (a continuation
+    line that is not indented starts a second, wrong row)."""
+    wide, returns = [], []
+    for ident, obj in rendered_callables().items():
+        wide += [f"{ident}: {line}" for _, code in example_blocks(obj) for line in code.splitlines()
+                 if len(line) > EXAMPLE_WIDTH]
+        returns += [ident for s in _sections(obj) if _kind(s) == "returns" and len(s.value) > 1]
+    assert not wide, f"example lines over {EXAMPLE_WIDTH} characters: {wide}"
+    assert not returns, f"Returns sections of more than one entry (indent the continuation lines): {returns}"
+
+
 def example_blocks(obj) -> list:
     """``(prose, code)`` of each run of ``>>>`` lines in ``obj``'s ``Examples`` sections, with the
     prose just before it (which names the test that runs a block that does not run here)."""
