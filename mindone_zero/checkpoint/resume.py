@@ -209,17 +209,15 @@ def load_train_state(train_net, ckpt_dir, step: Optional[int] = None) -> int:
 
     Examples:
         >>> from mindspore import nn
-        >>> from mindone_zero import (load_train_state, prepare_train_network,
-        ...                           save_train_state)
-        >>> def build():
-        ...     net = nn.WithLossCell(nn.Dense(4, 2), nn.MSELoss())
-        ...     optimizer = nn.AdamWeightDecay(net.trainable_params())
-        ...     return prepare_train_network(net, optimizer)
+        >>> import mindone_zero as mz
+        >>> dense = nn.Dense(4, 2)
+        >>> loss_net = nn.WithLossCell(dense, nn.MSELoss())
+        >>> train_net = mz.prepare_train_network(loss_net, nn.SGD(dense.trainable_params()))
         >>> for step in (100, 200):
-        ...     _ = save_train_state(build(), "ckpt", step)
-        >>> load_train_state(build(), "ckpt")             # the latest complete step
+        ...     _ = mz.save_train_state(train_net, "ckpt", step)
+        >>> mz.load_train_state(train_net, "ckpt")      # the latest complete step
         200
-        >>> load_train_state(build(), "ckpt", step=100)
+        >>> mz.load_train_state(train_net, "ckpt", step=100)
         100
 
         On every rank of a job of any size, after ``prepare_train_network``
