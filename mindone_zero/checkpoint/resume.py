@@ -212,7 +212,8 @@ def load_train_state(train_net, ckpt_dir, step: Optional[int] = None) -> int:
         >>> import mindone_zero as mz
         >>> dense = nn.Dense(4, 2)
         >>> loss_net = nn.WithLossCell(dense, nn.MSELoss())
-        >>> train_net = mz.prepare_train_network(loss_net, nn.SGD(dense.trainable_params()))
+        >>> optimizer = nn.SGD(dense.trainable_params())
+        >>> train_net = mz.prepare_train_network(loss_net, optimizer)
         >>> for step in (100, 200):
         ...     _ = mz.save_train_state(train_net, "ckpt", step)
         >>> mz.load_train_state(train_net, "ckpt")      # the latest complete step
