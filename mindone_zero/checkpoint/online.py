@@ -61,8 +61,7 @@ def gather_full_params(train_net, rank0_only: bool = False, include_ema: bool = 
         >>> sorted(full), full["weight"].shape
         (['bias', 'ema.bias', 'ema.weight', 'weight'], (2, 4))
 
-        At stage 3, on every rank (tests/dist/test_mindone_dropin.py compares it with stage 0's
-        weights and EMA):
+        At stage 3, on every rank (tests/dist/test_checkpoint_resume.py runs this call):
 
         >>> full = gather_full_params(train_net, rank0_only=True)  # {} on others
     """

@@ -109,13 +109,14 @@ def load_full_checkpoint(network, path, *, strict: bool = True, strip_prefix: Op
         >>> load_full_checkpoint(network, "pretrained.ckpt")   # (missing, unexpected)
         ([], [])
 
-        A Hugging Face folder into a stage-3 network built without memory, on every rank
-        (tests/dist/test_pretrained_parity.py runs these calls):
+        Into a stage-3 network built without memory, on every rank; each rank reads only its
+        blocks (tests/dist/test_pretrained_parity.py runs these calls):
 
         >>> with sharded_init():
         ...     network = MyModel(config)
         >>> network = prepare_network(network, zero_stage=3)
-        >>> missing, unexpected = load_full_checkpoint(network, "hf_dir", strict=False)
+        >>> load_full_checkpoint(network, "model.safetensors")
+        ([], [])
     """
     plan, error = attempt(lambda: _plan(network, path, strict, strip_prefix, add_prefix, name_map))
     agree(network, error, CALLER)

@@ -307,7 +307,7 @@ class EMA(_InPlaceSwap, nn.Cell):
         True
 
         With ZeRO, pass it to ``prepare_train_network(..., ema=ema)``, which updates it after each
-        optimizer step (tests/dist/test_mindone_dropin.py runs this at stages 0-3):
+        optimizer step (tests/dist/test_checkpoint_resume.py runs this at stages 0-3):
 
         >>> train_net = prepare_train_network(loss_net, optimizer, ema=ema,
         ...                                   zero_stage=3)

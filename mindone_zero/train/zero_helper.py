@@ -108,10 +108,9 @@ class ZeroHelper(nn.Cell):
     """Shards one optimizer's work over ``optimizer_parallel_group`` (ZeRO stages 0-3).
 
     MindOne's ``ZeroHelper``: ``prepare_train_network`` builds one and ``TrainOneStepWrapper``
-    calls it from its ``construct``; a MindOne-style train step of your own can call
-    ``cal_gradients`` (or ``reduce_grads``) and ``run_optimizer`` the same way. Building it is not
-    collective; ``reduce_grads`` and ``run_optimizer`` are collective over the world (every rank
-    must call them, in the same order).
+    calls it from its ``construct``; ``cal_gradients``, ``run_optimizer`` and ``split_params`` keep
+    MindOne's names. Building it is not collective; ``reduce_grads`` and ``run_optimizer`` are
+    collective over the world (every rank must call them, in the same order).
 
     Args:
         optimizer (nn.Optimizer | mindspore.experimental.optim.Optimizer): built over the network's
@@ -164,13 +163,12 @@ class ZeroHelper(nn.Cell):
         >>> helper.zero_stage, helper.op_size   # one process: stage 0, nothing sharded
         (0, 1)
 
-        A MindOne-style step of your own, on every rank (tests/dist/test_mindone_dropin.py runs
-        scripts of this kind at stages 0-3):
+        On every rank, the train step around it, as ``prepare_train_network`` builds it
+        (tests/dist/test_zero_parity.py runs ``prepare_train_network`` at stages 0-3):
 
         >>> helper = ZeroHelper(optimizer, zero_stage=2,
-        ...                     optimizer_parallel_group=GlobalComm.WORLD_COMM_GROUP)
-        >>> grads = helper.cal_gradients(grad_fn(*inputs))
-        >>> helper.run_optimizer(grads)
+        ...                     optimizer_parallel_group=op_group, dp_group=dp_group)
+        >>> train_net = TrainOneStepWrapper(loss_net, optimizer, zero_helper=helper)
     """
 
     def __init__(self, optimizer, zero_stage=0, optimizer_parallel_group=None, dp_group=None,
