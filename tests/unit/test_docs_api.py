@@ -92,6 +92,14 @@ def test_reference_pages_are_in_the_nav():
         assert f"reference/{page.name}" in nav, f"docs/reference/{page.name} is not in mkdocs.yml's nav"
 
 
+def test_the_docs_extra_installs_a_signature_formatter():
+    """mkdocstrings wraps long signatures only with ruff or black installed ("Formatting signatures
+    requires either Black or Ruff"); the ``docs`` extra brings one."""
+    setup = (ROOT / "setup.py").read_text(encoding="utf-8")
+    docs_extra = re.search(r'"docs":\s*\[(.*)\],?\s*$', setup, re.M)
+    assert docs_extra and re.search(r'"(ruff|black)\b', docs_extra.group(1)), "setup.py's docs extra lacks ruff or black"
+
+
 def test_reference_pages_open_with_what_they_hold_not_how_to_edit_them():
     for page in REFERENCE.glob("*.md"):
         if page.name == "index.md":  # the section's front page
