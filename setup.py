@@ -32,7 +32,8 @@ setup(
     extras_require={
         "test": ["pytest", "pytest-timeout", "pytest-xdist", "setuptools", "wheel"],  # wheel: tests/unit/test_wheel.py
         # MindOne's documentation stack; tests/unit/test_docs_build.py runs `mkdocs build --strict`.
-        "docs": ["mkdocs>=1.6", "mkdocs-material>=9.5", "mkdocstrings[python]>=0.26"],
+        # ruff: mkdocstrings formats (wraps) the signatures with it.
+        "docs": ["mkdocs>=1.6", "mkdocs-material>=9.5", "mkdocstrings[python]>=0.26", "ruff"],
         "plot": ["matplotlib"],
     },
 )

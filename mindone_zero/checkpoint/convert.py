@@ -219,7 +219,7 @@ def convert_checkpoints(
             ([Note: companion files] in hf_folder.py); the names copied are logged (INFO).
 
     Returns:
-        The output path (a folder with ``max_shard_size``).
+        str: the output path (a folder with ``max_shard_size``).
 
     Raises:
         ValueError: bad arguments; a JSON whose ``group_size`` or ``rank_id`` disagrees with the
@@ -231,6 +231,32 @@ def convert_checkpoints(
             ``max_shard_size`` or not an existing folder.
             Each message names the file and the problem.
         FileNotFoundError: a rank's checkpoint or JSON is missing.
+
+    Examples:
+        >>> import os
+        >>> import mindspore as ms
+        >>> from mindspore import nn
+        >>> from mindone_zero import convert_checkpoints, prepare_train_network
+        >>> net = nn.WithLossCell(nn.Dense(4, 2), nn.MSELoss())
+        >>> optimizer = nn.AdamWeightDecay(net.trainable_params())
+        >>> train_net = prepare_train_network(net, optimizer)
+        >>> # prepare_train_network writes the split info at stages >= 1:
+        >>> train_net.zero_helper.dump_params_split_info("params_info")
+        >>> os.makedirs("rank_0")
+        >>> ms.save_checkpoint(train_net, "rank_0/net.ckpt")   # MindOne's per-rank save
+        >>> info = "params_info/params_split_info_{}.json"
+        >>> convert_checkpoints("rank_{}/net.ckpt", info, 1,
+        ...                     exclude_optimizer_states=True)
+        'rank_all_1/net.ckpt'
+        >>> sorted(ms.load_checkpoint("rank_all_1/net.ckpt"))
+        ['bias', 'scale_sense', 'weight']
+
+        The files of a 4-rank job, into a Hugging Face folder in bf16 (tests/unit/test_checkpoint_io.py
+        and tests/unit/test_hf_export.py run these calls on files they write for 1 to 4 ranks):
+
+        >>> convert_checkpoints("ckpt/rank_{}/net.ckpt", info, 4, dtype="bf16",
+        ...                     output_format="safetensors", max_shard_size="5GB")
+        'ckpt/rank_all_4/net'
     """
     _check_convert_args(src_checkpoint, src_param_split_info_json, group_size, output_format, progress)
     target, max_size = check_dtype(dtype, _CALLER), check_max_shard_size(max_shard_size, _CALLER)
@@ -297,6 +323,15 @@ def transform_checkpoints(src_checkpoint: str, src_param_split_info_json: str, g
     Raises:
         ValueError / FileNotFoundError / TypeError: as ``convert_checkpoints``, whose name the
             messages give.
+
+    Examples:
+        A MindOne 0.2.0 script's offline combine, unchanged (tests/unit/test_mindone_compat.py runs
+        it against ``convert_checkpoints``):
+
+        >>> from mindone_zero import transform_checkpoints
+        >>> transform_checkpoints("ckpt/rank_{}/net.ckpt",
+        ...                       "params_info/params_split_info_{}.json", 4)
+        'ckpt/rank_all_4/net.ckpt'
     """
     return convert_checkpoints(src_checkpoint, src_param_split_info_json, group_size, **options)
 

@@ -88,8 +88,28 @@ def latest_checkpoint(ckpt_dir) -> Optional[str]:
     Not collective. Takes the folder ``ckpt_dir/latest`` names when it is complete (holds
     ``meta.json``), else the complete ``step_*`` folder with the highest step.
 
+    Args:
+        ckpt_dir (str): the root folder given to ``save_train_state``; it need not exist.
+
+    Returns:
+        str: the step folder (``ckpt_dir/step_00000100``, say), or None when there is none.
+
     Raises:
         TypeError: ``ckpt_dir`` is not a path.
+
+    Examples:
+        >>> from mindspore import nn
+        >>> from mindone_zero import (latest_checkpoint, prepare_train_network,
+        ...                           save_train_state)
+        >>> latest_checkpoint("ckpt") is None
+        True
+        >>> net = nn.WithLossCell(nn.Dense(4, 2), nn.MSELoss())
+        >>> optimizer = nn.AdamWeightDecay(net.trainable_params())
+        >>> train_net = prepare_train_network(net, optimizer)
+        >>> for step in (100, 200):
+        ...     _ = save_train_state(train_net, "ckpt", step)
+        >>> latest_checkpoint("ckpt")
+        'ckpt/step_00000200'
     """
     ckpt_dir = check_dir(ckpt_dir, "latest_checkpoint")
     try:

@@ -49,6 +49,21 @@ def gather_full_params(train_net, rank0_only: bool = False, include_ema: bool = 
     Raises:
         TypeError: ``train_net`` is not a TrainOneStepWrapper.
         ValueError: ``include_ema`` is True but ``train_net`` has no EMA.
+
+    Examples:
+        >>> from mindspore import nn
+        >>> from mindone_zero import EMA, gather_full_params, prepare_train_network
+        >>> dense = nn.Dense(4, 2)
+        >>> net = nn.WithLossCell(dense, nn.MSELoss())
+        >>> optimizer = nn.AdamWeightDecay(net.trainable_params())
+        >>> train_net = prepare_train_network(net, optimizer, ema=EMA(dense))
+        >>> full = gather_full_params(train_net, include_ema=True)
+        >>> sorted(full), full["weight"].shape
+        (['bias', 'ema.bias', 'ema.weight', 'weight'], (2, 4))
+
+        At stage 3, on every rank (tests/dist/test_checkpoint_resume.py runs this call):
+
+        >>> full = gather_full_params(train_net, rank0_only=True)  # {} on others
     """
     caller = "gather_full_params"
     _check_train_net(train_net, caller)
@@ -145,6 +160,24 @@ def save_full_checkpoint(train_net, path, include_ema: bool = False, *, dtype=No
             ``copy_files_from`` without ``max_shard_size`` or not an existing folder. Raised on
             every rank when any rank finds it.
         RuntimeError / OSError: writing failed (raised on rank 0, reported on the others).
+
+    Examples:
+        >>> import mindspore as ms
+        >>> from mindspore import nn
+        >>> from mindone_zero import prepare_train_network, save_full_checkpoint
+        >>> net = nn.WithLossCell(nn.Dense(4, 2), nn.MSELoss())
+        >>> optimizer = nn.AdamWeightDecay(net.trainable_params())
+        >>> train_net = prepare_train_network(net, optimizer)
+        >>> save_full_checkpoint(train_net, "model.safetensors", dtype="bf16")
+        'model.safetensors'
+        >>> sorted(ms.load_checkpoint("model.safetensors", format="safetensors"))
+        ['bias', 'weight']
+
+        A Hugging Face folder from a stage-3 job, on every rank (tests/dist/test_export_job.py runs
+        these calls):
+
+        >>> save_full_checkpoint(train_net, "export", max_shard_size="5GB",
+        ...                      strip_prefix="net.", copy_files_from="llama-7b")
     """
     caller = "save_full_checkpoint"
     _check_train_net(train_net, caller)

@@ -87,8 +87,8 @@ def load_full_checkpoint(network, path, *, strict: bool = True, strip_prefix: Op
             network parameter name; None skips that tensor.
 
     Returns:
-        tuple: (missing, unexpected): network parameter names that got no tensor and file tensor
-        names that went to no parameter (both empty when ``strict``).
+        tuple: ``(missing, unexpected)``: network parameter names that got no tensor and file
+            tensor names that went to no parameter (both empty when ``strict``).
 
     Raises:
         TypeError: ``network``, ``path``, ``strict``, a prefix or ``name_map`` of the wrong type,
@@ -99,6 +99,24 @@ def load_full_checkpoint(network, path, *, strict: bool = True, strip_prefix: Op
             that differs, a dtype numpy cannot hold or that does not convert (only floating types
             convert to one another); each names the argument or the tensor and the file.
         RuntimeError: another rank failed (this one changed nothing).
+
+    Examples:
+        >>> import mindspore as ms
+        >>> from mindspore import nn
+        >>> from mindone_zero import load_full_checkpoint, prepare_network
+        >>> ms.save_checkpoint(nn.Dense(4, 2), "pretrained.ckpt")   # a full checkpoint
+        >>> network = prepare_network(nn.Dense(4, 2), zero_stage=3)
+        >>> load_full_checkpoint(network, "pretrained.ckpt")   # (missing, unexpected)
+        ([], [])
+
+        Into a stage-3 network built without memory, on every rank; each rank reads only its
+        blocks (tests/dist/test_pretrained_parity.py runs these calls):
+
+        >>> with sharded_init():
+        ...     network = MyModel(config)
+        >>> network = prepare_network(network, zero_stage=3)
+        >>> load_full_checkpoint(network, "model.safetensors")
+        ([], [])
     """
     plan, error = attempt(lambda: _plan(network, path, strict, strip_prefix, add_prefix, name_map))
     agree(network, error, CALLER)

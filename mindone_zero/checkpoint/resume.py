@@ -70,6 +70,24 @@ def save_train_state(train_net, ckpt_dir, step: int, format: str = "ckpt") -> st
         FileExistsError: a complete checkpoint of ``step`` already exists in ``ckpt_dir``.
         RuntimeError: another rank failed; the step folder was removed and ``latest`` is unchanged.
         Exception: whatever failed on this rank (a full disk, say), after the same clean-up.
+
+    Examples:
+        >>> from mindspore import nn
+        >>> from mindone_zero import (load_train_state, prepare_train_network,
+        ...                           save_train_state)
+        >>> def build():
+        ...     net = nn.WithLossCell(nn.Dense(4, 2), nn.MSELoss())
+        ...     optimizer = nn.AdamWeightDecay(net.trainable_params())
+        ...     return prepare_train_network(net, optimizer)
+        >>> save_train_state(build(), "ckpt", step=100)
+        'ckpt/step_00000100'
+        >>> load_train_state(build(), "ckpt")   # the latest complete step
+        100
+
+        Saved by 4 ranks at stage 3 and resumed on 2 (tests/dist/test_checkpoint_resume.py runs
+        these calls):
+
+        >>> save_train_state(train_net, "ckpt", step, format="safetensors")
     """
     caller = "save_train_state"
     _check_train_net(train_net, caller)
@@ -188,6 +206,25 @@ def load_train_state(train_net, ckpt_dir, step: Optional[int] = None) -> int:
             truncated or corrupted file, or a mid-accumulation checkpoint on another layout. The
             message names the file and the problem.
         RuntimeError: the same failure happened on another rank.
+
+    Examples:
+        >>> from mindspore import nn
+        >>> import mindone_zero as mz
+        >>> dense = nn.Dense(4, 2)
+        >>> loss_net = nn.WithLossCell(dense, nn.MSELoss())
+        >>> optimizer = nn.SGD(dense.trainable_params())
+        >>> train_net = mz.prepare_train_network(loss_net, optimizer)
+        >>> for step in (100, 200):
+        ...     _ = mz.save_train_state(train_net, "ckpt", step)
+        >>> mz.load_train_state(train_net, "ckpt")      # the latest complete step
+        200
+        >>> mz.load_train_state(train_net, "ckpt", step=100)
+        100
+
+        On every rank of a job of any size, after ``prepare_train_network``
+        (tests/dist/test_checkpoint_resume.py resumes on 2 ranks what 4 saved):
+
+        >>> start = load_train_state(train_net, "ckpt") + 1
     """
     _check_train_net(train_net, LOAD)
     ckpt_dir = check_dir(ckpt_dir, LOAD)

@@ -44,7 +44,34 @@ class CommPlan:
     bytes a rank sends with a ring algorithm: ``2 (n-1)/n`` of it for all-reduce, ``(n-1)/n`` for
     reduce-scatter, all-gather and all-to-all, the terms of the ZeRO paper's 2Φ / 3Φ. ZeRO++'s
     quantized collectives record int8 values and float32 scales as separate entries
-    (``GroupComm.all_gather_quantized``).
+    (``GroupComm.all_gather_quantized``). A train network's plan is ``train_net.comm_plan``
+    (``TrainOneStepWrapper``).
+
+    Args:
+        entries (list): the ``(kind, group, nbytes, group_size)`` tuples; empty by default (the
+            train network fills its own).
+
+    Examples:
+        >>> from mindspore import nn
+        >>> from mindone_zero import prepare_train_network
+        >>> net = nn.WithLossCell(nn.Dense(4, 2), nn.MSELoss())
+        >>> train_net = prepare_train_network(net, nn.SGD(net.trainable_params()))
+        >>> train_net.comm_plan.summary()     # one process: nothing to communicate
+        'no collectives'
+        >>> from mindone_zero.core.comm_plan import CommPlan
+        >>> plan = CommPlan([("all_reduce", "world", 1000, 4),
+        ...                  ("all_gather", "world", 1000, 4)])
+        >>> plan.count(), plan.bytes("all_reduce"), plan.volume()
+        (2, 1000, 2250.0)
+        >>> for kind in plan.summary().split("; "):
+        ...     print(kind)
+        all_gather: 1 calls, 1000 B, 750 B sent per rank
+        all_reduce: 1 calls, 1000 B, 1500 B sent per rank
+
+        On several ranks, at stage 2 say (tests/unit/test_comm_plan.py checks train steps' plans
+        with emulated groups, tests/dist/test_profile_collectives.py against the executed ones):
+
+        >>> print(train_net.comm_plan.summary())
     """
 
     entries: List[Tuple[str, str, int, int]] = field(default_factory=list)
@@ -62,20 +89,37 @@ class CommPlan:
         self.add(kind, group, blocks * SCALE_BYTES, group_size, times)
 
     def count(self, kind: Optional[str] = None) -> int:
-        """Number of collectives (of ``kind`` if given)."""
+        """Number of collectives (of ``kind`` if given).
+
+        Args:
+            kind (str): ``"all_reduce"``, ``"reduce_scatter"``, ``"all_gather"``, ``"broadcast"`` or
+                ``"all_to_all"``; None: every kind.
+        """
         return sum(1 for e in self.entries if kind is None or e[0] == kind)
 
     def bytes(self, kind: Optional[str] = None) -> int:
-        """Full-tensor bytes over all collectives (of ``kind`` if given)."""
+        """Full-tensor bytes over all collectives (of ``kind`` if given).
+
+        Args:
+            kind (str): a collective's kind, as in ``count``; None: every kind.
+        """
         return sum(e[2] for e in self.entries if kind is None or e[0] == kind)
 
     def volume(self, kind: Optional[str] = None) -> float:
-        """Bytes each rank sends with ring algorithms (of ``kind`` if given)."""
+        """Bytes each rank sends with ring algorithms (of ``kind`` if given).
+
+        Args:
+            kind (str): a collective's kind, as in ``count``; None: every kind.
+        """
         return sum(RING_FACTOR[k] * (n - 1) / n * b for k, _, b, n in self.entries if kind is None or k == kind)
 
     def volume_outside(self, groups) -> float:
         """Ring volume per rank of the collectives whose group is not in ``groups`` (ZeRO++: the
-        traffic that leaves hpZ's secondary group, the paper's cross-node volume)."""
+        traffic that leaves hpZ's secondary group, the paper's cross-node volume).
+
+        Args:
+            groups (Iterable[str]): the group names whose traffic is not counted.
+        """
         return sum(RING_FACTOR[k] * (n - 1) / n * b for k, g, b, n in self.entries if g not in groups)
 
     def summary(self) -> str:

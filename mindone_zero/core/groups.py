@@ -126,6 +126,19 @@ def create_hybrid_groups(shard_size: int) -> Tuple[str, Optional[str]]:
     Raises:
         ValueError: naming 'shard_size' and its value if it is not an integer >= 1 dividing the
             world size (a bool is refused); raised before any group is created.
+
+    Examples:
+        On 8 ranks, 4 per shard group: rank 5 shards over ranks 4-7 and all-reduces with rank 1
+        (tests/dist/test_zero_parity.py trains with such groups; tests/unit/test_groups.py checks
+        the names):
+
+        >>> init()
+        >>> op_group, dp_group = create_hybrid_groups(4)
+        >>> op_group, dp_group
+        ('zero_shard_4_5_6_7', 'zero_replica_1_5')
+        >>> train_net = prepare_train_network(loss_net, optimizer, zero_stage=3,
+        ...                                   optimizer_parallel_group=op_group,
+        ...                                   dp_group=dp_group)
     """
     world, rank = get_group_size(), get_rank()
     names = _names("create_hybrid_groups", shard_size, world, rank)  # validates before anything is created

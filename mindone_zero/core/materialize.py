@@ -88,10 +88,29 @@ def sharded_init():
 
     Not collective. Parameters made from a Tensor or a numpy array are materialized as usual.
 
-    Example:
-        >>> with mindone_zero.sharded_init():
-        ...     network = MyModel(config)   # no parameter memory yet
-        >>> network = prepare_network(network, zero_stage=3)   # each rank holds its blocks
+    Examples:
+        >>> import numpy as np
+        >>> import mindspore as ms
+        >>> from mindspore import nn
+        >>> from mindone_zero import prepare_train_network, sharded_init
+        >>> ms.set_seed(0)
+        >>> eager = nn.Dense(4, 2).weight.asnumpy()
+        >>> ms.set_seed(0)
+        >>> with sharded_init():
+        ...     net = nn.Dense(4, 2)            # no parameter memory yet
+        >>> net.weight.has_init
+        True
+        >>> loss_net = nn.WithLossCell(net, nn.MSELoss())
+        >>> train_net = prepare_train_network(loss_net, nn.SGD(net.trainable_params()))
+        >>> bool(np.array_equal(net.weight.asnumpy(), eager))   # eager values
+        True
+
+        At stage 3 on every rank, each rank materializes only its blocks
+        (tests/dist/test_sharded_build.py runs these calls):
+
+        >>> with sharded_init():
+        ...     network = MyModel(config)
+        >>> network = prepare_network(network, zero_stage=3)
     """
     _install_unmaterialized_copies()
     created = []

@@ -76,7 +76,18 @@ def estimate_model_states_memory(
 
     Follows the ZeRO paper (Rajbhandari et al., 2020, Table 1): for example 7.5e9 parameters
     on 64 ranks need 120 / 31.4 / 16.6 / 1.88 GB (1 GB = 1e9 bytes) at stages 0 / 1 / 2 / 3.
-    Pure arithmetic; not collective.
+    Pure arithmetic; not collective. With ``P`` parameters, ``N`` ranks and ``p`` / ``g`` / ``k``
+    bytes per parameter of parameters / gradients / optimizer states:
+
+    | stage | bytes per device | partitioned over the ``N`` ranks |
+    |---|---|---|
+    | 0 | ``(p + g + k) * P`` | nothing (plain data parallel) |
+    | 1 | ``(p + g) * P + k * P / N`` | optimizer states |
+    | 2 | ``p * P + (g + k) * P / N`` | optimizer states and gradients |
+    | 3 | ``(p + g + k) * P / N`` | optimizer states, gradients and parameters |
+
+    Activations, temporary buffers and fragmentation are not model states and are not counted
+    (``estimate_peak_memory`` adds the layer held in full during a step).
 
     Args:
         num_params: number of parameters ``P`` of the whole model (an int or a float such as
@@ -98,6 +109,15 @@ def estimate_model_states_memory(
     Raises:
         ValueError: if an argument is out of range or of the wrong type; the message names
             the argument and its value.
+
+    Examples:
+        >>> from mindone_zero import estimate_model_states_memory
+        >>> per_stage = [estimate_model_states_memory(7.5e9, 64, s) for s in range(4)]
+        >>> [round(n / 1e9, 2) for n in per_stage]
+        [120.0, 31.41, 16.64, 1.88]
+        >>> with_ema = estimate_model_states_memory(7.5e9, 64, 3, ema_bytes=4)
+        >>> with_ema - estimate_model_states_memory(7.5e9, 64, 3)   # 4 * P / N
+        468750000
     """
     func = "estimate_model_states_memory"
     _check_positive(func, "num_params", num_params, allow_zero=True)
@@ -127,14 +147,23 @@ def estimate_model_states_memory(
 def estimate_peak_memory(num_params, world_size: int, zero_stage: int, largest_layer_params, param_bytes=2,
                          grad_bytes=2, optimizer_bytes=12, reshard_after_forward: bool = True,
                          hpz_group_size=None) -> int:
-    """Bytes per device at the peak of a step: model states plus the full-layer term (table above).
+    """Bytes per device at the peak of a step: model states plus what a step holds in full.
 
-    ``estimate_model_states_memory`` plus what is held in full during a step: at stage 3 with
-    ``reshard_after_forward=True``, one layer's gathered parameters and its full gradient (DeepSpeed's
-    ``largest_layer_memory``, ``4 * L`` for fp16); with False the gathered weights of the whole
-    network (they live until their backward); at stage 2 one layer's full gradient. Activations,
-    workspaces and communication buffers are not counted (they depend on the batch and the
-    backend). Pure arithmetic; not collective.
+    ``estimate_model_states_memory`` plus what is held in full during a step because parameters
+    and gradients exist whole for a while (DeepSpeed's ``largest_layer_memory``, ``4 * L`` for
+    fp16). With ``L`` the parameters of the largest layer, ``P`` of the model, ``N`` ranks and
+    ``p`` / ``g`` bytes per parameter of parameters / gradients, the term added is:
+
+    | stage | added to the model states |
+    |---|---|
+    | 0, 1 | 0 (parameters and gradients are whole anyway) |
+    | 2 | ``g * L``: a layer's full gradient before its reduce-scatter |
+    | 3, ``reshard_after_forward=True`` | ``(p + g) * L``: a layer gathered (in forward, or again in backward) and its full gradient |
+    | 3, ``reshard_after_forward=False`` | ``p * P * (N - 1) / N + g * L``: every gathered weight is kept until its backward |
+    | 3, ZeRO++ hpZ over ``K`` ranks | ``(p + g) * L + p * P / K``: plus the secondary shards kept from forward to backward |
+
+    Activations, workspaces and communication buffers are not counted (they depend on the batch
+    and the backend). Pure arithmetic; not collective.
 
     Args:
         num_params: as in ``estimate_model_states_memory``.
@@ -157,6 +186,17 @@ def estimate_peak_memory(num_params, world_size: int, zero_stage: int, largest_l
         ValueError: an argument out of range (``largest_layer_params`` above ``num_params``
             included) or of the wrong type, naming it and its value.
         TypeError: ``reshard_after_forward`` is not a bool.
+
+    Examples:
+        A 7B model on 8 ranks at stage 3, its largest block 2e8 parameters, fp16 with Adam:
+
+        >>> from mindone_zero import estimate_peak_memory
+        >>> GiB = 2**30
+        >>> round(estimate_peak_memory(7e9, 8, 3, largest_layer_params=2e8) / GiB, 1)
+        13.8
+        >>> kept = estimate_peak_memory(7e9, 8, 3, 2e8, reshard_after_forward=False)
+        >>> round(kept / GiB, 1)
+        24.8
     """
     func = "estimate_peak_memory"
     states = estimate_model_states_memory(num_params, world_size, zero_stage, param_bytes, grad_bytes, optimizer_bytes)
@@ -192,14 +232,31 @@ def estimate_model_states_placement(num_params, world_size: int, zero_stage: int
     same first six arguments.
 
     Args:
-        num_params, world_size, zero_stage, param_bytes, grad_bytes, optimizer_bytes: as
-            ``estimate_model_states_memory``.
-        optimizer_offload: ``"none"``, ``"cpu"`` (host memory) or ``"nvme"`` (files).
+        num_params: parameters ``P`` of the whole model, as in ``estimate_model_states_memory``.
+        world_size: ranks ``N``, as in ``estimate_model_states_memory``.
+        zero_stage: 0-3, as in ``estimate_model_states_memory``.
+        param_bytes: bytes per parameter of the parameters, ``p``; default 2.
+        grad_bytes: bytes per parameter of the gradients, ``g``; default 2.
+        optimizer_bytes: bytes per parameter of the optimizer states, ``k``; default 12.
+        optimizer_offload: ``"none"`` (default), ``"cpu"`` (host memory) or ``"nvme"`` (files), as
+            ``prepare_train_network``'s ``optimizer_offload``.
         offloaded_bytes: bytes per parameter of the optimizer states that leave the device; None
-            means all of ``optimizer_bytes``; at most ``optimizer_bytes``.
+            means all of ``optimizer_bytes``; at most ``optimizer_bytes``. With fp32 masters kept on
+            the device (stages 1-2), Adam moves its two moments: 8.
+
+    Returns:
+        dict: ``{"device": int, "host": int, "file": int}`` bytes per rank; they add up to
+            ``estimate_model_states_memory`` of the same first six arguments.
 
     Raises:
         ValueError: an argument out of range, naming it and its value.
+
+    Examples:
+        >>> from mindone_zero.memory.estimate import estimate_model_states_placement
+        >>> placed = estimate_model_states_placement(1e9, 8, 2, optimizer_offload="cpu",
+        ...                                          offloaded_bytes=8)
+        >>> {where: round(n / 1e9, 2) for where, n in placed.items()}
+        {'device': 2.75, 'host': 1.0, 'file': 0.0}
     """
     func = "estimate_model_states_placement"
     total = estimate_model_states_memory(num_params, world_size, zero_stage, param_bytes, grad_bytes, optimizer_bytes)

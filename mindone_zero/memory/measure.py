@@ -53,15 +53,31 @@ def measure_model_states(train_net) -> Dict[str, int]:
       (``optimizer_offload``), not in ``total`` nor in ``optimizer_states``.
 
     Args:
-        train_net: a ``TrainOneStepWrapper`` (as returned by ``prepare_train_network``).
+        train_net (TrainOneStepWrapper): as returned by ``prepare_train_network``.
 
     Returns:
         dict: ``{kind: bytes}`` with the keys of ``KINDS`` plus ``"total"``, ``"host"`` and
-        ``"file"``, all ints.
+            ``"file"``, all ints.
 
     Raises:
         TypeError: if ``train_net`` has no ``zero_helper``/``network``/``optimizer`` (is not a
             ``TrainOneStepWrapper``).
+
+    Examples:
+        >>> from mindspore import nn
+        >>> from mindone_zero import prepare_train_network
+        >>> from mindone_zero.memory.measure import measure_model_states
+        >>> net = nn.WithLossCell(nn.Dense(1000, 1000), nn.MSELoss())
+        >>> optimizer = nn.AdamWeightDecay(net.trainable_params())
+        >>> train_net = prepare_train_network(net, optimizer)
+        >>> held = measure_model_states(train_net)
+        >>> held["params"], held["optimizer_states"]   # fp32; Adam's two moments
+        (4004000, 8008000)
+
+        At every stage on 2 and 4 ranks, against bytes computed by hand from the shapes
+        (tests/dist/test_memory_measure.py runs this call):
+
+        >>> measure_model_states(train_net)["total"]
     """
     missing = [a for a in ("zero_helper", "network", "optimizer") if not hasattr(train_net, a)]
     if missing:
@@ -80,15 +96,21 @@ def measure_model_states(train_net) -> Dict[str, int]:
 
 @dataclass(frozen=True)
 class PeakMemory:
-    """Memory of this rank around some training steps (``measure_peak_memory``).
+    """Memory of this rank around some training steps, as ``measure_peak_memory`` returns it.
 
-    Attributes:
-        baseline_bytes: in use just before the steps, or the ``baseline`` given to
+    Args:
+        baseline_bytes (int): in use just before the steps, or the ``baseline`` given to
             ``measure_peak_memory`` (e.g. read before the network was built).
-        peak_bytes: the highest use while they ran.
-        source: ``"process_rss"`` (CPU: resident set of the process, everything it touched,
+        peak_bytes (int): the highest use while they ran.
+        source (str): ``"process_rss"`` (CPU: resident set of the process, everything it touched,
             Python and MindSpore's host memory alike) or ``"device_allocated"`` (Ascend/GPU: bytes
             the runtime's allocator handed out, ``mindspore.runtime.max_memory_allocated``).
+
+    Examples:
+        >>> from mindone_zero.memory.measure import PeakMemory
+        >>> peak = PeakMemory(baseline_bytes=100, peak_bytes=250, source="process_rss")
+        >>> peak.growth_bytes
+        150
     """
 
     baseline_bytes: int
@@ -128,7 +150,16 @@ def _on_device() -> bool:
 def memory_in_use() -> int:
     """Bytes this rank uses now: on Ascend/GPU the runtime's allocated bytes, on CPU the process's
     resident set (``VmRSS``). Read it before building a network and pass it as the ``baseline`` of
-    ``measure_peak_memory`` to count the model states in the growth too. Not collective."""
+    ``measure_peak_memory`` to count the model states in the growth too. Not collective.
+
+    Returns:
+        int: bytes in use.
+
+    Examples:
+        >>> from mindone_zero.memory.measure import memory_in_use
+        >>> memory_in_use() > 0
+        True
+    """
     if _on_device():
         return int(ms.runtime.memory_allocated())
     return _status_bytes("VmRSS")
@@ -158,6 +189,24 @@ def measure_peak_memory(step: Callable[[], object], steps: int = 1, baseline: Op
         TypeError: ``step`` is not callable.
         ValueError: ``steps`` is not an int >= 1, or ``baseline`` is not None or an int >= 0.
         RuntimeError: on CPU, the host cannot reset the process peak.
+
+    Examples:
+        >>> import numpy as np
+        >>> import mindspore as ms
+        >>> from mindspore import nn
+        >>> from mindone_zero import prepare_train_network
+        >>> from mindone_zero.memory.measure import measure_peak_memory, memory_in_use
+        >>> before = memory_in_use()                    # before the network exists
+        >>> net = nn.WithLossCell(nn.Dense(256, 256), nn.MSELoss())
+        >>> optimizer = nn.AdamWeightDecay(net.trainable_params())
+        >>> train_net = prepare_train_network(net, optimizer)
+        >>> x = ms.Tensor(np.ones((8, 256), np.float32))
+        >>> y = ms.Tensor(np.zeros((8, 256), np.float32))
+        >>> _ = train_net(x, y)                         # compile first
+        >>> peak = measure_peak_memory(lambda: train_net(x, y), 2, baseline=before)
+        >>> peak.source, peak.baseline_bytes == before, peak.peak_bytes > 0
+        ('process_rss', True, True)
+        >>> growth = peak.growth_bytes   # the network, its states and the steps
     """
     if not callable(step):
         raise TypeError(f"For 'measure_peak_memory', the argument 'step' must be callable, but got {type(step).__name__}.")
@@ -196,6 +245,26 @@ def hpz_secondary_bytes(train_net) -> int:
     gathered parameter read in a recomputed Cell: its padded size / the hpZ group's size, in the
     compute dtype; [Note: hpZ] in ``mindone_zero/zero3/param_wrapper.py``). 0 without hpZ; the
     counterpart of ``estimate_peak_memory(..., hpz_group_size=K)``'s term. Not collective.
+
+    Args:
+        train_net (nn.Cell): the train network (or the network) after ``prepare_train_network``.
+
+    Returns:
+        int: bytes; 0 without hpZ.
+
+    Examples:
+        >>> from mindspore import nn
+        >>> from mindone_zero import prepare_train_network
+        >>> from mindone_zero.memory.measure import hpz_secondary_bytes
+        >>> net = nn.WithLossCell(nn.Dense(4, 2), nn.MSELoss())
+        >>> train_net = prepare_train_network(net, nn.SGD(net.trainable_params()))
+        >>> hpz_secondary_bytes(train_net)
+        0
+
+        At stage 3 with ``zeropp={"hpz_group": ...}`` (tests/dist/test_zeropp.py compares it with
+        ``estimate_peak_memory``'s term):
+
+        >>> hpz_secondary_bytes(train_net)
     """
     total = 0
     for _, cell in train_net.cells_and_names():

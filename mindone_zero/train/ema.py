@@ -248,6 +248,12 @@ class _InPlaceSwap:
     """
 
     def swap_before_eval(self):
+        """Put the EMA weights into the network, keeping the trained ones aside; returns True.
+
+        Call it before evaluating with the EMA weights, then ``swap_after_eval``. Calling it twice
+        changes nothing the second time. Collective (every rank of the optimizer parallel group)
+        only at stages 1-2 with ``shard_ema=True``; local otherwise.
+        """
         binding = _binding(self)
         if binding is None:
             return super().swap_before_eval()
@@ -257,6 +263,8 @@ class _InPlaceSwap:
         return True
 
     def swap_after_eval(self):
+        """Put the trained weights back into the network, bit for bit; returns True. Local (any
+        subset of ranks may call it); without a ``swap_before_eval`` before it, nothing changes."""
         binding = _binding(self)
         if binding is None:
             return super().swap_after_eval()
@@ -282,6 +290,27 @@ class EMA(_InPlaceSwap, nn.Cell):
 
     Raises:
         ValueError: ``ema_decay`` outside (0, 1) or ``updates`` < 0.
+
+    Examples:
+        >>> import numpy as np
+        >>> from mindspore import nn
+        >>> from mindone_zero import EMA
+        >>> net = nn.Dense(4, 2)
+        >>> ema = EMA(net, ema_decay=0.999)
+        >>> trained = net.weight.asnumpy().copy()
+        >>> _ = ema.ema_update()        # after a step (the train network calls it)
+        >>> ema.swap_before_eval()      # evaluate with the EMA weights ...
+        True
+        >>> ema.swap_after_eval()       # ... then put the trained weights back
+        True
+        >>> bool(np.array_equal(net.weight.asnumpy(), trained))
+        True
+
+        With ZeRO, pass it to ``prepare_train_network(..., ema=ema)``, which updates it after each
+        optimizer step (tests/dist/test_checkpoint_resume.py runs this at stages 0-3):
+
+        >>> train_net = prepare_train_network(loss_net, optimizer, ema=ema,
+        ...                                   zero_stage=3)
     """
 
     def __init__(self, network, ema_decay=0.9999, updates=0, trainable_only=True, offloading=True):
@@ -299,7 +328,8 @@ class EMA(_InPlaceSwap, nn.Cell):
         self.__dict__["_zero_binding"] = _whole_binding(self)
 
     def ema_update(self):
-        """One EMA step: ``ema = d * ema + (1 - d) * weight``. Returns the update count."""
+        """One EMA step: ``ema = d * ema + (1 - d) * weight``, with the decay ``d`` warmed up
+        from 0 to ``ema_decay`` over the first updates. Returns the update count. Not collective."""
         updates = ops.assign_add(self.updates, ops.ones((), ms.float32))
         decay = self.ema_decay * (1.0 - ops.exp(-updates / _WARMUP))
         return ops.depend(updates, hyper_map(ops.partial(_ema_assign, decay), self.ema_weight, self.net_weight))

@@ -137,10 +137,16 @@ class _FloatStatus(nn.Cell):
 class TrainOneStepWrapper(nn.Cell):
     """One training step with ZeRO; returns ``(loss, overflow, loss_scale)`` like MindOne's.
 
-    ``loss`` is this rank's loss on its micro-batch; ``overflow`` is True on every rank when
+    ``prepare_train_network`` builds it; build it yourself only around a ``ZeroHelper`` of your
+    own. ``loss`` is this rank's loss on its micro-batch; ``overflow`` is True on every rank when
     any rank's gradients hold inf/nan at this micro-step (on Ascend in saturation mode, also when
     the float-status register says an operation overflowed: ``_FloatStatus``); ``loss_scale`` is the scale used for
     this micro-step. Calling it is collective over the world group.
+
+    With ``zero_helper.host_offload`` (``optimizer_offload``), the graph returns the reduced,
+    clipped gradients and ``__call__`` runs the optimizer step on the host, then the all-gather
+    and the EMA ([Note: host step] in offload/host_step.py); call the wrapper itself, not its
+    ``construct`` from another graph.
 
     Args:
         network (nn.Cell): returns the loss from the inputs.
@@ -152,14 +158,35 @@ class TrainOneStepWrapper(nn.Cell):
         drop_overflow_update (bool): skip the optimizer step on every rank when any micro-step of
             it overflowed.
         gradient_accumulation_steps (int): micro-steps per optimizer step; gradients are averaged.
-        clip_grad (bool), clip_norm (float): clip by the global norm of the full gradient.
+        clip_grad (bool): clip by the global norm of the full gradient.
+        clip_norm (float): the largest global norm kept when ``clip_grad``, > 0.
         verbose (bool): log the configuration at build time.
         zero_helper (ZeroHelper): the ZeRO machinery; None builds a stage-0 helper.
 
-    With ``zero_helper.host_offload`` (``optimizer_offload``), the graph returns the reduced,
-    clipped gradients and ``__call__`` runs the optimizer step on the host, then the all-gather
-    and the EMA ([Note: host step] in offload/host_step.py); call the wrapper itself, not its
-    ``construct`` from another graph.
+    Raises:
+        TypeError / ValueError: naming the argument and the value: ``gradient_accumulation_steps``
+            not an integer >= 1, ``clip_grad`` not a bool, ``clip_norm`` not > 0, ``scale_sense``
+            neither a positive number, a one-element Tensor nor a loss-scale Cell, or ``ema``
+            without MindOne's EMA interface.
+
+    Examples:
+        >>> import numpy as np
+        >>> import mindspore as ms
+        >>> from mindspore import nn
+        >>> from mindone_zero import TrainOneStepWrapper, ZeroHelper
+        >>> net = nn.WithLossCell(nn.Dense(4, 2), nn.MSELoss())
+        >>> optimizer = nn.SGD(net.trainable_params(), learning_rate=0.1)
+        >>> helper = ZeroHelper(optimizer, zero_stage=0)
+        >>> scale = nn.FixedLossScaleUpdateCell(8.0)
+        >>> train_net = TrainOneStepWrapper(net, optimizer, scale_sense=scale,
+        ...                                 zero_helper=helper)
+        >>> x = ms.Tensor(np.ones((8, 4), np.float32))
+        >>> y = ms.Tensor(np.zeros((8, 2), np.float32))
+        >>> loss, overflow, loss_scale = train_net(x, y)
+        >>> bool(overflow), float(loss_scale)
+        (False, 8.0)
+        >>> train_net.comm_plan.count()   # one process: nothing to communicate
+        0
     """
 
     def __init__(self, network, optimizer, scale_sense=1.0, ema=None, updates=0, drop_overflow_update=True,
@@ -218,6 +245,12 @@ class TrainOneStepWrapper(nn.Cell):
         gradients reduced as this stage reduces them at that accumulation. ``comm_plan`` is this at
         ``gradient_accumulation_steps``. Not collective.
 
+        Args:
+            micro_steps (int): forward/backward passes per optimizer step, >= 1.
+
+        Returns:
+            CommPlan: one entry per collective.
+
         Raises:
             ValueError: ``micro_steps`` is not an integer >= 1.
         """
@@ -257,6 +290,9 @@ class TrainOneStepWrapper(nn.Cell):
         ``TrainOneStepWithLossScaleCell.set_sense_scale``; a ``loss_scaling_manager`` keeps
         updating it from there. Not collective.
 
+        Args:
+            sens (float | Tensor): the new loss scale.
+
         Raises:
             TypeError / ValueError: ``sens`` is not a positive number or one-element Tensor.
         """
@@ -271,7 +307,11 @@ class TrainOneStepWrapper(nn.Cell):
         self.scale_sense.set_data(Tensor(float(sens), ms.float32))
 
     def run_optimizer(self, grads):
-        """MindOne's name: the optimizer step on reduced ``grads`` (collective at stages 1-2)."""
+        """MindOne's name: the optimizer step on reduced ``grads`` (collective at stages 1-2).
+
+        Args:
+            grads (tuple): the reduced gradients, shaped like ``zero_helper.opt_params``.
+        """
         return self.zero_helper.run_optimizer(grads)
 
     @property

@@ -109,8 +109,10 @@ def _master_dtype(dtype):
 class ZeroHelper(nn.Cell):
     """Shards one optimizer's work over ``optimizer_parallel_group`` (ZeRO stages 0-3).
 
-    Building it is not collective; ``reduce_grads``, ``global_norm``, ``run_optimizer`` and
-    ``any_rank`` are collective over the world (every rank must call them, in the same order).
+    MindOne's ``ZeroHelper``: ``prepare_train_network`` builds one and ``TrainOneStepWrapper``
+    calls it from its ``construct``; ``cal_gradients``, ``run_optimizer`` and ``split_params`` keep
+    MindOne's names. Building it is not collective; ``reduce_grads`` and ``run_optimizer`` are
+    collective over the world (every rank must call them, in the same order).
 
     Args:
         optimizer (nn.Optimizer | mindspore.experimental.optim.Optimizer): built over the network's
@@ -139,10 +141,38 @@ class ZeroHelper(nn.Cell):
             network's own layout holds.
         op_group (str): MindOne 0.2.0's name for ``optimizer_parallel_group``; give one or the other.
 
+    Attributes:
+        zero_stage (int): the stage in force (0 outside ``ParallelMode.DATA_PARALLEL``).
+        op_group (str): the optimizer parallel group's name (None in one process).
+        op_size (int): ranks in that group; ``op_rank`` (int) is this rank's index in it.
+        dp_group (str): the replica group, or None; ``dp_size`` (int) its size.
+        is_parallel (bool): whether the job runs in ``ParallelMode.DATA_PARALLEL``.
+        optimizer: the optimizer (re-pointed at the master shards at stages 1-2).
+        params (ParameterTuple): the parameters the optimizer updates.
+        opt_params (ParameterTuple): what it updates them through: the fp32 master shards at
+            stages 1-2, the parameters themselves otherwise.
+        host_offload: the host side of ``optimizer_offload``, else None.
+
     Raises:
         TypeError: ``optimizer`` is neither an ``nn.Optimizer`` nor an experimental ``Optimizer``, or both
             ``optimizer_parallel_group`` and ``op_group`` are given.
         ValueError: bad stage, groups, or optimizer states not shaped like their parameters.
+
+    Examples:
+        >>> from mindspore import nn
+        >>> from mindone_zero import ZeroHelper
+        >>> net = nn.Dense(4, 2)
+        >>> optimizer = nn.AdamWeightDecay(net.trainable_params())
+        >>> helper = ZeroHelper(optimizer, zero_stage=2)
+        >>> helper.zero_stage, helper.op_size   # one process: stage 0, nothing sharded
+        (0, 1)
+
+        On every rank, the train step around it, as ``prepare_train_network`` builds it
+        (tests/dist/test_zero_parity.py runs ``prepare_train_network`` at stages 0-3):
+
+        >>> helper = ZeroHelper(optimizer, zero_stage=2,
+        ...                     optimizer_parallel_group=op_group, dp_group=dp_group)
+        >>> train_net = TrainOneStepWrapper(loss_net, optimizer, zero_helper=helper)
     """
 
     def __init__(self, optimizer, zero_stage=0, optimizer_parallel_group=None, dp_group=None,
@@ -267,9 +297,12 @@ class ZeroHelper(nn.Cell):
         network's ZeRO-3 gathers are not in it (``TrainOneStepWrapper.comm_plan`` has both).
 
         Args:
-            micro_steps: forward/backward passes per optimizer step (gradient accumulation).
-            reduce_each_micro_step: gradients are reduced every micro-step (else once per step).
-            clip_grad: a global-norm all-reduce is added (stages >= 1).
+            micro_steps (int): forward/backward passes per optimizer step (gradient accumulation).
+            reduce_each_micro_step (bool): gradients are reduced every micro-step (else once per step).
+            clip_grad (bool): a global-norm all-reduce is added (stages >= 1).
+
+        Returns:
+            CommPlan: one entry per collective.
         """
         plan = CommPlan()
         self.record_comm(plan, PlanContext(micro_steps, reduce_each_micro_step, clip_grad))
@@ -304,15 +337,25 @@ class ZeroHelper(nn.Cell):
         self.extra_split_entries = self.extra_split_entries + list(specs)
 
     def dump_params_split_info(self, folder: Optional[str] = None) -> None:
-        """Write ``params_split_info_{op rank}.json`` into ``folder`` (default: the constructor's
-        ``params_split_info``), MindOne's name for it. Not collective; file I/O only."""
+        """Write ``params_split_info_{op rank}.json`` into ``folder``, MindOne's name for it. Not
+        collective; file I/O only.
+
+        Args:
+            folder (str): where to write it; None (default): the constructor's ``params_split_info``.
+        """
         write_split_info(self.split_info_entries(), folder or self.params_split_info, self.op_rank)
 
     # ------------------------------------------------------------- construct-time
     def reduce_grads(self, grads):
         """Mean of ``grads`` over every data-parallel rank, per [Note: gradient reduction].
 
-        Collective. Returns a tuple shaped like ``self.opt_params``.
+        Collective.
+
+        Args:
+            grads (tuple): this rank's gradients, one per ``params`` entry.
+
+        Returns:
+            tuple: the reduced gradients, shaped like ``opt_params`` (shards at stages 1-3).
         """
         if not self.is_parallel:
             return grads
@@ -384,7 +427,11 @@ class ZeroHelper(nn.Cell):
 
     def run_optimizer(self, grads):
         """Optimizer step on the shards, then (stages 1-2) all-gather the new shards into the
-        network's parameters. Collective at stages 1-2."""
+        network's parameters. Collective at stages 1-2.
+
+        Args:
+            grads (tuple): the reduced gradients (``reduce_grads``), shaped like ``opt_params``.
+        """
         result = self.optimizer(grads)
         if self.use_masters:
             result = ops.depend(result, self.all_gather_params(result))
@@ -402,7 +449,11 @@ class ZeroHelper(nn.Cell):
 
     # ---------------------------------------------------------- MindOne names
     def cal_gradients(self, grads):
-        """MindOne's name for ``reduce_grads``."""
+        """MindOne's name for ``reduce_grads``. Collective.
+
+        Args:
+            grads (tuple): this rank's gradients, one per ``params`` entry.
+        """
         return self.reduce_grads(grads)
 
     def split_params(self):

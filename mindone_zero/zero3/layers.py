@@ -38,15 +38,22 @@ __all__ = ["Dense", "Linear", "Conv1d", "Conv2d", "Conv3d", "Mint_Conv2d", "Mint
 
 
 class ZeroCell(nn.Cell):
-    """Base of the ZeRO-3 layer Cells: takes over ``net``'s parameters, children and settings.
+    """Base of the ZeRO-3 layer Cells, and the constructor contract of MindOne-style layers.
 
-    ``Cls(net, zero_stage=0, optimizer_parallel_group=None, cell_type=None)``, MindOne's order
-    and defaults; ``op_group=`` is accepted as a keyword alias of ``optimizer_parallel_group``.
+    Every class in ``PARALLEL_MODULES``, and every class you map in the ``parallel_modules`` or
+    ``special_cases_parallel_module`` argument of ``prepare_network``, ``prepare_train_network`` or
+    ``shard_network``, is built as ``Cls(net, zero_stage=0, optimizer_parallel_group=None,
+    cell_type=None)``: MindOne's order and defaults (``shard_network`` calls ``Cls(cell, 3,
+    group)``). A class of your own need not derive from ``ZeroCell``: it must take that constructor
+    and gather each split parameter it reads through a ``ZeroParamWrapper`` (whose example is such a
+    layer).
+
+    The library's ZeRO-3 Cells (``Dense``, ``Linear``, ``Conv1d`` to ``Conv3d``, ``Embedding``)
+    derive from it and take over ``net``:
 
     * ``zero_stage == 3``: the parameters are sharded in place over ``optimizer_parallel_group``
-      (None: the world group) and ``construct`` gathers them (``<name>_zero_gather``, a
-      ``ZeroParamWrapper`` returning ``cell_type``; None: ``net``'s ``to_float`` dtype, else the
-      parameter's). Calling it is collective over the group.
+      and ``construct`` gathers them (``<name>_zero_gather``, a ``ZeroParamWrapper`` returning
+      ``cell_type``). Calling it is collective over the group.
     * ``zero_stage < 3``: a no-op as in MindOne: nothing is sharded, the gather attributes are
       identities, and the Cell computes exactly what ``net`` computes.
 
@@ -57,11 +64,44 @@ class ZeroCell(nn.Cell):
     ``shard_network`` does not rewrite the ``construct`` of a ZeroCell: it gathers its parameters
     itself.
 
+    Args:
+        net (nn.Cell): the layer to take over, of a type the class accepts (``PARALLEL_MODULES``
+            lists them: ``nn.Dense`` for ``Dense``, ``nn.Conv2d`` or ``mint.nn.Conv2d`` for
+            ``Conv2d``, ...).
+        zero_stage (int): 0-3; 3 shards the parameters, below 3 the Cell computes what ``net``
+            computes.
+        optimizer_parallel_group (str): the group the parameters are sharded over; None
+            (default): the world group.
+        cell_type (mindspore.dtype): the dtype the gathered parameters are returned in; None
+            (default): ``net``'s ``to_float`` dtype, else the parameter's.
+        op_group (str): keyword-only alias of ``optimizer_parallel_group`` (MindOne 0.2.0's name);
+            give one or the other.
+
     Raises:
         TypeError: if ``net`` is not one of the accepted layer types, the group is not None or a
             str, ``cell_type`` is not a float dtype, or both group keywords are given.
         ValueError: if ``zero_stage`` is not one of 0, 1, 2, 3, or ``net`` holds state that cannot
             be carried over (``Cell.shard``). All checks run before anything is modified.
+
+    Examples:
+        >>> import numpy as np
+        >>> import mindspore as ms
+        >>> from mindspore import nn
+        >>> from parallel_modules import Dense
+        >>> dense = nn.Dense(4, 3, activation="relu")
+        >>> x = ms.Tensor(np.ones((2, 4), np.float32))
+        >>> expected = dense(x).asnumpy()
+        >>> layer = Dense(dense, zero_stage=3)     # one process: a group of one rank
+        >>> layer.weight is dense.weight, layer.weight.zero_spec.split
+        (True, True)
+        >>> bool(np.allclose(layer(x).asnumpy(), expected))
+        True
+
+        Your own class for a layer of your own, used at stage 3 on every rank
+        (tests/dist/test_mindone_dropin.py runs a script with such a class):
+
+        >>> train_net = prepare_train_network(loss_net, optimizer, zero_stage=3,
+        ...                                   parallel_modules={MyLayer: ZeroMyLayer})
     """
 
     zero3_gathers_itself = True
@@ -160,7 +200,21 @@ class ZeroCell(nn.Cell):
 
 
 class Dense(ZeroCell):
-    """ZeRO-3 ``nn.Dense``: ``y = activation(x @ W.T + b)`` with W and b gathered. See ``ZeroCell``."""
+    """ZeRO-3 ``nn.Dense``: ``y = activation(x @ W.T + b)`` with W and b gathered.
+
+    Parameters, contract and errors: [ZeroCell][mindone_zero.zero3.layers.ZeroCell]'s.
+
+    Examples:
+        >>> import numpy as np
+        >>> import mindspore as ms
+        >>> from mindspore import nn
+        >>> from parallel_modules import Dense
+        >>> layer = nn.Dense(4, 3)
+        >>> x = ms.Tensor(np.ones((2, 4), np.float32))
+        >>> expected = layer(x).asnumpy()
+        >>> bool(np.allclose(Dense(layer, zero_stage=3)(x).asnumpy(), expected))
+        True
+    """
 
     accepts = (nn.Dense,)
     copy_attrs = ("in_channels", "out_channels", "has_bias", "activation_flag")
@@ -191,7 +245,21 @@ class Dense(ZeroCell):
 
 
 class Linear(ZeroCell):
-    """ZeRO-3 ``mint.nn.Linear`` (``nn.Linear``): ``y = x @ W.T + b`` with W and b gathered."""
+    """ZeRO-3 ``mint.nn.Linear`` and ``nn.Linear``: ``y = x @ W.T + b`` with W and b gathered.
+
+    Parameters, contract and errors: [ZeroCell][mindone_zero.zero3.layers.ZeroCell]'s.
+
+    Examples:
+        >>> import numpy as np
+        >>> import mindspore as ms
+        >>> from mindspore import mint
+        >>> from parallel_modules import Linear
+        >>> layer = mint.nn.Linear(4, 3)
+        >>> x = ms.Tensor(np.ones((2, 4), np.float32))
+        >>> expected = layer(x).asnumpy()
+        >>> bool(np.allclose(Linear(layer, zero_stage=3)(x).asnumpy(), expected))
+        True
+    """
 
     accepts = (nn.Linear, mint.nn.Linear)
     copy_attrs = ("in_features", "out_features", "has_bias")
@@ -234,7 +302,21 @@ class _Conv(ZeroCell):
 
 
 class Conv1d(_Conv):
-    """ZeRO-3 ``nn.Conv1d`` and ``mint.nn.Conv1d`` with weight and bias gathered."""
+    """ZeRO-3 ``nn.Conv1d`` and ``mint.nn.Conv1d``, weight and bias gathered.
+
+    Parameters, contract and errors: [ZeroCell][mindone_zero.zero3.layers.ZeroCell]'s.
+
+    Examples:
+        >>> import numpy as np
+        >>> import mindspore as ms
+        >>> from mindspore import nn
+        >>> from parallel_modules import Conv1d
+        >>> layer = nn.Conv1d(3, 8, 3, has_bias=True)
+        >>> x = ms.Tensor(np.ones((1, 3, 16), np.float32))
+        >>> expected = layer(x).asnumpy()
+        >>> bool(np.allclose(Conv1d(layer, zero_stage=3)(x).asnumpy(), expected))
+        True
+    """
 
     accepts = (nn.Conv1d, mint.nn.Conv1d)
     mint_class = mint.nn.Conv1d
@@ -255,7 +337,21 @@ class Conv1d(_Conv):
 
 
 class Conv2d(_Conv):
-    """ZeRO-3 ``nn.Conv2d`` and ``mint.nn.Conv2d`` with weight and bias gathered."""
+    """ZeRO-3 ``nn.Conv2d`` and ``mint.nn.Conv2d``, weight and bias gathered.
+
+    Parameters, contract and errors: [ZeroCell][mindone_zero.zero3.layers.ZeroCell]'s.
+
+    Examples:
+        >>> import numpy as np
+        >>> import mindspore as ms
+        >>> from mindspore import nn
+        >>> from parallel_modules import Conv2d
+        >>> layer = nn.Conv2d(3, 8, 3)
+        >>> x = ms.Tensor(np.ones((1, 3, 8, 8), np.float32))
+        >>> expected = layer(x).asnumpy()
+        >>> bool(np.allclose(Conv2d(layer, zero_stage=3)(x).asnumpy(), expected))
+        True
+    """
 
     accepts = (nn.Conv2d, mint.nn.Conv2d)
     mint_class = mint.nn.Conv2d
@@ -276,7 +372,21 @@ class Conv2d(_Conv):
 
 
 class Conv3d(_Conv):
-    """ZeRO-3 ``nn.Conv3d`` and ``mint.nn.Conv3d`` with weight and bias gathered."""
+    """ZeRO-3 ``nn.Conv3d`` and ``mint.nn.Conv3d``, weight and bias gathered.
+
+    Parameters, contract and errors: [ZeroCell][mindone_zero.zero3.layers.ZeroCell]'s.
+
+    Examples:
+        >>> import numpy as np
+        >>> import mindspore as ms
+        >>> from mindspore import nn
+        >>> from parallel_modules import Conv3d
+        >>> layer = nn.Conv3d(2, 4, 3)
+        >>> x = ms.Tensor(np.ones((1, 2, 6, 6, 6), np.float32))
+        >>> expected = layer(x).asnumpy()
+        >>> bool(np.allclose(Conv3d(layer, zero_stage=3)(x).asnumpy(), expected))
+        True
+    """
 
     accepts = (nn.Conv3d, mint.nn.Conv3d)
     mint_class = mint.nn.Conv3d
@@ -323,6 +433,13 @@ class Mint_Conv2d(Conv2d):
     when the graph compiles; ``PARALLEL_MODULES[mint.nn.Conv2d]`` is this class, as in MindOne, and
     ``isinstance(cell, Conv2d)`` still holds. mint convolution kernels do not exist on MindSpore's
     CPU backend (2.10): on CPU it is built, not run.
+
+    Examples:
+        >>> from mindspore import mint
+        >>> from parallel_modules import Conv2d, Mint_Conv2d
+        >>> layer = Mint_Conv2d(mint.nn.Conv2d(3, 8, 3), zero_stage=3)
+        >>> isinstance(layer, Conv2d), layer.weight.shape
+        (True, (8, 3, 3, 3))
     """
 
     accepts = (mint.nn.Conv2d,)
@@ -332,6 +449,13 @@ class Mint_Conv3d(Conv3d):
     """ZeRO-3 ``mint.nn.Conv3d``: MindOne 0.3.0+'s name (``mindone.models.modules.parallel.Mint_Conv3d``).
 
     ``Conv3d`` restricted to ``mint.nn.Conv3d``, for the reasons ``Mint_Conv2d`` gives.
+
+    Examples:
+        >>> from mindspore import mint
+        >>> from parallel_modules import Conv3d, Mint_Conv3d
+        >>> layer = Mint_Conv3d(mint.nn.Conv3d(2, 4, 3), zero_stage=3)
+        >>> isinstance(layer, Conv3d), layer.weight.shape
+        (True, (4, 2, 3, 3, 3))
     """
 
     accepts = (mint.nn.Conv3d,)
@@ -341,9 +465,22 @@ class Embedding(ZeroCell):
     """ZeRO-3 ``nn.Embedding`` (parameter ``embedding_table``) and ``mint.nn.Embedding``
     (parameter ``weight``) with the table gathered.
 
+    Parameters, contract and errors: [ZeroCell][mindone_zero.zero3.layers.ZeroCell]'s, and:
+
     Raises:
         ValueError: at stage 3, for a ``mint.nn.Embedding`` with ``max_norm``: it renormalises the
             table in place, which a gathered copy cannot do.
+
+    Examples:
+        >>> import numpy as np
+        >>> import mindspore as ms
+        >>> from mindspore import nn
+        >>> from parallel_modules import Embedding
+        >>> table = nn.Embedding(10, 4)
+        >>> ids = ms.Tensor(np.array([[1, 2, 7]], np.int32))
+        >>> layer = Embedding(table, zero_stage=3)
+        >>> layer(ids).shape, layer.embedding_table is table.embedding_table
+        ((1, 3, 4), True)
     """
 
     accepts = (nn.Embedding, mint.nn.Embedding)
@@ -388,7 +525,27 @@ def _default_modules() -> dict:
     return mapping
 
 
+# tests/unit/test_docs_api.py checks the table in this docstring against the dict.
 PARALLEL_MODULES = _default_modules()
-"""{original Cell class: ZeRO-3 Cell class}. ``shard_network`` replaces Cells whose type is exactly
-a key (subclasses go through the generic path, which keeps their own ``construct`` and methods).
-A user's ``parallel_modules`` dict extends or overrides it."""
+"""``{original Cell class: ZeRO-3 Cell class}``, MindOne's ``PARALLEL_MODULES``.
+
+``shard_network`` (and so ``prepare_network`` and ``prepare_train_network`` at stage 3) replaces
+each Cell whose type is exactly a key by its value, built as ``ZeroCell`` says; subclasses go
+through the generic path, which keeps their own ``construct`` and methods. A ``parallel_modules``
+dict given to those functions extends or overrides it. The mapping:
+
+| original Cell class | ZeRO-3 Cell class |
+|---|---|
+| ``nn.Dense`` | ``parallel_modules.Dense`` |
+| ``mint.nn.Linear`` | ``parallel_modules.Linear`` |
+| ``nn.Conv1d`` | ``parallel_modules.Conv1d`` |
+| ``mint.nn.Conv1d`` | ``parallel_modules.Conv1d`` |
+| ``nn.Conv2d`` | ``parallel_modules.Conv2d`` |
+| ``mint.nn.Conv2d`` | ``parallel_modules.Mint_Conv2d`` |
+| ``nn.Conv3d`` | ``parallel_modules.Conv3d`` |
+| ``mint.nn.Conv3d`` | ``parallel_modules.Mint_Conv3d`` |
+| ``nn.Embedding`` | ``parallel_modules.Embedding`` |
+| ``mint.nn.Embedding`` | ``parallel_modules.Embedding`` |
+
+(MindSpore 2.10's ``nn.Linear`` is ``mint.nn.Linear``.)
+"""

@@ -178,8 +178,8 @@ def shard_parameter(param: Parameter, group: Optional[str] = None) -> ShardSpec:
     initial values still end with one consistent set of blocks (block r comes from rank r).
 
     Args:
-        param: the Parameter to shard.
-        group: communication group name; None means the world group.
+        param (Parameter): the Parameter to shard.
+        group (str): communication group name; None means the world group.
 
     Returns:
         ShardSpec: the layout of ``param``.
@@ -187,6 +187,18 @@ def shard_parameter(param: Parameter, group: Optional[str] = None) -> ShardSpec:
     Raises:
         TypeError: if ``param`` is not a Parameter.
         ValueError: if ``param`` was already sharded over a group of another size.
+
+    Examples:
+        >>> import numpy as np
+        >>> import mindspore as ms
+        >>> from mindspore import Parameter
+        >>> from parallel_modules import shard_parameter
+        >>> w = Parameter(ms.Tensor(np.ones((6, 4), np.float32)), name="w")
+        >>> spec = shard_parameter(w)   # one process: the block is the whole tensor
+        >>> spec.split, spec.shape, spec.shard_shape, w.zero_spec is spec
+        (True, (6, 4), (6, 4), True)
+        >>> shard_parameter(w) is w.zero_spec   # idempotent
+        True
     """
     if not isinstance(param, Parameter):
         raise TypeError(f"For 'shard_parameter', the argument 'param' must be a Parameter, but got {type(param)}.")
@@ -291,6 +303,15 @@ class ZeroParamWrapper(nn.Cell):
     split: every rank must run the same forward and backward. Below stage 3 it is an identity
     (no cast, no sharding, no communication), as MindOne's layers use ``nn.Identity`` there.
 
+    Args:
+        param (Parameter): the parameter to gather (sharded here at stage 3 if it is not yet).
+        *args: after ``param``, positionally, either ``group, compute_dtype`` (ours: ``group`` a
+            group name, None for the world group; ``compute_dtype`` the dtype forward returns, None
+            for the parameter's) or ``zero_stage, optimizer_parallel_group, cell_type`` (MindOne's,
+            told apart by an int ``zero_stage``: 0-3, below 3 the wrapper is an identity).
+        **kwargs: the same by name: ``group`` or its alias ``optimizer_parallel_group``,
+            ``compute_dtype`` or its alias ``cell_type``, and ``zero_stage`` (default 3).
+
     Attributes:
         need_rewrite (bool): always False. MindOne's wrapper sets it when the parameter still has
             to be cut by the caller (``param.assign_value(block)``); this wrapper has already cut
@@ -303,8 +324,32 @@ class ZeroParamWrapper(nn.Cell):
 
     Raises:
         TypeError: if ``param`` is not a Parameter, ``group`` is not None or a str,
-            ``compute_dtype`` is not a MindSpore float type, or the arguments fit neither form.
+            ``compute_dtype`` is not a MindSpore float type, the arguments fit neither form, or a
+            value is given under both of its names.
         ValueError: if ``zero_stage`` is not one of 0, 1, 2, 3.
+
+    Examples:
+        A layer of your own that gathers its weight (MindOne's form; one process, so a group of one
+        rank):
+
+        >>> import numpy as np
+        >>> import mindspore as ms
+        >>> from mindspore import Parameter, nn, ops
+        >>> from parallel_modules import ZeroParamWrapper
+        >>> class Scale(nn.Cell):
+        ...     def __init__(self, zero_stage=3):
+        ...         super().__init__()
+        ...         value = ms.Tensor(np.full((4, 3), 2.0, np.float32))
+        ...         self.w = Parameter(value, name="w")
+        ...         self.w_gather = ZeroParamWrapper(self.w, zero_stage, None,
+        ...                                          ms.float16)
+        ...     def construct(self, x):
+        ...         return ops.matmul(x, self.w_gather(self.w, x))
+        >>> layer = Scale()
+        >>> layer.w_gather.is_split, layer.w_gather.need_rewrite
+        (True, False)
+        >>> layer(ms.Tensor(np.ones((1, 4), np.float16))).asnumpy().tolist()
+        [[8.0, 8.0, 8.0]]
     """
 
     def __init__(self, param: Parameter, *args, **kwargs):
@@ -332,7 +377,13 @@ class ZeroParamWrapper(nn.Cell):
 
     def construct(self, x, after=None):
         """The full tensor of shard ``x``, in the compute dtype (``x`` itself below stage 3).
-        ``after``: a tensor the gather must wait for, the calling layer's input ([Note: gather order])."""
+        Collective over the group when the parameter is split.
+
+        Args:
+            x (Parameter): the shard, the Parameter this wrapper was built for.
+            after (Tensor): a tensor the gather must wait for, the calling layer's input ([Note:
+                gather order]); None: no order.
+        """
         if not self.sharded:
             return x
         # PYNATIVE keeps the autograd leaf a Parameter got at creation, with its full shape;

@@ -29,11 +29,78 @@ RECOMPUTED_ATTR = "zero3_recomputed_cells"
 
 
 def recomputed_cells(network: nn.Cell) -> tuple:
-    """The readers of a sharded ``network`` whose code is not direct ([Note: reshard after forward]):
-    one line each saying whether ``reshard_after_forward`` recomputes it whole in backward or
-    re-gathers only, and why; empty when every reader re-gathers only, or the network was sharded
-    with ``reshard_after_forward=False``."""
+    """Which Cells ``reshard_after_forward=True`` recomputes whole in backward, and why.
+
+    With ``reshard_after_forward=True`` only the gathers run again in backward, except for a reader
+    whose code transforms a gathered tensor before the op that consumes it (a slice, a transpose:
+    backward would keep the copy), and for every reader in PYNATIVE_MODE (the mode when the network
+    was sharded): those are recomputed whole ([Note: reshard after forward] in ``reshard.py``).
+    ``shard_network`` also names them in a warning. Not collective.
+
+    Args:
+        network (nn.Cell): a network sharded by ``shard_network`` (or ``prepare_network``).
+
+    Returns:
+        tuple: one line (str) per such reader, saying whether it is recomputed whole or re-gathers
+            only, and why; empty when every reader re-gathers only, or the network was sharded
+            with ``reshard_after_forward=False`` (or not at all).
+
+    Examples:
+        Two units in PYNATIVE_MODE, where readers are recomputed whole (in GRAPH_MODE, and with
+        plain layers, the list is empty):
+
+        >>> from mindspore import nn
+        >>> from parallel_modules import recomputed_cells, shard_network
+        >>> class Block(nn.Cell):
+        ...     def __init__(self):
+        ...         super().__init__()
+        ...         self.fc1, self.fc2 = nn.Dense(8, 16), nn.Dense(16, 8)
+        ...     def construct(self, x):
+        ...         return self.fc2(self.fc1(x))
+        >>> net = nn.SequentialCell([Block(), Block()])
+        >>> net = shard_network(net, gather_units=(Block,))
+        >>> for line in recomputed_cells(net):
+        ...     print(line[:60])
+        0 (Block) recomputed whole: PYNATIVE_MODE: re-gathering a te
+        1 (Block) recomputed whole: PYNATIVE_MODE: re-gathering a te
+    """
     return getattr(network, RECOMPUTED_ATTR, ())
+
+
+# [Note: how shard_network rewrites]
+# What ``shard_network`` does to each Cell; its docstring keeps what a user needs.
+#
+# * Replacement (MindOne's way): a Cell whose exact type is a key of ``PARALLEL_MODULES`` (updated
+#   with ``parallel_modules``), or failing that an instance of a key of
+#   ``special_cases_parallel_module`` (first match in dict order), is replaced by
+#   ``new = cls(cell, 3, group)`` (positional: MindOne's ``(net, zero_stage,
+#   optimizer_parallel_group)``), then ``new.to_float(dtype)`` if ``cell`` had a ``to_float`` dtype
+#   that ``new`` does not carry. This happens wherever the Cell sits (attributes,
+#   ``SequentialCell``, ``CellList``, ``CellDict``, the top Cell). The library's layer Cells keep
+#   the Parameter objects and their attribute names, so names and checkpoints match. A replacement
+#   class must gather every split parameter it holds (``ZeroParamWrapper``, either constructor
+#   form; its ``need_rewrite`` is False, so a MindOne-style class does not cut the parameter a
+#   second time).
+# * Every other Cell, including subclasses of the mapped layers, goes through the generic path
+#   ([Note: generic rewrite] in ``rewrite.py``): reads of sharded parameters in its code are
+#   rewritten to gather; a class with ``zero3_gathers_itself = True`` is left alone.
+# * What the user set on the Cells is kept ([Note: carried state] in ``carry.py``): flags, hooks
+#   (also on user replacement classes), attributes, and ``recompute()``, re-applied with the same
+#   options around the new ``construct`` (so the gathers are recomputed in backward rather than
+#   their full tensors kept), in GRAPH_MODE and PYNATIVE_MODE.
+# * Gather wrappers are shared between the Cells reading one parameter in one dtype when
+#   ``reshard_after_forward`` is False, except between recomputed and other Cells.
+# * With ``reshard_after_forward=True`` the gather Cells each reader calls are marked with
+#   ``recompute(output_recompute=True)``, or the reader itself with ``recompute()`` where that alone
+#   frees the tensor (indirect reads, PYNATIVE_MODE); never the top Cell, nor a Cell already in a
+#   recomputed region ([Note: reshard after forward] in ``reshard.py``).
+# * In forward a sharded parameter is all-gathered in the reading Cell's ``to_float`` dtype, cast
+#   before the gather when that is narrower; in backward its gradient is reduce-scattered and
+#   divided by the group size in the parameter's dtype, so autodiff hands back the group mean of
+#   this rank's block, shaped like the shard ([Note: padding] and [Note: split rule] in
+#   ``mindone_zero/core/partition.py`` for which parameters are cut and how).
+# * Building is not collective: every rank cuts its own copy, so ranks starting from different
+#   initial values end up with one consistent set of blocks.
 
 
 def shard_network(network: nn.Cell, group: Optional[str] = None, parallel_modules: Optional[Dict] = None,
@@ -41,79 +108,58 @@ def shard_network(network: nn.Cell, group: Optional[str] = None, parallel_module
                   zeropp=None, gather_units=None, pad_uneven_params: bool = False) -> nn.Cell:
     """Rewrite ``network`` in place for ZeRO-3 over ``group`` and return it.
 
-    After the call every trainable Parameter with ``ndim >= 1`` not marked
-    ``param.parallel_optimizer = False`` whose dim 0 divides by the group size (every such
-    Parameter with ``pad_uneven_params=True``, zero-padded per [Note: padding]; [Note: split rule]
-    in ``mindone_zero/core/partition.py``) holds only this rank's block, is the same Parameter object
-    with the same name, and has ``param.zero_spec`` (a ``ShardSpec`` with ``split=True``). The
-    other trainable parameters (0-d, opted out, dim 0 not dividing) stay whole with
-    ``zero_spec.split == False``; their gradients stay local (a train wrapper all-reduces them).
-    Non-trainable parameters are untouched (no ``zero_spec``).
+    MindOne's ``shard_network``, which ``prepare_network`` and ``prepare_train_network`` call at
+    stage 3. After the call every trainable Parameter with ``ndim >= 1``, not marked
+    ``param.parallel_optimizer = False``, whose dim 0 divides by the group size (every such
+    Parameter with ``pad_uneven_params=True``, zero-padded) holds only this rank's block, is the
+    same Parameter object with the same name, and has ``param.zero_spec`` (a ``ShardSpec`` with
+    ``split=True``). The other trainable parameters (0-d, opted out, dim 0 not dividing) stay
+    whole with ``zero_spec.split == False``; their gradients stay local (a train wrapper
+    all-reduces them). Non-trainable parameters are untouched (no ``zero_spec``).
 
-    How the parameters are used:
+    A Cell whose exact type is a key of ``PARALLEL_MODULES`` (updated with ``parallel_modules``),
+    or failing that an instance of a key of ``special_cases_parallel_module``, is replaced by its
+    ZeRO-3 class as MindOne does it, ``cls(cell, 3, group)`` (``ZeroCell`` gives the contract),
+    wherever it sits (the top Cell included, hence the return value). Every other Cell that reads
+    a split parameter has the reads in its code rewritten to gather (a class that gathers its own
+    parameters opts out with a class attribute ``zero3_gathers_itself = True``). What was set on
+    the Cells is kept: ``to_float`` flags, hooks, attributes and ``recompute()``. With
+    ``reshard_after_forward=True`` the gathers are marked for recomputation, so that the gathered
+    tensors are freed after their forward use and gathered again in backward; a reader whose code
+    keeps a transformed copy of a gathered tensor, and every reader in PYNATIVE_MODE, is recomputed
+    whole instead (``recomputed_cells`` lists them).
 
-    * A Cell whose exact type is a key of ``PARALLEL_MODULES`` (updated with ``parallel_modules``),
-      or failing that an instance of a key of ``special_cases_parallel_module`` (first match in
-      dict order), is replaced as MindOne does it: ``new = cls(cell, 3, group)`` (positional:
-      MindOne's ``(net, zero_stage, optimizer_parallel_group)``), then ``new.to_float(dtype)`` if
-      ``cell`` had a ``to_float`` dtype that ``new`` does not carry. This happens wherever the Cell
-      sits (attributes, ``SequentialCell``, ``CellList``, ``CellDict``, the top Cell, hence the
-      return value). The library's layer Cells keep the Parameter objects and their attribute
-      names, so names and checkpoints match. A replacement class must gather every split
-      parameter it holds (``ZeroParamWrapper``, either constructor form; its ``need_rewrite`` is
-      False, so a MindOne-style class does not cut the parameter a second time).
-    * Every other Cell, including subclasses of the mapped layers, goes through the generic path
-      ([Note: generic rewrite] in ``rewrite.py``): reads of sharded parameters in its code are
-      rewritten to gather. A Cell class that gathers its own parameters can opt out with a class
-      attribute ``zero3_gathers_itself = True``.
-
-    What the user set on the Cells is kept ([Note: carried state] in ``carry.py``): flags, hooks
-    (also on user replacement classes), attributes, and ``recompute()``, re-applied with the same
-    options around the new ``construct`` (so the gathers are recomputed in backward rather than
-    their full tensors kept), in GRAPH_MODE and PYNATIVE_MODE. Gather wrappers are shared between
-    the Cells reading one parameter in one dtype when ``reshard_after_forward`` is False, except
-    between recomputed and other Cells.
-
-    With ``reshard_after_forward=True`` (the default) every Cell that gathers a split parameter is
-    marked with ``recompute()`` (unless it already is, or sits in a recomputed region, or is the top
-    Cell), so its gathered tensors are freed after its forward and gathered again in backward
-    ([Note: reshard after forward] in ``reshard.py``); with False they live until their backward.
-
-    In forward a sharded parameter is all-gathered (in the reading Cell's ``to_float`` dtype, cast
-    before the gather when that is narrower); in backward its gradient is reduce-scattered and
-    divided by the group size in the parameter's dtype, so autodiff hands back the group mean of
-    this rank's block, shaped like the shard. Used without a train wrapper, ``network(x)`` gives
-    the unsharded network's output.
-
-    Call it once, on every rank of ``group``, after ``to_float`` (and ``recompute``) and before
-    anything is compiled. Building is not collective (each rank cuts its own copy; ranks starting
-    from different initial values end up with one consistent set of blocks), but running the
-    network is. The rewritten Cells get dynamic classes, so the network can be deep-copied but not
-    pickled.
+    Used without a train wrapper, ``network(x)`` gives the unsharded network's output, and
+    autodiff hands back, for a split parameter, the group mean of this rank's block of its
+    gradient. Call it once, on every rank of ``group``, after ``to_float`` (and ``recompute``) and
+    before anything is compiled. Building is not collective (each rank cuts its own copy), but
+    running the network is. The rewritten Cells get dynamic classes, so the network can be
+    deep-copied but not pickled.
 
     Args:
-        network: the network to shard.
-        group: communication group name; None means the world group.
-        parallel_modules: ``{original Cell class: ZeRO-3 Cell class}`` extending or overriding
-            ``PARALLEL_MODULES`` (matched by exact type).
-        special_cases_parallel_module: ``{Cell class: ZeRO-3 Cell class}`` matched with
+        network (nn.Cell): the network to shard.
+        group (str): communication group name; None means the world group (a group of one rank
+            when communication is not initialised).
+        parallel_modules (dict): ``{original Cell class: ZeRO-3 Cell class}`` extending or
+            overriding ``PARALLEL_MODULES`` (matched by exact type); None: ``PARALLEL_MODULES``.
+        special_cases_parallel_module (dict): ``{Cell class: ZeRO-3 Cell class}`` matched with
             ``isinstance`` after the exact-type match (MindOne's argument of that name); None: none.
-        reshard_after_forward: free each gathered parameter after its forward use and gather it
-            again for backward (True, 3Φ traffic), or keep it until its backward (False, 2Φ).
-        zeropp: ZeRO++ options, a ``mindone_zero.ZeroPPConfig`` or a dict of its fields (qwZ, qgZ,
-            hpZ; see ``mindone_zero/zero3/zeropp.py``); None: none.
-        gather_units: a tuple of Cell classes (FSDP's ``transformer_layer_cls``): each instance is a
-            unit whose split parameters are all-gathered in one collective when its forward starts
-            and reduce-scattered in one (per gather setting); with ``reshard_after_forward`` the unit
-            is the recomputed region. Cells inside a unit are not replaced by ``parallel_modules``
+        reshard_after_forward (bool): free each gathered parameter after its forward use and gather
+            it again for backward (True, default, 3Φ traffic), or keep it until its backward (False,
+            2Φ).
+        zeropp (ZeroPPConfig | dict): ZeRO++ options (qwZ, qgZ, hpZ; ``ZeroPPConfig``); None: none.
+        gather_units (tuple): a tuple of Cell classes (FSDP's ``transformer_layer_cls``): each
+            instance is a unit whose split parameters are all-gathered in one collective when its
+            forward starts and reduce-scattered in one; with ``reshard_after_forward`` the unit is
+            the recomputed region. Cells inside a unit are not replaced by ``parallel_modules``
             classes. See [Note: gather units] in ``units.py`` (what can be threaded, what raises).
             None (default): each reading Cell gathers its own parameters.
-        pad_uneven_params: split parameters whose dim 0 does not divide by the group size too,
-            zero-padded (default False: they stay whole, as MindOne leaves them).
+        pad_uneven_params (bool): split parameters whose dim 0 does not divide by the group size
+            too, zero-padded (default False: they stay whole, as MindOne leaves them).
 
     Returns:
-        nn.Cell: the network (a new object only when the top Cell itself was replaced), carrying the
-        options it was sharded with ([Note: stage-3 options] in ``options.py``).
+        nn.Cell: the network (a new object only when the top Cell itself was replaced), carrying
+            the options it was sharded with ([Note: stage-3 options] in ``options.py``).
 
     Raises:
         TypeError: if an argument has the wrong type.
@@ -126,6 +172,27 @@ def shard_network(network: nn.Cell, group: Optional[str] = None, parallel_module
         TypeError / ValueError: ``gather_units`` not a tuple of Cell classes, combined with
             ``zeropp``, naming a class with no instance, or a unit whose code cannot be threaded
             ([Note: gather units]); also before anything is modified.
+
+    Examples:
+        >>> import numpy as np
+        >>> import mindspore as ms
+        >>> from mindspore import nn
+        >>> from parallel_modules import shard_network
+        >>> net = nn.SequentialCell([nn.Dense(8, 16), nn.ReLU(), nn.Dense(16, 4)])
+        >>> x = ms.Tensor(np.ones((2, 8), np.float32))
+        >>> before = net(x).asnumpy()
+        >>> net = shard_network(net)   # one process: each block is the whole tensor
+        >>> import parallel_modules
+        >>> isinstance(net[0], parallel_modules.Dense), net[0].weight.zero_spec.split
+        (True, True)
+        >>> bool(np.allclose(net(x).asnumpy(), before))
+        True
+
+        On every rank, over a group of 4 (tests/dist/test_zero3_network.py runs these calls):
+
+        >>> net = shard_network(net, group=op_group, reshard_after_forward=True)
+        >>> net[0].weight.shape        # this rank's block of the (16, 8) weight
+        (4, 8)
     """
     options = Stage3Options.build("shard_network", 3, group, reshard_after_forward, zeropp, gather_units,
                                   parallel_modules, special_cases_parallel_module, pad_uneven_params)

@@ -46,16 +46,48 @@ DEFAULT_MIN_QUANTIZE_NUMEL = 0  # only vectors stay in full precision ([Note: fu
 class ZeroPPConfig:
     """Which ZeRO++ techniques stage 3 uses (all off by default).
 
-    Attributes:
-        quantize_weights (bool): qwZ, int8 weight all-gather.
-        quantize_gradients (bool): qgZ, int8 gradient reduce-scatter.
-        hpz_group (str): hpZ secondary group name, or None. Its size must divide the shard group's
+    Pass it (or a dict of its fields, as a YAML config gives) as ``zeropp`` to
+    ``prepare_train_network`` or ``prepare_network`` at stage 3. Frozen; building it checks
+    nothing: those entry points check it with the other stage-3 options, before anything is
+    modified. All three act on ZeRO-3's collectives only; the optimizer step is exact whatever is
+    chosen. See the ZeRO++ guide for when each pays off.
+
+    Args:
+        quantize_weights (bool): qwZ: the forward all-gather moves int8 blocks with a float32
+            scale per block, dequantized after the gather.
+        quantize_gradients (bool): qgZ: the backward reduce-scatter moves int8 blocks, summed in
+            float32.
+        hpz_group (str): hpZ: a group inside the shard group (the ranks of one node, say); the
+            backward re-gather runs in it only, exactly. Its size must divide the shard group's
             and its ranks must be in it; needs ``reshard_after_forward=True`` and GRAPH_MODE.
-        block_size (int): elements per quantization block (default 2048, DeepSpeed's).
+            None: off.
+        block_size (int): elements per quantization block (2048: DeepSpeed's default).
         min_quantize_numel (int): a parameter with fewer elements (its full tensor) is gathered and
             reduce-scattered in full precision under qwZ and qgZ; 1-D parameters always are
-            ([Note: full-precision tensors]). Default 0; raise it to keep e.g. small embedding or
+            ([Note: full-precision tensors]). 0: only those; raise it to keep e.g. small embedding or
             position tables exact.
+
+    Raises:
+        TypeError / ValueError: raised by ``prepare_train_network`` / ``prepare_network``, naming
+            the field (``zeropp.block_size``, say) and its value: a flag that is not a bool, a
+            ``block_size`` that is not a positive int, a negative ``min_quantize_numel``, ZeRO++
+            below stage 3, or an ``hpz_group`` that is not a created group inside the shard group,
+            or without GRAPH_MODE or ``reshard_after_forward=True``.
+
+    Examples:
+        >>> from mindone_zero import ZeroPPConfig
+        >>> config = ZeroPPConfig(quantize_weights=True, block_size=256)
+        >>> config.enabled, config.hpz_group
+        (True, None)
+        >>> config.quantizes((1024, 1024)), config.quantizes((1024,))  # not vectors
+        (True, False)
+
+        At stage 3 on every rank, in GRAPH_MODE (tests/dist/test_zeropp.py runs these calls):
+
+        >>> ms.set_context(mode=ms.GRAPH_MODE)
+        >>> zeropp = ZeroPPConfig(quantize_weights=True, hpz_group=node_group)
+        >>> train_net = prepare_train_network(loss_net, optimizer, zero_stage=3,
+        ...                                   zeropp=zeropp)
     """
 
     quantize_weights: bool = False
@@ -71,7 +103,11 @@ class ZeroPPConfig:
 
     def quantizes(self, shape) -> bool:
         """Whether qwZ and qgZ (when on) quantize a parameter of full shape ``shape``; the others
-        travel in full precision ([Note: full-precision tensors])."""
+        travel in full precision ([Note: full-precision tensors]).
+
+        Args:
+            shape (tuple): the parameter's full (unsharded) shape.
+        """
         numel = 1
         for dim in shape:
             numel *= int(dim)
