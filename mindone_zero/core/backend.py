@@ -46,6 +46,8 @@ from typing import Optional
 
 import mindspore as ms
 
+from .ms_internals import ascend_soc_supports_feature
+
 __all__ = [
     "device_target",
     "ascend_soc_supports",
@@ -69,9 +71,7 @@ def device_target() -> str:
 def ascend_soc_supports(feature: str) -> bool:
     """Whether the Ascend SoC has ``feature`` (MindSpore's ``ascend_soc_supports_feature``; False
     off Ascend). "train_hq_dtype_line": 910B-class; "amp_loss_scale_train_classic_target": 910A."""
-    from mindspore._c_expression import MSContext
-
-    return bool(MSContext.get_instance().ascend_soc_supports_feature(feature))
+    return ascend_soc_supports_feature(feature)
 
 
 def host_updates_in_place() -> bool:

@@ -52,6 +52,7 @@ from mindspore.communication import GlobalComm, get_group_size, get_rank
 
 from . import backend
 from .comm_plan import CommPlan
+from .ms_internals import parallel_mode
 from .quantize import dequantize_blocks, quantize_blocks
 from .slicing import copy_slice, narrow
 
@@ -90,9 +91,8 @@ def init_data_parallel(device_target: str = "CPU") -> Tuple[int, int]:
 def is_data_parallel() -> bool:
     """Whether MindSpore runs in ``ParallelMode.DATA_PARALLEL`` (the only mode ZeRO shards in)."""
     from mindspore.context import ParallelMode
-    from mindspore.parallel._utils import _get_parallel_mode
 
-    return _get_parallel_mode() == ParallelMode.DATA_PARALLEL
+    return parallel_mode() == ParallelMode.DATA_PARALLEL
 
 
 def world_group() -> str:

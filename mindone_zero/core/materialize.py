@@ -25,9 +25,14 @@ Two MindSpore 2.10 behaviours need care:
   built on the full network cost the model's size once more. The Parameter's own ``init`` attribute
   still names the initializer, so ``initializer_of`` reads it from there, and
   ``restore_initializer`` puts it back where ``init_data`` looks for it. A Parameter built under
-  ``sharded_init`` copies without any of this: ``sharded_init`` installs (once) a ``__reduce_ex__``
-  that, for such a Parameter only while it is unmaterialized, makes the copy unmaterialized too,
-  with the same initializer and recorded random state; every other Parameter copies as before.
+  ``sharded_init`` copies without any of this: it is made an instance of a subclass of MindSpore's
+  Parameter class whose ``__reduce_ex__`` (``clone``, ``copy.copy``, ``pickle``) and
+  ``__deepcopy__``, while it is unmaterialized, make the copy unmaterialized too, of the same
+  class, with the same initializer and recorded random state. Nothing on ``Parameter`` itself
+  changes, so every other Parameter copies as before; ``set_value`` makes a parameter a plain
+  Parameter again. While a ``sharded_init`` block is open, one class attribute of ``Parameter`` is
+  replaced, acting only in the block's thread (``parameters_without_data`` in
+  core/ms_internals.py says why MindSpore leaves no other way); it is put back when the block ends.
 * A random initializer (``Normal``, ``Uniform``, ``TruncatedNormal``, ``HeUniform``, ``HeNormal``,
   ``XavierUniform``, ``XavierNormal``, ``VarianceScaling``, ``Orthogonal``, ``Sparse``) draws its
   values from numpy's global random state when it runs, as ``init_data`` does. Materialized here in
@@ -51,6 +56,8 @@ from mindspore.common.initializer import (Constant, Dirac, HeNormal, HeUniform, 
                                           Orthogonal, TruncatedNormal, Uniform, XavierNormal, XavierUniform, Zero,
                                           initializer)
 
+from .ms_internals import forget_init_tensor, init_tensor, parameter_base_class, parameter_subclass, \
+    parameters_without_data
 from .partition import ShardSpec, split_array
 
 __all__ = ["sharded_init", "is_unmaterialized", "initializer_of", "restore_initializer", "host_value", "block_of",
@@ -61,7 +68,6 @@ _logger = logging.getLogger(__name__)
 _NO_DRAW = (Zero, One, Constant, Identity, Dirac)
 _ONE_DRAW = (Normal, Uniform, TruncatedNormal, HeUniform, HeNormal, XavierUniform, XavierNormal, Orthogonal)
 _STATE_ATTR = "_zero_random_state"  # on a Parameter's init Tensor: numpy's state when it was created
-_NEW_ARGS = "_get_parameter_new_args"
 _warned = []
 
 
@@ -86,7 +92,9 @@ def sharded_init():
     network built eagerly with the same seed, whatever was built or drawn in between (an optimizer or
     EMA on the full network, as MindOne's scripts do). [Note: delayed initialisation].
 
-    Not collective. Parameters made from a Tensor or a numpy array are materialized as usual.
+    Not collective. Only Parameters made in the calling thread are affected; ``Parameter``'s class
+    is as before once the block ends. Parameters made from a Tensor or a numpy array are
+    materialized as usual.
 
     Examples:
         >>> import numpy as np
@@ -112,56 +120,54 @@ def sharded_init():
         ...     network = MyModel(config)
         >>> network = prepare_network(network, zero_stage=3)
     """
-    _install_unmaterialized_copies()
     created = []
-    original = Parameter.__dict__[_NEW_ARGS]
-
-    def new_args(data, rc, init_param=True):
-        args = original.__func__(data, rc, init_param)
-        if isinstance(data, Tensor) and data.has_init and len(args) > 1 and args[1] is None:
-            created.append(data)
-        return args
-
-    previous = getattr(Parameter, "init_param", True)
-    Parameter.init_param = False  # MindSpore's own switch (what no_init_parameters sets)
-    setattr(Parameter, _NEW_ARGS, staticmethod(new_args))
     try:
-        yield
+        with parameters_without_data(created.append, _copying_class):
+            yield
     finally:
-        setattr(Parameter, _NEW_ARGS, original)
-        Parameter.init_param = previous
         _replay(created)
 
 
-def _install_unmaterialized_copies() -> None:
-    """Make a copy of a Parameter built under ``sharded_init`` and not yet materialized stay so
-    ([Note: delayed initialisation]). Installed once; other Parameters copy as before."""
-    original = Parameter.__dict__["__reduce_ex__"]
-    if getattr(original, "_zero_unmaterialized", False):
-        return
+def _reduce_ex(param, protocol):
+    """``copy.copy``, ``Parameter.clone`` and ``pickle`` of a ``sharded_init`` Parameter: unmaterialized
+    while it is ([Note: delayed initialisation])."""
+    args = _copy_args(param)
+    return (_unmaterialized_copy, args) if args is not None else Parameter.__reduce_ex__(param, protocol)
 
-    def reduce_ex(self, protocol):
-        mode = getattr(self, "init_mode", None)
-        state = getattr(mode, _STATE_ATTR, None) if mode is not None else None
-        if state is None or not self.has_init:
-            return original(self, protocol)
-        return (_unmaterialized_copy, (initializer_of(self), tuple(self.shape), self.dtype, state, self.name,
-                                       self.requires_grad, self.layerwise_parallel))
 
-    reduce_ex._zero_unmaterialized = True
-    Parameter.__reduce_ex__ = reduce_ex
+def _deepcopy(param, memo):
+    """``copy.deepcopy`` of a ``sharded_init`` Parameter: as ``_reduce_ex``."""
+    args = _copy_args(param)
+    return _unmaterialized_copy(*args) if args is not None else Parameter.__deepcopy__(param, memo)
+
+
+def _copy_args(param) -> Optional[tuple]:
+    mode = init_tensor(param)
+    state = getattr(mode, _STATE_ATTR, None) if mode is not None else None
+    if state is None or not param.has_init:
+        return None
+    return (initializer_of(param), tuple(param.shape), param.dtype, state, param.name, param.requires_grad,
+            param.layerwise_parallel)
+
+
+_COPYING = {}  # MindSpore's Parameter class -> the subclass sharded_init's Parameters are made of
+
+
+def _copying_class(base: type) -> type:
+    """The class of the Parameters ``sharded_init`` makes, over MindSpore's ``base`` class."""
+    cls = _COPYING.get(base)
+    if cls is None:  # setdefault: threads that get here together all use the class stored first
+        hooks = {"__reduce_ex__": _reduce_ex, "__deepcopy__": _deepcopy, "__module__": __name__,
+                 "__qualname__": "Parameter"}
+        cls = _COPYING.setdefault(base, parameter_subclass(base, hooks))
+    return cls
 
 
 def _unmaterialized_copy(init, shape, dtype, state, name, requires_grad, layerwise_parallel):
     """A new unmaterialized Parameter with ``init`` and the random state recorded for its source."""
     data = initializer(init, shape, dtype)
     setattr(data, _STATE_ATTR, state)
-    previous = getattr(Parameter, "init_param", True)
-    Parameter.init_param = False
-    try:
-        return Parameter(data, name, requires_grad, layerwise_parallel)
-    finally:
-        Parameter.init_param = previous
+    return _copying_class(parameter_base_class())(data, name, requires_grad, layerwise_parallel)
 
 
 def _replay(created) -> None:
@@ -186,7 +192,7 @@ def initializer_of(param) -> Optional[Initializer]:
     ``init_mode`` ([Note: delayed initialisation]); None for a Parameter that holds data."""
     if not is_unmaterialized(param):
         return None
-    mode = getattr(param, "init_mode", None)
+    mode = init_tensor(param)
     init = getattr(mode, "init", None) if mode is not None else None
     if init is None:
         init = getattr(param, "init", None)
@@ -200,7 +206,7 @@ def restore_initializer(param) -> None:
     """Put an unmaterialized ``param``'s initializer back where ``init_data`` reads it, so that
     MindSpore can initialize it when a graph compiles ([Note: delayed initialisation])."""
     init = initializer_of(param)
-    mode = getattr(param, "init_mode", None)
+    mode = init_tensor(param)
     if init is not None and mode is not None and getattr(mode, "init", None) is None:
         mode.init = init
 
@@ -217,7 +223,7 @@ def host_value(param) -> np.ndarray:
     init = initializer_of(param)
     if init is None:
         return _as_numpy(param)
-    state = getattr(param.init_mode, _STATE_ATTR, None)
+    state = getattr(init_tensor(param), _STATE_ATTR, None)
     if state is None:
         _warn_random(param, init)
         return _as_numpy(initializer(init, tuple(param.shape), param.dtype).init_data())
@@ -253,7 +259,7 @@ def block_of(param, spec: ShardSpec) -> np.ndarray:
 
 def set_value(param: Parameter, value: np.ndarray, dtype=None) -> None:
     """Replace ``param``'s data with ``value`` (in ``dtype``, by default ``param``'s), dropping what
-    delayed initialisation kept on it. An array that owns its memory in that dtype is handed over
+    delayed initialisation kept on it (a ``sharded_init`` Parameter becomes a plain one). An array that owns its memory in that dtype is handed over
     without a copy: a block of zeros (``block_of`` of a ``Zero`` initializer) then takes no memory
     until it is first written, as MindSpore's own delayed zeros."""
     dtype = dtype if dtype is not None else param.dtype
@@ -262,8 +268,9 @@ def set_value(param: Parameter, value: np.ndarray, dtype=None) -> None:
         param.set_data(Tensor.from_numpy(value))
     else:
         param.set_data(Tensor(value, dtype))
-    if getattr(param, "init_mode", None) is not None:
-        param.init_mode = None
+    forget_init_tensor(param)
+    if type(param) in _COPYING.values():
+        param.__class__ = type(param).__base__
 
 
 def materialize(param) -> None:

@@ -40,6 +40,7 @@ import mindspore as ms
 import numpy as np
 from mindspore import Tensor, nn
 
+from ..core.ms_internals import optimizer_parameters
 from .config import OffloadConfig
 from .nnacl import adam_weight_decay_kernel
 
@@ -79,7 +80,7 @@ class StepHyper:
     def read(cls, optimizer, rule: "HostRule") -> "StepHyper":
         """Read the step's values from ``optimizer`` and advance its ``global_step`` (and Adam's beta
         powers) as its ``construct`` would, so that checkpoints and schedules stay right."""
-        n = len(optimizer._parameters)
+        n = len(optimizer_parameters(optimizer))
         lr = _per_param(optimizer.get_lr(), n)
         decay = optimizer.get_weight_decay() if optimizer.exec_weight_decay else 0.0
         flags = getattr(optimizer, "decay_flags", None) or (True,) * n

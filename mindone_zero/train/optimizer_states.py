@@ -16,10 +16,12 @@ from typing import Dict, List, Sequence
 
 from mindspore import Parameter, ParameterTuple, nn
 
+from ..core import ms_internals
+
 __all__ = ["find_optimizer_states", "repoint_optimizer", "check_no_unknown_states", "check_optimizer",
            "optimizer_parameters"]
 
-_PARAM_ATTRS = ("_parameters", "parameters")
+_PARAM_ATTRS = (ms_internals.OPTIMIZER_PARAMETERS, "parameters")
 
 
 def _experimental_optimizer_class():
@@ -42,7 +44,7 @@ def optimizer_parameters(optimizer) -> ParameterTuple:
     """The Parameters ``optimizer`` updates, in its order (``nn.Optimizer._parameters``, or
     ``parameters`` of a ``mindspore.experimental.optim.Optimizer``)."""
     if isinstance(optimizer, nn.Optimizer):
-        return optimizer._parameters
+        return ms_internals.optimizer_parameters(optimizer)
     return optimizer.parameters
 
 

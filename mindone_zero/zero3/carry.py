@@ -30,29 +30,18 @@ with it raises.
 from typing import Optional
 
 from mindspore import nn
-from mindspore.common.recompute import _RecomputeCell, null_context_fn
-from mindspore.ops.operations import _inner_ops as inner
 
+from ..core.ms_internals import CARRIED_CELL_STATE, LAZY_STATE_PREFIX, SHARED_HOOK_STATE, bind_backward_hooks, \
+    buffers, forget_recompute, has_config_recompute, has_shard_fn, in_recompute_scope, is_null_recompute_context, \
+    mark_recomputed_child, recompute_call_options, recompute_wrapper
 from .param_wrapper import ZeroParamWrapper
 
 __all__ = ["recompute_options", "reapply_recompute", "spread_recompute_scope", "is_recompute_scoped",
            "carry_hooks", "carry_cell_state", "check_carryable"]
 
-_RECOMPUTE_ATTR = "_recompute_cell"
-_RECOMPUTE_SCOPE = "recompute_"
 # Cell state that nn.Cell keeps in private attributes and a user sets through public calls.
-_CARRIED_INTERNALS = ("training", "requires_grad", "_dynamic_shape_inputs", "_jit_config_dict", "_scope",
-                      "_saved_tensors_pack_hook", "_saved_tensors_unpack_hook", "_amp_level")
-# Containers shared with the replacement, so that a handle the user holds still acts on them.
-_SHARED = ("_lazy_non_persistent_buffers_set", "_lazy_forward_pre_hook", "_lazy_forward_pre_hook_with_kwargs",
-           "_lazy_forward_hook", "_lazy_forward_hook_with_kwargs", "_lazy_forward_hook_always_called",
-           "_lazy_backward_hook", "_lazy_backward_pre_hook")
+_CARRIED_INTERNALS = ("training", "requires_grad") + CARRIED_CELL_STATE
 _BARE_CELL_KEYS = frozenset(nn.Cell().__dict__)
-
-
-def _recompute_wrapper(cell: nn.Cell):
-    wrapper = cell._cells.get(_RECOMPUTE_ATTR)
-    return wrapper if wrapper is not None else cell.__dict__.get(_RECOMPUTE_ATTR)
 
 
 def recompute_options(cell: nn.Cell, owner: str = "shard_network") -> Optional[dict]:
@@ -64,21 +53,17 @@ def recompute_options(cell: nn.Cell, owner: str = "shard_network") -> Optional[d
     Raises:
         ValueError: if the stored wrapper has neither form (another MindSpore version).
     """
-    wrapper = _recompute_wrapper(cell)
+    wrapper = recompute_wrapper(cell)
     if wrapper is None:
         return None
-    if isinstance(wrapper, _RecomputeCell):
-        return {"use_reentrant": True, "output_recompute": False, "early_stop": True, "context_fn": None}
-    code, closure = getattr(wrapper, "__code__", None), getattr(wrapper, "__closure__", None)
-    names = ("context_fn", "early_stop", "output_recompute")
-    if code is None or closure is None or not set(names) <= set(code.co_freevars):
+    options = recompute_call_options(wrapper)
+    if options is None:
         raise ValueError(
             f"For '{owner}', the Cell {type(cell).__name__} it was given is marked with recompute() "
             f"in a form this MindSpore version stores differently ({wrapper!r}); call recompute() after "
             f"prepare_network instead."
         )
-    values = {name: c.cell_contents for name, c in zip(code.co_freevars, closure)}
-    return {"use_reentrant": False, **{name: values[name] for name in names}}
+    return options
 
 
 def reapply_recompute(cell: nn.Cell, options: dict) -> None:
@@ -94,12 +79,9 @@ def reapply_recompute(cell: nn.Cell, options: dict) -> None:
     gradient there. GRAPH_MODE does not use these options.
     """
     if _gathers_inside(cell) and not options["use_reentrant"] and not options["output_recompute"] \
-            and options["context_fn"] in (None, null_context_fn):
+            and is_null_recompute_context(options["context_fn"]):
         options = dict(options, use_reentrant=True, context_fn=None)
-    cell._cells.pop(_RECOMPUTE_ATTR, None)
-    # The state nn.Cell.__init__ leaves, so that recompute() configures the Cell afresh.
-    object.__setattr__(cell, _RECOMPUTE_ATTR, None)
-    object.__setattr__(cell, "_has_config_recompute", False)
+    forget_recompute(cell)
     cell.recompute(**options)
 
 
@@ -109,7 +91,7 @@ def _gathers_inside(cell: nn.Cell) -> bool:
 
 def is_recompute_scoped(cell: nn.Cell) -> bool:
     """Whether GRAPH_MODE recomputes ``cell`` (it or an ancestor called ``recompute()``)."""
-    return str(cell._scope or "").startswith(_RECOMPUTE_SCOPE)
+    return in_recompute_scope(cell)
 
 
 def spread_recompute_scope(network: nn.Cell) -> None:
@@ -118,27 +100,21 @@ def spread_recompute_scope(network: nn.Cell) -> None:
     for _, cell in network.cells_and_names():
         if is_recompute_scoped(cell):
             for child in cell.cells():
-                if not child._has_config_recompute:
-                    child._recompute(False, True)
+                if not has_config_recompute(child):
+                    mark_recomputed_child(child)
 
 
 def carry_hooks(src: nn.Cell, dst: nn.Cell) -> None:
     """Make ``dst`` run the hooks registered on ``src`` (shared dictionaries; see [Note: carried state])."""
-    for key in _SHARED:
+    for key in SHARED_HOOK_STATE:  # shared, so that a handle the user holds still acts on them
         if src.__dict__.get(key) is not None:
             object.__setattr__(dst, key, src.__dict__[key])
-    name = f"{dst.cls_name}({id(dst)})"
-    if src._cell_backward_hook is not None and dst._cell_backward_hook is None:
-        dst._cell_backward_hook = inner.CellBackwardHook(name, dst, dst._backward_hook)
-        dst._cell_backward_hook.register_backward_hook()
-    if src._cell_backward_pre_hook is not None and dst._cell_backward_pre_hook is None:
-        dst._cell_backward_pre_hook = inner.CellBackwardHook(name, dst, dst._backward_pre_hook)
-        dst._cell_backward_pre_hook.register_backward_pre_hook()
+    bind_backward_hooks(src, dst)
 
 
 def check_carryable(owner: str, cell: nn.Cell) -> None:
     """Raise ValueError naming ``owner`` if ``cell`` holds state a replacement cannot keep."""
-    if cell._shard_fn is not None:
+    if has_shard_fn(cell):
         raise ValueError(
             f"For '{owner}', the argument 'net' has Cell.shard() set (auto-parallel), which wraps the original "
             f"Cell and cannot be carried to its ZeRO-3 replacement; remove it (ZeRO runs in DATA_PARALLEL)."
@@ -157,10 +133,10 @@ def carry_cell_state(src: nn.Cell, dst: nn.Cell) -> None:
         dst.add_flags(**flags)
     for key in _CARRIED_INTERNALS:
         object.__setattr__(dst, key, src.__dict__[key])
-    for name, buffer in src._buffers.items():
-        dst._buffers[name] = buffer
+    for name, buffer in buffers(src).items():
+        buffers(dst)[name] = buffer
     for key, value in src.__dict__.items():
-        if key in _BARE_CELL_KEYS or key in dst.__dict__ or key.startswith("_lazy_"):
+        if key in _BARE_CELL_KEYS or key in dst.__dict__ or key.startswith(LAZY_STATE_PREFIX):
             continue
         setattr(dst, key, value)
     carry_hooks(src, dst)

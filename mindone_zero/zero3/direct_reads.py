@@ -35,6 +35,7 @@ from typing import Callable, List
 
 from mindspore import nn
 
+from ..core.ms_internals import child_cells
 from .coalesce import ZeroGatherGroup
 from .param_wrapper import ZeroParamWrapper
 from .units import UNIT_ARG
@@ -189,7 +190,7 @@ def unit_read_test(node: ast.AST) -> bool:
 
 def gather_attrs(cell: nn.Cell) -> List[str]:
     """Attribute names of the gather Cells ``cell`` holds: its sharded wrappers and coalesced group."""
-    return [name for name, c in cell._cells.items()
+    return [name for name, c in child_cells(cell).items()
             if (isinstance(c, ZeroParamWrapper) and c.sharded) or isinstance(c, ZeroGatherGroup)]
 
 

@@ -24,6 +24,8 @@ from mindspore import mint, nn, ops
 
 from ..core.comm_plan import CommPlan, PlanContext, comm_recorders
 from ..core.group_alias import group_argument
+from ..core.ms_internals import RECOMPUTE_WRAPPER, child_cells, mark_recomputed_child, mint_conv_reversed_padding, \
+    own_params
 from ..core.partition import zero_spec_of
 from ..core.stage import StagePolicy, check_stage
 
@@ -125,10 +127,10 @@ class ZeroCell(nn.Cell):
         for attr in self.child_cells:
             setattr(self, attr, getattr(net, attr, None))
         self.zero3_param_attrs = param_attrs
-        for attr, param in net._params.items():
+        for attr, param in own_params(net).items():
             setattr(self, attr, param)
-        for attr, child in net._cells.items():
-            if attr not in self.child_cells and attr != "_recompute_cell":
+        for attr, child in child_cells(net).items():
+            if attr not in self.child_cells and attr != RECOMPUTE_WRAPPER:
                 setattr(self, attr, child)
         for attr in param_attrs:
             param = getattr(net, attr, None)
@@ -142,7 +144,7 @@ class ZeroCell(nn.Cell):
         if options is not None:
             reapply_recompute(self, options)
         elif is_recompute_scoped(self):
-            self._recompute(False, True)
+            mark_recomputed_child(self)
 
     def zero3_indirect_reads_of_code(self) -> list:
         """[Note: direct reads] of this layer's ``construct`` (empty: every gathered tensor goes
@@ -283,12 +285,14 @@ class _Conv(ZeroCell):
     (``mint_class``) their functional op and padding config."""
 
     nn_attrs = ()
-    mint_attrs = ("padding_mode", "_reversed_padding", "stride", "padding", "dilation", "groups")
+    mint_attrs = ("padding_mode", "stride", "padding", "dilation", "groups")
     mint_op = ""
     mint_class = None
 
     def _build(self, net):
         self.is_mint = isinstance(net, self.mint_class)
+        if self.is_mint:
+            self.reversed_padding = mint_conv_reversed_padding(net)
 
     def _layout(self, net):
         if isinstance(net, self.mint_class):
@@ -327,7 +331,7 @@ class Conv1d(_Conv):
         weight = self.weight_zero_gather(self.weight, x)
         if self.is_mint:
             if self.padding_mode != "zeros":
-                return self.conv1d(mint.nn.functional.pad(x, self._reversed_padding, mode=self.padding_mode),
+                return self.conv1d(mint.nn.functional.pad(x, self.reversed_padding, mode=self.padding_mode),
                                    weight, self._mint_bias(x), self.stride, (0,), self.dilation, self.groups)
             return self.conv1d(x, weight, self._mint_bias(x), self.stride, self.padding, self.dilation, self.groups)
         out = self.conv2d(self.expand_dims(x, 2), weight)
@@ -362,7 +366,7 @@ class Conv2d(_Conv):
         weight = self.weight_zero_gather(self.weight, x)
         if self.is_mint:
             if self.padding_mode != "zeros":
-                return self.conv2d(mint.nn.functional.pad(x, self._reversed_padding, mode=self.padding_mode),
+                return self.conv2d(mint.nn.functional.pad(x, self.reversed_padding, mode=self.padding_mode),
                                    weight, self._mint_bias(x), self.stride, (0, 0), self.dilation, self.groups)
             return self.conv2d(x, weight, self._mint_bias(x), self.stride, self.padding, self.dilation, self.groups)
         out = self.conv2d(x, weight)
@@ -403,7 +407,7 @@ class Conv3d(_Conv):
         weight = self.weight_zero_gather(self.weight, x)
         if self.is_mint:
             if self.padding_mode != "zeros":
-                return self.conv3d(mint.nn.functional.pad(x, self._reversed_padding, mode=self.padding_mode),
+                return self.conv3d(mint.nn.functional.pad(x, self.reversed_padding, mode=self.padding_mode),
                                    weight, self._mint_bias(x), self.stride, (0, 0, 0), self.dilation, self.groups)
             return self.conv3d(x, weight, self._mint_bias(x), self.stride, self.padding, self.dilation, self.groups)
         if self.group == 1:

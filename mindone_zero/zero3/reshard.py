@@ -58,6 +58,7 @@ from typing import List, Tuple
 import mindspore as ms
 from mindspore import nn
 
+from ..core.ms_internals import RECOMPUTE_WRAPPER, child_cells, has_config_recompute
 from .carry import is_recompute_scoped, spread_recompute_scope
 from .coalesce import ZeroGatherGroup
 from .direct_reads import INDIRECT_ATTR, gather_attrs, source_indirect_reads
@@ -83,7 +84,7 @@ def _regathers(wrapper: ZeroParamWrapper) -> bool:
 
 
 def _recompute_marked(cell: nn.Cell) -> bool:
-    return bool(getattr(cell, "_has_config_recompute", False)) or is_recompute_scoped(cell)
+    return has_config_recompute(cell) or is_recompute_scoped(cell)
 
 
 PYNATIVE_REASON = ("PYNATIVE_MODE: re-gathering a tensor without its reader needs MindSpore's non-reentrant "
@@ -172,8 +173,8 @@ def mark_reshard_after_forward(network: nn.Cell, zeropp: bool = False) -> List[T
     whole_gathers = zeropp or pynative
 
     def walk(cell, path):
-        for name, child in cell._cells.items():
-            if child is None or name == "_recompute_cell" or id(child) in seen or isinstance(child, GATHER_CELLS):
+        for name, child in child_cells(cell).items():
+            if child is None or name == RECOMPUTE_WRAPPER or id(child) in seen or isinstance(child, GATHER_CELLS):
                 continue
             seen.add(id(child))
             where = f"{path}.{name}" if path else name

@@ -59,6 +59,7 @@ from typing import Callable, Dict, List, Optional, Set, Tuple
 
 from mindspore import Parameter, ParameterTuple, nn
 
+from ..core.ms_internals import cell_member, lazy_inline_key, own_params
 from .param_wrapper import GATHER_SUFFIX, ZeroParamWrapper, compute_dtype_of
 from .rewrite_plan import MethodPlan, ParamRead, RewriteAnalysis, RewritePlan
 from .unit_threading import thread_units, unreached_note
@@ -86,10 +87,10 @@ def _lookup(obj, name):
     """``obj.name`` found without running ``__getattr__`` or descriptors other than properties;
     ``_Method`` for a plain method, ``_MISSING`` when it cannot be found statically."""
     if isinstance(obj, nn.Cell):
+        member = cell_member(obj, name, _MISSING)
+        if member is not _MISSING:
+            return member
         d = obj.__dict__
-        for store in ("_params", "_cells", "_params_list", "_buffers"):
-            if name in d.get(store, {}):
-                return d[store][name]
         if name in d:
             return d[name]
         cls_attr = inspect.getattr_static(type(obj), name, _MISSING)
@@ -395,7 +396,7 @@ class _Planner:
         self.referenced: Set[int] = set()
         self.unreadable: List[str] = []
         self.split_attr_names = {
-            name for _, c in network.cells_and_names() for name, p in c._params.items()
+            name for _, c in network.cells_and_names() for name, p in own_params(c).items()
             if p is not None and id(p) in split_ids
         }
 
@@ -424,7 +425,7 @@ class _Planner:
             if unit is not None and unit.root is not cell:
                 continue  # reached (in unit mode) through the calls of its unit's code
             if self.skip(cell):
-                self.referenced.update(id(p) for p in cell._params.values() if p is not None)
+                self.referenced.update(id(p) for p in own_params(cell).values() if p is not None)
             else:
                 self.schedule(cell, "construct")
         while self.queue:
@@ -587,7 +588,7 @@ def apply_rewrites(plans: List[RewritePlan], make_wrapper: Callable[[Parameter, 
 def _attach_wrapper(cell: nn.Cell, attr: str, wrapper: nn.Cell, param: Parameter) -> None:
     """``cell.<attr> = wrapper``, keeping a ``@lazy_inline`` key free of the parameter's name
     ([Note: lazy_inline key])."""
-    key = getattr(cell, "_cell_init_args", None)
+    key = lazy_inline_key(cell)
     setattr(cell, attr, wrapper)
     if isinstance(key, str):
         cell.cell_init_args = key + str({attr: repr(wrapper).replace(param.name, "")})

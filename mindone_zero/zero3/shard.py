@@ -7,6 +7,7 @@ from mindspore import nn
 from mindspore.communication import GlobalComm
 
 from ..core.comm import group_size_and_rank, world_group
+from ..core.ms_internals import child_cells, has_config_recompute, set_child
 from ..core.packing import itemsize_of
 from ..core.partition import (WHOLE_WARN_SHARE, is_split_candidate, padded_split_rule, splits_over, whole_candidates,
                               zero_spec_of)
@@ -313,7 +314,7 @@ def _restore_recompute(records: list, new_cells: dict) -> None:
     rewritten, its children replaced), except on replacements that did it themselves."""
     for cell, options in records:
         target = new_cells.get(id(cell), cell)
-        if target is cell or not target._has_config_recompute:
+        if target is cell or not has_config_recompute(target):
             reapply_recompute(target, options)
 
 
@@ -374,15 +375,12 @@ def _replace_cells(network: nn.Cell, match, group: Optional[str]):
         if id(parent) in seen:
             return
         seen.add(id(parent))
-        for name, child in list(parent._cells.items()):
+        for name, child in list(child_cells(parent).items()):
             if child is None or new_cells.get(id(child)) is parent:
                 continue  # a MindOne-style replacement holding its original (`self.net = net`)
             if id(child) in new_cells or match(child) is not None:
-                # Direct dict assignment: Cell.__setattr__ would rename the parameters.
-                parent._cells[name] = convert(child)
-                if isinstance(parent, nn.SequentialCell):
-                    parent.cell_list = list(parent._cells.values())
-            walk(parent._cells[name])
+                set_child(parent, name, convert(child))  # not Cell.__setattr__: it would rename the parameters
+            walk(child_cells(parent)[name])
 
     top = convert(network) if match(network) is not None else network
     walk(top)

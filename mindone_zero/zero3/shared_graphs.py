@@ -28,6 +28,7 @@ and clipping; the parity tests' TinyNet (no two layers alike), 3940 -> 3863.
 import mindspore as ms
 from mindspore import nn
 
+from ..core.ms_internals import RECOMPUTE_WRAPPER, has_config_recompute, recompute_scope
 from .coalesce import ZeroGatherGroup
 from .reshard import gathers_split
 
@@ -36,7 +37,7 @@ __all__ = ["share_gather_graphs"]
 
 def _recompute_marks(cell: nn.Cell) -> tuple:
     """How ``cell`` and the Cells below it are marked for recomputation (scope, flags)."""
-    return tuple((name, c._has_config_recompute, c._scope, hasattr(c, "_recompute_cell"),
+    return tuple((name, has_config_recompute(c), recompute_scope(c), hasattr(c, RECOMPUTE_WRAPPER),
                   repr(sorted(c.get_flags().items()))) for name, c in cell.cells_and_names())
 
 

@@ -20,6 +20,7 @@ at stage 3 with gather units. What a caller sees: a forward hook of a Cell insid
 import ast
 from typing import List, Optional
 
+from ..core.ms_internals import child_cells, own_params
 from .rewrite_plan import RewriteAnalysis
 from .units import UNIT_ARG, UNIT_GATHER_ATTR, param_path
 
@@ -111,7 +112,8 @@ def _prologue(unit, tree: ast.FunctionDef) -> None:
     """``zero3_unit = self.zero3_unit_gather((self.<path to p0>, ...), x)`` at the start of the root's
     construct, ``x`` its first input (none if it takes none)."""
     root = unit.root
-    if UNIT_GATHER_ATTR in root.__dict__ or UNIT_GATHER_ATTR in root._cells or hasattr(type(root), UNIT_GATHER_ATTR):
+    if UNIT_GATHER_ATTR in root.__dict__ or UNIT_GATHER_ATTR in child_cells(root) \
+            or hasattr(type(root), UNIT_GATHER_ATTR):
         raise _error(f"cannot add {UNIT_GATHER_ATTR!r} to the unit {unit.describe()}: the Cell already has one.")
     self_name = tree.args.args[0].arg
     shards = []
@@ -168,7 +170,7 @@ def unreached_note(network, units: dict, missing: list) -> str:
         return ""
     owners: Optional[dict] = {}
     for path, cell in network.cells_and_names():
-        for p in cell._params.values():
+        for p in own_params(cell).values():
             if p is not None and any(p is q for q in missing) and id(cell) in units:
                 owners.setdefault(units[id(cell)].describe(), []).append(path or "<top>")
     if not owners:

@@ -74,6 +74,7 @@ from typing import Dict, List, Optional, Tuple
 from mindspore import Parameter, nn, ops
 
 from ..core.graph_tuples import each, hyper_map, take
+from ..core.ms_internals import RECOMPUTE_WRAPPER, child_cells, own_params
 from .coalesce import COALESCE_MAX_BYTES, ZeroGatherGroup, gather_settings, gathered_nbytes
 
 __all__ = ["GatherUnit", "ZeroUnitGather", "UNIT_ARG", "UNIT_GATHER_ATTR", "find_units",
@@ -136,8 +137,8 @@ def find_units(network: nn.Cell, classes: tuple, where: str = "shard_network") -
             raise _unit_error(where, f"contains the Cell {path!r} ({type(cell).__name__}) that gathers its own "
                                      f"parameters, inside the unit {unit.describe()}; build the network from plain "
                                      f"Cells (shard_network replaces them outside units) or keep it out of the unit.")
-        for name, child in cell._cells.items():
-            if child is not None and name != "_recompute_cell":  # MindSpore's wrapper of a recomputed Cell
+        for name, child in child_cells(cell).items():
+            if child is not None and name != RECOMPUTE_WRAPPER:  # MindSpore's wrapper of a recomputed Cell
                 walk(child, f"{path}.{name}" if path else name, unit)
 
     walk(network, "", None)
@@ -155,11 +156,11 @@ def param_path(root: nn.Cell, param: Parameter) -> Optional[List]:
         if id(cell) in seen:
             return None
         seen.add(id(cell))
-        for name, p in cell._params.items():
+        for name, p in own_params(cell).items():
             if p is param:
                 return steps + [name]
-        for name, child in cell._cells.items():
-            if child is None or name == "_recompute_cell":
+        for name, child in child_cells(cell).items():
+            if child is None or name == RECOMPUTE_WRAPPER:
                 continue
             step = int(name) if isinstance(cell, (nn.CellList, nn.SequentialCell)) and name.isdigit() else name
             found = search(child, steps + [step])

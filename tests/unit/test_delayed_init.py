@@ -2,7 +2,10 @@
 mindone_zero/core/materialize.py): ``sharded_init`` gives the eager build's values whatever happens
 between build and materialization; what each MindSpore initializer draws; blocks without a full copy
 where the initializer allows; the initializer a ``clone`` loses is found again."""
+import copy
 import logging
+import pickle
+import threading
 
 import numpy as np
 import mindspore as ms
@@ -171,3 +174,79 @@ def test_copies_stay_unmaterialized_without_drawing():
         mat.materialize(p)
         np.testing.assert_array_equal(p.asnumpy(), e.asnumpy())
     assert not mat.block_of(optimizer.moments1[0], ShardSpec("m", (512, 512), 2, 1, True)).any()
+
+
+def _plain_class():
+    return type(Parameter(Tensor(np.zeros(1, np.float32)), name="plain"))
+
+
+def test_sharded_init_leaves_parameter_and_tensor_as_it_found_them():
+    """No patch outlives the block: after it (also a nested one, or one that raised) ``Parameter``,
+    MindSpore's Parameter class and ``Tensor`` hold what they held before. Inside, only the one
+    attribute ``parameters_without_data`` names is replaced."""
+    plain = _plain_class()
+    before = [dict(vars(cls)) for cls in (Parameter, plain, Tensor)]
+    with sharded_init():
+        changed = [name for name in set(vars(Parameter)) | set(before[0])
+                   if vars(Parameter).get(name) is not before[0].get(name)]
+        with sharded_init():
+            nn.Dense(2, 2)
+        nn.Dense(2, 2)
+    assert changed == ["_get_parameter_new_args"]
+    with pytest.raises(RuntimeError, match="boom"):
+        with sharded_init():
+            raise RuntimeError("boom")
+    assert [dict(vars(cls)) for cls in (Parameter, plain, Tensor)] == before
+
+
+def test_parameters_built_outside_a_block_are_untouched():
+    """Built eagerly, under ``no_init_parameters``, or in another thread while a block is open: a
+    plain MindSpore Parameter, which copies as MindSpore copies it."""
+    plain = _plain_class()
+    with no_init_parameters():
+        lazy = nn.Dense(4, 3)
+    ready, built = threading.Event(), {}
+
+    def other_thread():
+        ready.wait(60)
+        built["dense"] = nn.Dense(4, 3)
+
+    thread = threading.Thread(target=other_thread)
+    thread.start()
+    with sharded_init():
+        mine = nn.Dense(4, 3)
+        ready.set()
+        thread.join(60)
+    eager = nn.Dense(4, 3)
+    assert mat.is_unmaterialized(mine.weight) and type(mine.weight) is not plain
+    assert not mat.is_unmaterialized(built["dense"].weight)
+    for p in (lazy.weight, built["dense"].weight, eager.weight):
+        assert type(p) is plain and type(p).__reduce_ex__ is Parameter.__reduce_ex__
+    lazy.weight.clone()  # MindSpore's own copy: it loses the source's initializer (test above)
+    assert lazy.weight.init_mode.init is None
+    assert copy.deepcopy(eager.weight).asnumpy().tolist() == eager.weight.asnumpy().tolist()
+
+
+@pytest.mark.parametrize("how", ["clone", "copy", "deepcopy", "pickle", "ParameterTuple.clone", "copy of a copy"])
+def test_copies_made_after_the_block_stay_unmaterialized(how):
+    np.random.seed(7)
+    eager = nn.Dense(6, 4).weight.asnumpy()
+    np.random.seed(7)
+    with sharded_init():
+        source = nn.Dense(6, 4).weight
+    make = {
+        "clone": lambda p: p.clone(), "copy": copy.copy, "deepcopy": copy.deepcopy,
+        "pickle": lambda p: pickle.loads(pickle.dumps(p)),
+        "ParameterTuple.clone": lambda p: ms.ParameterTuple([p]).clone(prefix="ema")[0],
+        "copy of a copy": lambda p: copy.deepcopy(p.clone()).clone(),
+    }[how]
+    np.random.seed(0)
+    state = np.random.get_state()
+    duplicate = make(source)
+    assert _same_state(np.random.get_state(), state)  # nothing ran an initializer
+    assert mat.is_unmaterialized(duplicate) and mat.is_unmaterialized(source)
+    np.testing.assert_array_equal(mat.host_value(duplicate), eager)
+    mat.materialize(source)
+    assert type(source) is _plain_class()  # materialized: a plain Parameter again, copied as MindSpore does
+    np.testing.assert_array_equal(copy.deepcopy(source).asnumpy(), eager)
+    np.testing.assert_array_equal(source.asnumpy(), eager)
