@@ -240,12 +240,17 @@ def _warn_random(param, init) -> None:
     if draws_of(init) == 0 or _warned:
         return
     _warned.append(param.name)
+    if type(param) in _COPYING.values():  # made under sharded_init, its initializer replaced since
+        how = ("was built under mindone_zero.sharded_init(), but its initializer was replaced afterwards "
+               "(set_data(initializer(...)), as mindone.transformers' _init_weights does)")
+    else:
+        how = "was built under mindspore.nn.utils.no_init_parameters()"
     _logger.warning(
-        "The parameter %r was built under mindspore.nn.utils.no_init_parameters(): its initializer (%s) draws "
-        "its values now, not at build time, so they differ from an eager build's when anything drew random "
-        "numbers in between (an optimizer or EMA built on the full network does). Build the network under "
-        "mindone_zero.sharded_init() to get the eager values, or load pretrained weights "
-        "([Note: delayed initialisation] in mindone_zero/core/materialize.py).", param.name, type(init).__name__)
+        "The parameter %r %s: its initializer (%s) draws its values now, not at build time, so they differ from "
+        "an eager build's when anything drew random numbers in between (an optimizer or EMA built on the full "
+        "network does). Load pretrained weights, or build the network under mindone_zero.sharded_init() without "
+        "replacing initializers, to get the eager values ([Note: delayed initialisation] in "
+        "mindone_zero/core/materialize.py).", param.name, how, type(init).__name__)
 
 
 def block_of(param, spec: ShardSpec) -> np.ndarray:

@@ -141,6 +141,23 @@ def test_no_init_parameters_warns_and_names_the_fix(caplog):
     assert "'weight'" in caplog.records[0].getMessage()
 
 
+def test_an_initializer_replaced_after_sharded_init_warns_naming_what_happened(caplog):
+    """mindone.transformers' ``_init_weights`` replaces each weight's initializer with
+    ``set_data(initializer(...))`` after the layer made it: the new initializer has no recorded
+    state, so it draws when materialized, and the warning says so rather than blaming
+    ``no_init_parameters``."""
+    mat._warned.clear()
+    with sharded_init():
+        dense = nn.Dense(4, 3)
+        dense.weight.set_data(inits.initializer(inits.Normal(0.02), dense.weight.shape, dense.weight.dtype))
+    with caplog.at_level(logging.WARNING, logger=mat.__name__):
+        mat.host_value(dense.weight)
+    message = caplog.records[0].getMessage()
+    assert len(caplog.records) == 1 and "was built under mindone_zero.sharded_init(), but its initializer was " \
+                                        "replaced afterwards" in message
+    assert "no_init_parameters" not in message and "'weight'" in message
+
+
 def test_bfloat16_parameters():
     np.random.seed(2)
     eager = Parameter(inits.initializer("normal", (4, 3), ms.bfloat16), name="w").astype(ms.float32).asnumpy()
