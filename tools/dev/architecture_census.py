@@ -28,12 +28,14 @@ The definitions (one line each in the table; ``architecture_census_worker.py`` s
    pass* is one call of a package function that walked (itself or in its callees) and changed a Cell
    or Parameter that was in the user's network before the call (attribute set or deleted, properties
    included; ``__dict__`` changed, also by ``object.__setattr__`` or in ``_cells``/``_params``; class
-   swapped; shape cut; ``set_data``): each change belongs to the innermost such call on the stack.
-   Also counted: passes that change Cells the build attached to the network earlier.
+   swapped; shape cut; ``set_data``): each change belongs to the innermost such call on the stack;
+   the pass's *steps* are the calls it made (or itself) under which it made them. Also counted:
+   passes that change Cells the build attached to the network earlier.
 2. ``ContextVar``s: calls of ``ContextVar``/``contextvars.ContextVar`` in the package (AST).
 3. ``helper.<attr>`` reads: attribute loads whose base is a name ``helper``/``zero_helper`` or an
-   attribute ``<x>.helper``/``<x>.zero_helper``, in package modules other than ``train/zero_helper.py``;
-   also ``getattr``/``hasattr`` calls on such a base with a constant name.
+   attribute ``<x>.helper``/``<x>.zero_helper``, in package modules other than ``train/zero_helper.py``
+   (by name: a ZeroHelper held under another name is not seen); also ``getattr``/``hasattr`` calls on
+   such a base.
 4. Offload branches: ``if`` statements and conditional expressions inside ``TrainOneStepWrapper``,
    the package classes it derives from and those that derive from it, whose test reads a name or
    attribute containing ``offload``.
@@ -349,7 +351,8 @@ def describe_tree(tree: Path) -> str:
 # ----------------------------------------------------------------------------- the census
 DEFINITIONS = {
     "1a": "calls of a package function that walked the network (itself or below) and changed a Cell/Parameter "
-          "the user passed in (attribute, __dict__, _cells, class, shape, set_data); innermost such call owns a change",
+          "the user passed in (attribute, __dict__, _cells, class, shape, set_data); innermost such call owns a "
+          "change; steps: the calls it made (or itself) under which it changed them",
     "1b": "as 1a, in prepare_network(loss, zero_stage=3) on a fresh demo LM (the public entry of shard_network)",
     "1c": "starts of a traversal covering the network (cells_and_names, parameters_and_names, get_parameters, "
           "trainable_params, apply, ...; or cells()/name_cells()/_cells recursion), not nested, call to return",
@@ -397,17 +400,22 @@ def _by_under(items: List[dict]) -> str:
     return ", ".join(f"{name} {n}" for name, n in counts.most_common())
 
 
+def _steps(passes: List[dict]) -> int:
+    return sum(len(p["steps"]) for p in passes)
+
+
 def trace_values(trace: dict) -> Dict[str, str]:
     """The table's values of figures 1 and 8 from the worker's record."""
     train, shard = trace["prepare_train_network"], trace["prepare_network"]
     follow = train["follow"]
     return {
-        "1a": f"{train['mutating_passes']} ({_by_under(train['passes'])})",
-        "1b": f"{shard['mutating_passes']} ({_by_under(shard['passes'])})"
+        "1a": f"{train['mutating_passes']} ({_by_under(train['passes'])}); {_steps(train['passes'])} steps",
+        "1b": f"{shard['mutating_passes']} ({_by_under(shard['passes'])}); {_steps(shard['passes'])} steps"
               + (f"; +{len(shard['mutations_outside_walks'])} changes outside any walk"
                  if shard["mutations_outside_walks"] else ""),
         "1c": f"{train['walks']} ({_by_under(train['walk_list'])})",
-        "1d": f"{len(train['attached_passes'])} ({_by_under(train['attached_passes'])})",
+        "1d": f"{len(train['attached_passes'])} ({_by_under(train['attached_passes'])}); "
+              f"{_steps(train['attached_passes'])} steps",
         "8": f"{follow['functions']['files']} files, {follow['functions']['reentries']} re-entries; per call "
              f"{follow['calls']['length']} calls, {follow['calls']['reentries']} re-entries; "
              f"{sum(train['upward_calls'].values())} upward calls",
@@ -523,7 +531,9 @@ def _trace_details(trace: dict) -> List[str]:
 def _pass_line(p: dict) -> str:
     changes = ", ".join(f"{k} {n}" for k, n in list(p["changes"].items())[:6])
     via = f"; via {', '.join(_short(v) for v in p['via'])}" if p["via"] else ""
-    return f"{_short(p['function'])}: {p['objects']} objects, {p['walks']} walks below ({changes}{via})"
+    steps = ", ".join(_short(step).split(":", 1)[-1] for step in p["steps"])
+    return (f"{_short(p['function'])}: {p['objects']} objects, {p['walks']} walks below; steps {steps} "
+            f"({changes}{via})")
 
 
 def parse_args(argv=None):

@@ -1,47 +1,53 @@
 """For developers: the run-time half of ``tools/dev/architecture_census.py``.
 
 Runs in a process whose ``PYTHONPATH`` starts with the tree being measured, so that it imports that
-tree's ``mindone_zero`` (it checks, and says which file it imported). Two modes:
+tree's ``mindone_zero`` (it reports which file it imported; the census checks it). Two modes:
 
 * ``--mode local --out FILE`` (one plain process): figure 6, the class-level attributes of
   ``Parameter``, ``Tensor`` and ``nn.Cell`` that differ after a ``with sharded_init():`` block that
-  built a small network, and the private names of MindSpore's classes (``dir()`` of the classes and
-  instances the package touches) for figure 9's static count.
-* ``--mode trace --out DIR`` (under ``msrun`` with 2 workers: ZeRO needs ``DATA_PARALLEL`` and a
-  group of 2 for stage 3 to gather anything): figures 1 and 8. Builds the demo LM
-  (``tools/lm_model.py`` of the tree, the ``model:`` section of its ``configs/train_lm.yaml``) in
-  GRAPH_MODE and traces, with ``sys.setprofile``, ``prepare_train_network(LMLoss(net), AdamWeightDecay,
-  zero_stage=3)`` and then, on a fresh network, ``prepare_network(LMLoss(net), zero_stage=3)``
-  (the public entry of ``shard_network``). Writes ``trace_<rank>.json``.
+  built a small network; and the private names of MindSpore's classes (``dir()`` of the classes and
+  instances the package touches), for figure 9's static count.
+* ``--mode trace --out DIR`` (under ``msrun`` with 2 workers: ZeRO shards only under
+  ``DATA_PARALLEL``, and a group of 1 gathers nothing): figures 1 and 8. Builds the demo LM
+  (``tools/lm_model.py`` of the tree, the ``model:`` section of its ``configs/train_lm.yaml``, ``LMLoss``
+  around it) in GRAPH_MODE and traces (``sys.settrace``), on rank 0,
+  ``prepare_train_network(loss, nn.AdamWeightDecay(...), zero_stage=3)``, then, on a fresh network,
+  ``prepare_network(loss, zero_stage=3)`` (the public entry of ``shard_network``). Rank 1 builds
+  alike, untraced. Writes ``trace_0.json``.
 
-The definitions (``architecture_census.py`` prints them with the figures):
+The definitions:
 
 * A *user object* is a Cell or Parameter of the network passed in, as it was before the call.
-* A *whole-network walk* is the start of a traversal of a Cell that covers the network: the user's top
-  Cell, a Cell whose subtree holds it (the train wrapper), or a Cell built during the call whose
-  subtree holds every Parameter of the top (the top's replacement). A traversal is a call of
+* A *walk* is the start of a traversal of a Cell that covers the network: the user's top Cell, a Cell
+  whose subtree holds it (the train wrapper), or the top's replacement (a Cell built during the call
+  that stands for the network in the returned Cell; decided at the end). A traversal is a call of
   ``cells_and_names``, ``parameters_and_names``, ``get_parameters``, ``trainable_params``,
-  ``untrainable_params``, ``parameters_dict`` or ``apply`` on such a Cell that is not inside another
-  one of these calls; or the start of a manual recursion: ``cells()``, ``name_cells()`` or an
-  iteration of the top's ``_cells`` dict (``items``/``values``/``keys``/``iter``), not inside a
-  traversal and not inside a manual recursion an enclosing package call already started over a
-  Cell holding this one. Each walk belongs to the innermost package function on the stack.
-* A *mutation* is a change of a user object: an attribute set or deleted (``Cell.__setattr__``,
-  ``Cell.__delattr__``, ``Parameter`` attribute sets, properties included; and any change of an
-  object's ``__dict__``, also by ``object.__setattr__`` or a write into ``_cells``/``_params``: the
-  keys and the identity of each value, one level into dicts and lists), a class swap (``type()``),
-  a cut (the Parameter's shape), or a ``set_data``/``set_dtype``/``init_data``/``assign_value`` call.
-  Changes are seen at every package call and return, and belong to the package function that ran
-  meanwhile (MindSpore functions it called included).
-* A *mutating pass* is one call of a package function that walks (directly) and mutates, itself or
-  through the package functions it calls that do not walk: each mutation belongs to the innermost
-  walking package function on the stack. Mutations with no walking function on the stack are
-  listed apart.
-* *Following the network* (figure 8): the package calls (first call of a frame) whose arguments
-  (one level into tuples and lists) hold a user Cell or the top's replacement, in call order; their
-  files, the distinct files, and the re-entries (a file entered again after the sequence moved to
-  another file). An *upward call* is a package call from a module of a lower layer into one of a
-  higher layer (nearest package frames), in the whole trace.
+  ``untrainable_params``, ``parameters_dict`` or ``apply`` on such a Cell, not inside another of
+  these calls; or the start of a manual recursion: ``cells()``, ``name_cells()`` or an iteration of
+  the top's ``_cells`` (``items``/``values``/``keys``/``iter``), not inside a traversal, nor inside a
+  recursion that a calling package function started over a Cell holding this one. A walk belongs to
+  the innermost package function on the stack (a comprehension belongs to its function).
+* A *change* of an object: an attribute set or deleted through ``Cell.__setattr__``/``__delattr__`` or
+  ``Parameter``'s (properties included); a change of its ``__dict__`` (keys, the identity of each value,
+  and one level into ``_cells`` and ``_params``; other dicts and lists it holds are compared when
+  something else changed too), however made (``object.__setattr__``, a write into ``_cells``); its
+  class; a Parameter's shape; a call of ``set_data``/``set_dtype``/``init_data``/``assign_value`` on a
+  Parameter (one change: what MindSpore sets inside it is part of it). Changes are looked for at every
+  package call and return, and belong to the package function that ran meanwhile (the MindSpore
+  functions it called included). ``_func_graph_flags``, which ``Cell.get_flags`` creates when it is
+  only read, is not a change.
+* A *mutating pass* is one call of a package function that walked (itself or in the package calls
+  it made) and changed a user object: each change belongs to the innermost such call on the stack.
+  Its *steps* are the package calls it made directly (or itself) under which its changes were made.
+  Changes with no such call on the stack are listed apart. *Passes over attached Cells* are counted
+  alike for the changes (attribute sets only) of Cells and Parameters that are not user objects but
+  were in the network (under the top Cell) when changed: Cells an earlier step attached.
+* *Following the network* (figure 8): the package calls whose arguments (one level into tuples and
+  lists) hold a user Cell (or the top's replacement), in call order, once per function (its first
+  call) and once per call; their files, the distinct files, and the re-entries (a file entered again
+  after the sequence had moved to another file). An *upward call* is a package call from a module of
+  a lower layer into one of a higher layer (``LAYERS``; the nearest package frames), anywhere in the
+  trace.
 """
 import argparse
 import gc
@@ -414,18 +420,19 @@ class Tracer:
             walked[id(node)] += len(node.walks)
             if walked[id(node)] and node.parent is not None:
                 walked[id(node.parent)] += walked[id(node)]
-        owners = {}
+        owners, steps = {}, {}
         for node in self.nodes:
-            owner = node
+            owner, step = node, node
             while owner is not None and not walked[id(owner)]:
-                owner = owner.parent
+                step, owner = owner, owner.parent
             for (label, change, kind), where in node.mutations.items():
                 if kind == origin:
                     owners.setdefault(owner, {}).setdefault((label, change), where)
+                    steps.setdefault(owner, {})[step.where] = None
         passes = [{"function": n.where, "under": self._under(n), "walks": walked[id(n)],
                    "objects": len({label for label, _ in muts}),
                    "changes": dict(Counter(change for _, change in muts).most_common()),
-                   "via": sorted(set(muts.values()) - {n.where})}
+                   "steps": list(steps[n]), "via": sorted(set(muts.values()) - {n.where})}
                   for n, muts in owners.items() if n is not None]
         outside = sorted({f"{where}: {label} {change}" for (label, change), where in owners.get(None, {}).items()})
         return passes, outside
