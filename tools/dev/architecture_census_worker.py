@@ -153,30 +153,23 @@ class Watch:
         return found
 
 
+def _telling(name: str):
+    """``OrderedDict.<name>`` that first tells the tracer the dict is iterated."""
+    method = getattr(OrderedDict, name)
+
+    def told(self, *args):
+        if _WatchedCells.tracer is not None:
+            _WatchedCells.tracer.on_cells_iteration()
+        return method(self, *args)
+
+    return told
+
+
 class _WatchedCells(OrderedDict):
     """The top Cell's ``_cells``, which tells the tracer when it is iterated (a manual recursion)."""
 
     tracer = None
-
-    def _seen(self):
-        if _WatchedCells.tracer is not None:
-            _WatchedCells.tracer.on_cells_iteration()
-
-    def items(self):
-        self._seen()
-        return super().items()
-
-    def values(self):
-        self._seen()
-        return super().values()
-
-    def keys(self):
-        self._seen()
-        return super().keys()
-
-    def __iter__(self):
-        self._seen()
-        return super().__iter__()
+    items, values, keys, __iter__ = (_telling(name) for name in ("items", "values", "keys", "__iter__"))
 
 
 def subtree(cell):

@@ -183,3 +183,15 @@ def test_importing_the_tool_imports_neither_the_package_nor_mindspore():
     proc = subprocess.run([sys.executable, "-c", code], cwd=str(ROOT), capture_output=True, text=True, timeout=60)
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.strip() == "[]"
+
+
+def test_the_top_cells_dict_tells_each_iteration(monkeypatch):
+    told = []
+    tracer = type("Tracer", (), {"on_cells_iteration": lambda self: told.append(1)})()
+    monkeypatch.setattr(worker._WatchedCells, "tracer", tracer)
+    cells = worker._WatchedCells({"a": 1, "b": 2})
+    assert (list(cells.items()), list(cells), list(cells.values()), list(cells.keys())) == \
+        ([("a", 1), ("b", 2)], ["a", "b"], [1, 2], ["a", "b"])
+    assert len(told) == 4
+    cells["c"] = 3  # a write is no iteration
+    assert len(told) == 4 and dict.keys(cells) == {"a", "b", "c"}
