@@ -13,7 +13,8 @@ msrun jobs; the worker checks which file it imported): figure 6 and MindSpore's 
 one plain process, figures 1 and 8 in an msrun job of 2 workers (ZeRO-3 shards only under
 ``DATA_PARALLEL``, and a group of 1 gathers nothing, so a group of 2 is the smallest honest one;
 building is not collective, and rank 1 builds alike, untraced). This process never imports the
-package. The trace costs about a minute of CPU on top of msrun's start.
+package. The trace takes about 20 s of one core (2026-12-04, the demo LM); msrun's start and exit a
+minute or more.
 
 The definitions (one line each in the table; ``architecture_census_worker.py`` says more of 1 and 8):
 
@@ -39,9 +40,10 @@ The definitions (one line each in the table; ``architecture_census_worker.py`` s
 4. Offload branches: ``if`` statements and conditional expressions inside ``TrainOneStepWrapper``,
    the package classes it derives from and those that derive from it, whose test reads a name or
    attribute containing ``offload``.
-5. ``record_comm`` definitions (any ``def record_comm`` in the package; the record_* helpers they call
-   are listed), and hand-written ``<plan>.add(...)``/``<plan>.add_quantized(...)`` calls (base a name
-   or attribute ending in ``plan``).
+5. ``record_comm`` definitions (any ``def record_comm`` in the package, a Protocol's declaration
+   included; the helpers ``record_gather``/``record_reduce_scatter`` are listed apart), and
+   hand-written ``<plan>.add(...)``/``<plan>.add_quantized(...)`` calls (base a name or attribute
+   ending in ``plan``).
 6. Class-level patches alive after ``with sharded_init():`` (a small network built inside): the keys
    of ``vars(Parameter)``, ``vars(Tensor)``, ``vars(nn.Cell)`` added, removed or rebound.
 7. The largest class in the package by lines (``end_lineno - lineno + 1``), and the next four.
