@@ -301,7 +301,7 @@ def draw(plt, results: dict):
     plots.hbars(mem, labels, {kind.replace("_", " "): [r["memory"][kind] / 1024 for r in rows] for kind in kinds},
                 "KiB per rank", stacked=True)
     plots.marks(mem, [r["estimate"] / 1024 for r in rows], "paper's estimate")
-    mem.legend(loc="lower right", fontsize=7)
+    plots.legend_below(mem)
     mem.set_title("model states per rank")
     by_label = {(r["world"], r["label"]): r["time_ratio"] for r in dense}
     series = {"demo LM": [r["time_ratio"] for r in rows]}
@@ -309,12 +309,12 @@ def draw(plt, results: dict):
         series["Dense stack"] = [by_label.get((r["world"], r["label"])) for r in rows]
     plots.hbars(time_ax, labels, series, "median step / stage 0's")
     time_ax.axvline(1.0, color="grey", linewidth=0.8)
-    time_ax.legend(loc="lower right", fontsize=7)
+    plots.legend_below(time_ax, 1)
     time_ax.set_title("step time")
     plots.hbars(comm, labels, {"native bytes": [r["volume_a1"] / (r["phi_bytes"] * (r["world"] - 1) / r["world"])
                                                 for r in rows]}, "Φ' per step (1 micro-step)", colors=plots.COLORS[2:])
     plots.marks(comm, [PAPER_FACTOR[r["stage"]] for r in rows], "paper (2Φ, 3Φ)")
-    comm.legend(loc="lower right", fontsize=7)
+    plots.legend_below(comm, 1)
     comm.set_title("communication")
     return fig
 

@@ -298,7 +298,7 @@ def timing_table(results: list, rows: list, depths: list) -> str:
     """One line per row and depth; the ratios to the first row (``nn.TrainOneStepCell``) pair the
     entries of one round."""
     lines = ["| train step | blocks | first call, wall (s) | first call, CPU (s) | median step (s) | "
-             "first call / nn.TrainOneStepCell's, wall | same, CPU |", "|---|---:|---:|---:|---:|---:|---:|"]
+             "ratio, wall | ratio, CPU |", "|---|---:|---:|---:|---:|---:|---:|"]
     for label, depth, mine, base in _row_entries(results, rows, depths):
         walls, cpus = [r["first_wall_s"] for r in mine], [r["first_cpu_s"] for r in mine]
         steps = [s for r in mine for s in r["step_s"]]
@@ -316,7 +316,7 @@ def least_table(results: list, rows: list, depths: list) -> str:
     if len({r["round"] for r in results}) < 2:
         return ""
     lines = ["| train step | blocks | least first call, wall (s) | least first call, CPU (s) | "
-             "least / nn.TrainOneStepCell's least, wall | same, CPU |", "|---|---:|---:|---:|---:|---:|"]
+             "ratio, wall | ratio, CPU |", "|---|---:|---:|---:|---:|---:|"]
     for label, depth, mine, base in _row_entries(results, rows, depths):
         least = {key: min(r[key] for r in mine) for key in ("first_wall_s", "first_cpu_s")}
         ratios = [f"{least[key] / min(r[key] for r in base):.2f}" if base else "-"
@@ -440,15 +440,16 @@ def render_page(results: dict) -> str:
     args, rows, report = results["args"], [tuple(r) for r in results["rows"]], results["report"]
     body = [f"N={args['world_size']} ranks on the CPU backend (msrun), rank 0's figures. The model and the rows are "
             "described in `tools/bench/benchmark_compile.py`'s docstring. With several rounds a cell lists "
-            "one figure per round, rounds in order; the ratios pair the rows of one round. On a shared machine "
+            "one figure per round, rounds in order. A ratio is the row's first call over the first row's "
+            "(`nn.TrainOneStepCell`) at the same depth, in the same round. On a shared machine "
             "the CPU seconds (the rank's process, all threads) move less than the wall seconds.",
             results["skipped"] or "MindOne's rows use `mindone.trainers.zero.prepare_train_network`.",
             "## First call and later steps", timing_table(report["timing"], rows, args["depths"])]
     least = least_table(report["timing"], rows, args["depths"])
     if least:
         body += ["## Least over the rounds", "Each row's least first call over the rounds, and its ratio to "
-                 "`nn.TrainOneStepCell`'s least at the same depth: the figures a busy moment of the machine "
-                 "slowed least.", least]
+                 "`nn.TrainOneStepCell`'s least at the same depth (the ratio columns): the figures a busy moment "
+                 "of the machine slowed least.", least]
     growth = growth_table(report["timing"], rows, args["depths"])
     if growth:
         body += ["## Growth with depth", growth]
@@ -512,7 +513,7 @@ def draw(plt, results: dict):
     ax.set_ylabel("first call, wall seconds")
     ax.set_ylim(bottom=0)
     ax.grid(alpha=0.3)
-    ax.legend(loc="upper left", fontsize=7)
+    plots.legend_below(ax, 3)
     ax.set_title(f"compile time against depth, N={args['world_size']}: least over {args['rounds']} round(s), "
                  "bars from least to most")
     return fig

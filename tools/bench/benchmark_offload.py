@@ -170,7 +170,7 @@ def draw(plt, results: dict):
                               "states on device": [r["device_states"] / MB for r in rows],
                               "in host memory": [r["host_states"] / MB for r in rows],
                               "in files": [r["file_states"] / MB for r in rows]}, "MB per rank (largest rank)")
-    mem.legend(loc="lower right")
+    plots.legend_below(mem)
     mem.set_title("memory")
     plots.hbars(time_ax, labels, {"median step": [r["step_seconds"] for r in rows]}, "seconds per step",
                 colors=plots.COLORS[4:])

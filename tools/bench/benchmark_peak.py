@@ -160,7 +160,7 @@ def draw(plt, results: dict):
                              "peak above the process before build": [r["from_build"] / MB for r in rows],
                              "model states measured": [r["states"] / MB for r in rows]}, "MB per rank (largest rank)")
     plots.marks(ax, [r["peak_estimate"] / MB for r in rows], "peak estimate (states + a full layer)")
-    ax.legend(loc="lower right")
+    plots.legend_below(ax, 2)
     ax.set_title(f"peak memory per rank, N={results['config']['world_size']}")
     return fig
 

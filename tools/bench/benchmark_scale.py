@@ -144,21 +144,27 @@ def intro(data: dict) -> list:
 def draw(plt, data: dict):
     from tools.bench import plots
 
-    m, names = data["model_bytes"], [n for n in _phases(data) if "train step" not in n]
-    fig, ax = plt.subplots(figsize=plots.size(1, 3.6))
-    series = {label: [None if _growth(data["ways"][way], n) is None else _growth(data["ways"][way], n) / m
-                      for n in names] for way, label in WAYS}
-    plots.hbars(ax, names, series, "peak growth of the phase, largest rank (x M, the model's fp32 bytes)")
-    plots.goal(ax, GOAL_SHARE, f"goal of the sharded ways ({GOAL_SHARE} M)", horizontal_line=False)
-    ax.legend(loc="lower right")
-    steps = [n for n in _phases(data) if "train step" in n]
-    ax.set_title(f"memory per phase at stage 3, N={data['world']}, M = {m / 1e9:.2f} GB"
-                 + (f" ({steps[0]}: in the table)" if steps else ""))
+    m, names = data["model_bytes"], _phases(data)
+    held = "held after the steps"
+    series = {}
+    for way, label in WAYS:
+        ranks = data["ways"][way]
+        series[label] = [None if _growth(ranks, n) is None else _growth(ranks, n) / m for n in names]
+        series[label].append(max(r["held_after_steps"] for r in ranks) / m)
+    fig, ax = plt.subplots(figsize=plots.size(1, 4.0))
+    plots.hbars(ax, names + [held], series, "largest rank's peak growth of the phase, or what it holds (x M)")
+    plots.goal(ax, GOAL_SHARE, f"goal of the sharded ways, every phase but the steps ({GOAL_SHARE} M)",
+               horizontal_line=False)
+    plots.marks(ax, [None] * len(names) + [states_per_rank(data["world"])],
+                f"model states alone, (4+4+8)/4/N = {states_per_rank(data['world']):.2f} M")
+    plots.legend_below(ax, 2)
+    ax.set_title(f"memory per phase at stage 3, N={data['world']}, M = {m / 1e9:.2f} GB (the model's fp32 bytes)")
     return fig
 
 
 PAGE = Page("scale", "Big models: memory per phase at stage 3", intro, render_page, draw,
-            "each phase's peak growth on the largest rank, per way, against the goal line.")
+            "each phase's peak growth on the largest rank, per way, against the goal line; last, what a rank "
+            "holds after the steps against the model states alone.")
 
 
 def main(argv=None) -> int:

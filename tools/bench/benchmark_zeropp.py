@@ -141,7 +141,7 @@ def draw(plt, data: dict):
                                                  "inside the node": [r["total_phi"] - r["cross_phi"] for r in rows]},
                 "bytes sent per optimizer step and rank (Φ' = fp32 parameter bytes x (N-1)/N)", stacked=True)
     plots.goal(ax, 3.0, "plain stage 3 (3Φ')", horizontal_line=False)
-    ax.legend(loc="lower right")
+    plots.legend_below(ax, 2)
     ax.set_title(f"ZeRO++ at N={data['world']}, node = {data['world'] // 2} ranks: bytes inside and outside the node")
     return fig
 
@@ -235,9 +235,7 @@ def draw_blocks(plt, sweep: dict):
     twin.plot(blocks, [400 / b for b in blocks], ":", color="grey", label="scale bytes / int8 bytes (right)")
     twin.set_yscale("log")
     twin.set_ylabel("scale bytes / int8 bytes (%)")
-    handles = ax.get_legend_handles_labels()
-    extra = twin.get_legend_handles_labels()
-    ax.legend(handles[0] + extra[0], handles[1] + extra[1], loc="upper left", ncol=2)
+    plots.legend_below(ax, 3, extra=[twin])
     ax.set_title("int8 block quantization: error against block size")
     return fig
 

@@ -240,7 +240,7 @@ def draw(plt, report: dict):
     ours = [g.get("mindone_zero narrow", g.get("hyper_map", g.get("runs"))) for g in groups]
     plots.hbars(left, names, {"plain (ops.narrow, comprehension, a Slice each)": plain, "loop": loop,
                               "the library's (narrow, hyper_map, runs)": ours}, "compile CPU seconds")
-    left.legend(loc="lower right", fontsize=7)
+    plots.legend_below(left, 1)
     left.set_title("graph idioms")
     if steps:
         plots.hbars(right, list(steps), {"first call": list(steps.values())}, "CPU seconds (compile + one step)",

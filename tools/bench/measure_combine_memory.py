@@ -112,7 +112,7 @@ def draw(plt, results: dict):
                                                   "extra peak RSS of the combine": [r["extra_bytes"] / 1e6 for r in rows]},
                 "MB")
     plots.marks(ax, [results["param_mb"]] * len(rows), "one tensor")
-    ax.legend(loc="lower right")
+    plots.legend_below(ax, 2)
     ax.set_title("offline combine: memory against the checkpoint's size")
     return fig
 

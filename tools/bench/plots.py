@@ -62,7 +62,8 @@ def hbars(ax, labels: Sequence[str], series: Dict[str, Sequence[Optional[float]]
             left = [a + b for a, b in zip(left, vals)]
     ax.set_yticks(range(n))
     ax.set_yticklabels(labels)
-    ax.invert_yaxis()
+    if not ax.yaxis_inverted():  # the first label on top (axes sharing y are inverted once)
+        ax.invert_yaxis()
     ax.set_xlabel(xlabel)
     ax.grid(axis="x", alpha=0.3)
     ax.set_axisbelow(True)
@@ -116,21 +117,33 @@ def goal(ax, value: float, label: str, horizontal_line: bool = True) -> None:
     draw(value, color="#c44e52", linestyle="--", linewidth=1.2, label=label)
 
 
+def legend_below(ax, ncol: int = 2, extra=None) -> None:
+    """The axes' legend under its x label (about 40 points below the axes), out of the bars' way;
+    ``extra``: more axes (a twin) whose entries join it."""
+    handles, labels = ax.get_legend_handles_labels()
+    for other in extra or ():
+        more = other.get_legend_handles_labels()
+        handles, labels = handles + more[0], labels + more[1]
+    height_pt = ax.get_position().height * ax.figure.get_figheight() * 72
+    ax.legend(handles, labels, loc="upper center", bbox_to_anchor=(0.5, -40 / height_pt), ncol=ncol, fontsize=7,
+              borderaxespad=0)
+
+
 def save_svg(fig, path, fields: dict, title: str = "") -> str:
     """Write ``fig`` to ``path`` (SVG) with the run's stamp (``report.stamp_fields``) as its last
     line and in its metadata; reproducible and atomic. Closes the figure; returns the path."""
     import matplotlib.pyplot as plt
 
     path = Path(path)
-    text = "\n".join(textwrap.wrap(stamp_line(fields), 150))
-    lines_in = text.count("\n") + 1
-    height = fig.get_figheight()
-    fig.text(0.01, 0.005, text, fontsize=6.5, color="#555555", ha="left", va="bottom", family="monospace")
-    fig.tight_layout(rect=(0, (0.14 * lines_in + 0.08) / height, 1, 1))
+    fig.tight_layout()
+    fig.canvas.draw()
+    bottom = min(ax.get_tightbbox(fig.canvas.get_renderer()).y0 for ax in fig.axes) / fig.dpi / fig.get_figheight()
+    fig.text(0.01, min(0.0, bottom) - 0.02, "\n".join(textwrap.wrap(stamp_line(fields), 140)), fontsize=6.5,
+             color="#555555", ha="left", va="top", family="monospace")
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     os.close(fd)
     try:
-        fig.savefig(tmp, format="svg", metadata={"Date": None, "Title": title or path.stem,
+        fig.savefig(tmp, format="svg", bbox_inches="tight", pad_inches=0.1, metadata={"Date": None, "Title": title or path.stem,
                                                  "Description": stamp_line(fields)})
         os.chmod(tmp, 0o644)  # as a checked-out file (mkstemp makes it private)
         os.replace(tmp, path)
