@@ -277,16 +277,19 @@ window.addEventListener("load", function () { setTimeout(function () {
 """
 
 
-def measure_in_browser(site: Path, browser: str, timeout: float = 240.0) -> list:
+def measure_in_browser(site: Path, browser: str, tabs: int = 2, timeout: float = 240.0) -> list:
     """Open every page of ``site`` (a built copy, changed in place: each page gets the probe) in
-    headless ``browser`` at ``WINDOW``; returns each page's report, in page order."""
+    headless ``browser`` at ``WINDOW``, ``tabs`` browsers side by side, each walking its share of
+    the pages; returns each page's report, in page order."""
     pages = pages_of(site)
     urls = ["/" + p.parent.relative_to(site).as_posix() + "/" for p in pages]
     urls = ["/" if u == "/./" else u for u in urls]
-    for i, path in enumerate(pages):
-        nxt = json.dumps(urls[i + 1] if i + 1 < len(urls) else "/__done")
-        text = path.read_text(encoding="utf-8")
-        path.write_text(text.replace("</body>", PROBE.replace("NEXT", nxt) + "</body>"), encoding="utf-8")
+    chains = [list(range(len(urls)))[k::tabs] for k in range(tabs)]
+    for chain in chains:
+        for i, index in enumerate(chain):
+            nxt = json.dumps(urls[chain[i + 1]] if i + 1 < len(chain) else "/__done")
+            text = pages[index].read_text(encoding="utf-8")
+            pages[index].write_text(text.replace("</body>", PROBE.replace("NEXT", nxt) + "</body>"), encoding="utf-8")
     reports, done = [], threading.Event()
 
     class Handler(http.server.SimpleHTTPRequestHandler):
@@ -305,23 +308,28 @@ def measure_in_browser(site: Path, browser: str, timeout: float = 240.0) -> list
 
     server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
     threading.Thread(target=server.serve_forever, daemon=True).start()
-    profile = tempfile.mkdtemp(prefix="docs_width_chromium_")
-    proc = subprocess.Popen([browser, "--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
-                             "--disable-component-update", "--disable-sync", "--no-first-run",
-                             "--disable-extensions", f"--user-data-dir={profile}",
-                             f"--window-size={WINDOW[0]},{WINDOW[1]}",
-                             f"http://127.0.0.1:{server.server_address[1]}{urls[0]}"],
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+    base = f"http://127.0.0.1:{server.server_address[1]}"
+    profiles, procs = [], []
+    for chain in (c for c in chains if c):  # one browser per chain, each with a fresh profile
+        profiles.append(tempfile.mkdtemp(prefix="docs_width_chromium_"))
+        procs.append(subprocess.Popen(
+            [browser, "--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
+             "--disable-component-update", "--disable-sync", "--no-first-run", "--disable-extensions",
+             f"--user-data-dir={profiles[-1]}", f"--window-size={WINDOW[0]},{WINDOW[1]}", base + urls[chain[0]]],
+            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True))
     try:
         finished = done.wait(timeout)
     finally:
-        proc.terminate()
-        try:
-            proc.wait(30)
-        except subprocess.TimeoutExpired:
-            proc.kill()
+        for proc in procs:
+            proc.terminate()
+        for proc in procs:
+            try:
+                proc.wait(30)
+            except subprocess.TimeoutExpired:
+                proc.kill()
         server.shutdown()
-        shutil.rmtree(profile, ignore_errors=True)
+        for profile in profiles:
+            shutil.rmtree(profile, ignore_errors=True)
     assert finished, f"the browser reported {len(reports)} of {len(urls)} pages in {timeout:.0f} s"
     return sorted(reports, key=lambda r: urls.index(r["page"]))
 

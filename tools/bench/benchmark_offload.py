@@ -238,15 +238,24 @@ def render_sweep(sweep: dict) -> str:
 
 def intro_sweep(sweep: dict) -> list:
     rows = sweep["rows"]
-    fastest = min(rows, key=lambda r: r["seconds"])
+    seconds = [r["seconds"] for r in rows]
+    default = next((r for r in rows if r["chunk_bytes"] == DEFAULTS["chunk_size"]), None)
+    if max(seconds) < 1.25 * min(seconds):
+        time_said = f"the time moves little ({min(seconds):.3f}-{max(seconds):.3f} s)"
+    elif seconds == sorted(seconds) or seconds == sorted(seconds, reverse=True):
+        time_said = (f"the time {'rises' if seconds[-1] > seconds[0] else 'falls'} with the chunk "
+                     f"({seconds[0]:.3f} to {seconds[-1]:.3f} s)")
+    else:
+        time_said = (f"the time follows no steady trend ({min(seconds):.3f}-{max(seconds):.3f} s: one update of "
+                     f"one tensor, through the page cache, on a shared machine)")
+    said = (f"; the default, {default['chunk_bytes'] / 2 ** 20:g} MiB, took {default['seconds']:.3f} s and "
+            f"{default['growth_bytes'] / MB:.1f} MB" if default else "")
     return [f"The host optimizer update alone (AdamWeightDecay on one tensor of {sweep['numel'] / 1e6:.1f} M "
-            "elements, both states in files), timed against `chunk_size`, the elements read, updated and written "
+            "elements, both states in files), timed against `chunk_size`, the bytes read, updated and written "
             "back at a time, with the growth of the peak resident set.",
-            f"Expect memory to grow with the chunk, about 2 states x 4 B x the chunk's elements, from "
-            f"{rows[0]['growth_bytes'] / MB:.1f} MB to {rows[-1]['growth_bytes'] / MB:.1f} MB here, while the time "
-            f"moves little ({min(r['seconds'] for r in rows):.3f}-{max(r['seconds'] for r in rows):.3f} s, fastest "
-            f"at {fastest['chunk_bytes'] / 2 ** 20:g} MiB; the page cache serves the files): the default, 1 MiB, "
-            "keeps memory small at no clear cost."]
+            f"Expect memory to grow in proportion to the chunk (the states' buffers), from "
+            f"{rows[0]['growth_bytes'] / MB:.1f} MB to {rows[-1]['growth_bytes'] / MB:.1f} MB here (about "
+            f"{rows[-1]['growth_bytes'] / rows[-1]['chunk_bytes']:.1f} x the largest chunk), while {time_said}{said}."]
 
 
 def draw_sweep(plt, sweep: dict):

@@ -127,9 +127,9 @@ def intro(data: dict) -> list:
             f"library's communication plan of the demo LM: nothing is trained, so these bytes are exact, not timed.",
             f"Expect plain stage 3 at 3Φ' (gather in forward, again in backward, reduce-scatter), hpZ to move the "
             f"backward gather inside the node (more bytes in all, fewer across nodes), and all three together at "
-            f"{best['cross_phi']:.2f}Φ' across nodes ({best['cross_ratio']:.3f} of stage 3): the paper's 0.75Φ "
-            f"of 3Φ (0.25) comes from fp16 weights and int4 gradients; here the weights are fp32 and both "
-            f"quantize to int8."]
+            f"{best['cross_phi']:.2f}Φ' across nodes, {best['cross_ratio']:.3f} of stage 3: the paper's 0.75 of 3 "
+            f"(0.25) quantizes fp16 weights to int8 and gradients to int4, here fp32 weights and gradients both "
+            f"go to int8, with an fp32 scale per block."]
 
 
 def draw(plt, data: dict):
