@@ -15,13 +15,11 @@ figure's width at that, so that its text is not scaled down.
 """
 from __future__ import annotations
 
-import os
-import tempfile
 import textwrap
 from pathlib import Path
 from typing import Dict, Optional, Sequence
 
-from tools.bench.report import stamp_line
+from tools.bench.report import stamp_line, write_atomic
 
 WIDTH_IN = 9.0  # inches at 96 px: the content column's 870 px, less a margin
 COLORS = ("#3f6fb5", "#e08a2c", "#4a9a5b", "#c44e52", "#8172b2", "#937860", "#5f9ea0", "#b0b0b0")
@@ -140,17 +138,9 @@ def save_svg(fig, path, fields: dict, title: str = "") -> str:
     bottom = min(ax.get_tightbbox(fig.canvas.get_renderer()).y0 for ax in fig.axes) / fig.dpi / fig.get_figheight()
     fig.text(0.01, min(0.0, bottom) - 0.02, "\n".join(textwrap.wrap(stamp_line(fields), 140)), fontsize=6.5,
              color="#555555", ha="left", va="top", family="monospace")
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    os.close(fd)
+    metadata = {"Date": None, "Title": title or path.stem, "Description": stamp_line(fields)}
     try:
-        fig.savefig(tmp, format="svg", bbox_inches="tight", pad_inches=0.1, metadata={"Date": None, "Title": title or path.stem,
-                                                 "Description": stamp_line(fields)})
-        os.chmod(tmp, 0o644)  # as a checked-out file (mkstemp makes it private)
-        os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.remove(tmp)
-        raise
+        return write_atomic(path, lambda tmp: fig.savefig(tmp, format="svg", bbox_inches="tight", pad_inches=0.1,
+                                                          metadata=metadata))
     finally:
         plt.close(fig)
-    return str(path)

@@ -144,14 +144,15 @@ CAVEAT = ("These are CPU figures of small models on a shared machine: read their
           "device's performance.")
 
 
-def write_text_atomic(path, text: str) -> str:
-    """Write ``text`` to ``path`` through a temporary file renamed into place: a reader never sees
-    half a file, and a failed write leaves the old one. Returns the path as a string."""
+def write_atomic(path, write) -> str:
+    """Call ``write(tmp)`` to write a temporary file beside ``path``, then rename it into place: a
+    reader never sees half a file, and a failed write leaves the old one. Returns the path as a
+    string."""
     path = Path(path)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    os.close(fd)
     try:
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            f.write(text)
+        write(tmp)
         os.chmod(tmp, 0o644)  # as a checked-out file (mkstemp makes it private)
         os.replace(tmp, path)
     except BaseException:
@@ -159,6 +160,11 @@ def write_text_atomic(path, text: str) -> str:
             os.remove(tmp)
         raise
     return str(path)
+
+
+def write_text_atomic(path, text: str) -> str:
+    """Write ``text`` to ``path`` atomically (``write_atomic``); returns the path as a string."""
+    return write_atomic(path, lambda tmp: Path(tmp).write_text(text, encoding="utf-8"))
 
 
 def write_report(name: str, title: str, body_md: str, command: Sequence[str] | None = None,
