@@ -141,12 +141,16 @@ def intro(results: dict) -> list:
     cfg, rows = results["config"], results["rows"]
     base = next(r for r in rows if r["stage"] == 0)
     low = min(rows, key=lambda r: r["growth"])
+    below = all(r["states"] <= r["states_estimate"] for r in rows) and any(
+        r["states"] < r["states_estimate"] for r in rows)
+    states = (" (measured at or below the estimate: the estimator counts the gradients, which live only inside a "
+              "step without accumulation)" if below else "")
     return [f"The peak memory per rank of {cfg['steps']} training steps at every ZeRO stage (N={cfg['world_size']}, "
             f"a stack of {cfg['layers']} Dense layers), each setting in a fresh msrun job, next to the measured "
             "model states and the estimator's figures.",
-            f"Expect the model states to fall with the stage as the estimator says, and the peak to fall less: on "
-            f"CPU the peak is the process's resident set, which also holds the compiled graph, the batch's "
-            f"activations and the allocator's pools, the same at every stage; here stage {_label(low)} peaked at "
+            f"Expect the model states to fall with the stage as the estimator says{states}, and the peak to fall "
+            f"less: on CPU the peak is the process's resident set, which also holds the compiled graph, the "
+            f"batch's activations and the allocator's pools; here stage {_label(low)} peaked lowest, at "
             f"{low['ratio']:.2f} of stage 0's {base['growth'] / MB:.0f} MB."]
 
 
