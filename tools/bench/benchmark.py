@@ -230,8 +230,9 @@ def render_tables(cfg: dict, rows: List[dict]) -> str:
         lines.append(f"{lead(r)} {_calls(r)} | {r['volume'] / 1024:.1f} | {r['volume'] / unit:.2f} | "
                      f"{r['volume_a1'] / unit:.2f} | {PAPER_FACTOR[r['stage']]}Φ |")
     kinds = [kind for kind in MEMORY_KINDS if any(r["memory"][kind] for r in rows)]
-    lines += ["", f"Measured bytes per rank by kind (`measure_model_states`; kinds that are 0 everywhere, "
-              f"{', '.join(k for k in MEMORY_KINDS if k not in kinds) or 'none'}, left out):", "",
+    zeros = [k.replace("_", " ") for k in MEMORY_KINDS if k not in kinds]
+    lines += ["", "Measured bytes per rank by kind (`measure_model_states`"
+              + (f"; left out, 0 everywhere: {', '.join(zeros)}" if zeros else "") + "):", "",
               f"{head} " + " | ".join(kind.replace("_", " ") for kind in kinds) + " | total |",
               align + "---:|" * (len(kinds) + 1)]
     for r in rows:
@@ -276,17 +277,17 @@ def intro(results: dict) -> list:
         if any(r["stage"] == 3 for r in at) else None
     d3 = next((r for r in dense if r["world"] == world and r["label"] == "3"), None)
     top = max(r["memory_ratio"] for r in at)
-    slower = (f"stage 3 took {s3['time_ratio']:.2f}x stage 0's step on the demo LM"
+    slower = (f": stage 3 took {s3['time_ratio']:.2f}x stage 0's step on the demo LM"
               + (f" and {d3['time_ratio']:.2f}x on the large Dense layers" if d3 else "") if s3 else "")
     return [f"Per ZeRO stage, the model-state memory per rank, the median step time against stage 0 and the bytes "
             f"each rank communicates per step, on the demo LM ({rows[0]['num_params']} parameters) at "
             f"N = {', '.join(map(str, sorted({r['world'] for r in rows})))}"
             + (", and the step time of a stack of large Dense layers." if dense else "."),
             "Expect memory to fall as the ZeRO paper's formula says (stages 1-2 a little above it, up to "
-            f"{top:.2f}x here: they keep a 1/N fp32 master copy the formula leaves out) and the bytes to match the "
-            "paper's 2Φ and 3Φ, while time rises with the stage: the CPU backend emulates reduce-scatter and "
-            f"all-gather, and on a model this small each collective's fixed cost dominates, so {slower or 'the '}"
-            " stages 1-3 cost more than they would on a device; read the ratios, not the milliseconds."]
+            f"{top:.2f}x here: they keep a 1/N fp32 master copy the formula leaves out), the bytes of one "
+            "micro-step to match the paper's 2Φ and 3Φ, and time to rise with the stage more than it would on a "
+            "device: the CPU backend emulates reduce-scatter and all-gather, and on a model this small each "
+            f"collective's fixed cost dominates{slower}; read the ratios, not the milliseconds."]
 
 
 def draw(plt, results: dict):

@@ -179,13 +179,13 @@ def test_summary_report_and_chart(tmp_path):
     assert '"0 (+k idle collectives)": stage 0 with k extra 4-byte all-reduces per optimizer step (k = 8)' in report
     # the kinds that hold bytes somewhere (ema and other are 0 everywhere: left out, and said)
     assert "| stage | params | master shards | optimizer states | accumulation | total |" in report
-    assert "| 1 | 64 | 32 | 64 | 64 | 224 |" in report and "ema, other, left out" in report
+    assert "| 1 | 64 | 32 | 64 | 64 | 224 |" in report and "left out, 0 everywhere: ema, other" in report
     assert max(len(line.split("|")) - 2 for line in report.splitlines() if line.startswith("|")) <= 7
     # two world sizes: the N column comes back
     both = render_tables(cfg, rows + [dict(rows[0], world=4)])
     assert "| N | stage | model states (KiB) |" in both and "| 4 | 0 | 0.2 |" in both
     intro = PAGE.intro({"config": cfg, "rows": rows, "dense_rows": []})
-    assert len(intro) == 2 and "stage 3 took 4.00x stage 0's step" in intro[1] and "1.20x" in intro[1]
+    assert len(intro) == 2 and ": stage 3 took 4.00x stage 0's step on the demo LM;" in intro[1] and "1.20x" in intro[1]
     from tools.bench import plots  # matplotlib: the test extra installs it
 
     fig = PAGE.draw(plots.pyplot(), {"config": cfg, "rows": rows, "dense_rows": []})
