@@ -1,4 +1,5 @@
-"""For benchmarking: writes ``docs/benchmarks/<name>.md`` (``tools/bench/report.py``).
+"""For benchmarking: writes ``docs/benchmarks/<name>.md``, its figure ``<name>.svg`` and its raw
+results ``<name>.json`` (``tools/bench/pages.py``).
 
 Benchmark ZeRO stages 0-3 at several world sizes on the demo LM: memory, speed, communication;
 and the step time of every stage on a stack of large Dense layers.

@@ -1,4 +1,5 @@
-"""For benchmarking: writes ``docs/benchmarks/<name>.md`` (``tools/bench/report.py``).
+"""For benchmarking: writes ``docs/benchmarks/<name>.md``, its figure ``<name>.svg`` and its raw
+results ``<name>.json`` (``tools/bench/pages.py``).
 
 Benchmark section: peak memory per rank of ZeRO training steps, stages 0-3, stage 3 both ways.
 
@@ -25,7 +26,7 @@ optimizer states are created at shard size). For each setting the table gives, p
   re-gathers);
 * the last loss, the same for every setting (the options change memory, not the numbers).
 
-Writes ``peak.md`` and ``peak.json`` into ``--out`` and prints the table.
+Writes ``peak.md`` and ``peak.json`` into ``--out`` and prints the tables.
 """
 import sys
 from pathlib import Path

@@ -5,8 +5,9 @@ Builds ``layers`` x Dense(width, width) (default 16 x 4096: 1.07 GB of fp32, M),
 pretrained checkpoint of it (one tensor at a time), then runs one msrun job of ``--world`` ranks per
 way (tools/bench/benchmark_scale_worker.py says what each does) and prints, for every phase, the
 largest per-rank growth of the peak resident set as a multiple of M, and the export's growth on
-rank 0 as a multiple of the largest tensor. It writes the table to docs/benchmarks/scale.md (``--docs
-DIR`` elsewhere, ``--docs ''`` nowhere), stamped with the command, date, commit and machine.
+rank 0 as a multiple of the largest tensor. It writes the page docs/benchmarks/scale.md, its figure
+and its raw results beside it (``tools/bench/pages.py``; ``--docs DIR`` elsewhere, ``--docs ''``
+nowhere), stamped with the command, date, commit and machine.
 
 Usage: python tools/bench/benchmark_scale.py [--layers 16] [--width 4096] [--world 4] [--steps 3]
        [--format safetensors|ckpt|hf] [--out outputs/benchmark_scale] [--docs DIR]

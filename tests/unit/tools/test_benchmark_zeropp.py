@@ -24,7 +24,7 @@ def test_benchmark_table_ratios():
     assert "| qwZ + hpZ + qgZ | 1381 | 1.84 | 0.614 | 381 | 0.51 | 0.169 |" in table
     assert "| qwZ + qgZ | 2250 |" in table
     data = {"world": 4, "secondary": "bench_node", "results": results}
-    assert "all three together at 0.51Φ' across nodes (0.169 of stage 3)" in PAGE.intro(data)[1]
+    assert "all three together at 0.51Φ' across nodes, 0.169 of stage 3" in PAGE.intro(data)[1]
 
 
 def test_block_sweep_error_is_zero_on_exact_blocks_and_grows_with_the_block():
