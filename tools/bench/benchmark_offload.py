@@ -169,14 +169,15 @@ def draw(plt, results: dict):
 
     rows = results["rows"]
     labels = [_label(r) for r in rows]
-    fig, (mem, time_ax) = plt.subplots(1, 2, figsize=plots.size(1, 3.2), sharey=True,
-                                       gridspec_kw={"width_ratios": [3, 2]})
-    plots.hbars(mem, labels, {"peak RSS": [r["peak"] / MB for r in rows],
-                              "states on device": [r["device_states"] / MB for r in rows],
-                              "in host memory": [r["host_states"] / MB for r in rows],
-                              "in files": [r["file_states"] / MB for r in rows]}, "MB per rank (largest rank)")
-    plots.legend_below(mem)
-    mem.set_title("memory")
+    fig, (states, peak, time_ax) = plt.subplots(1, 3, figsize=plots.size(1, 3.2), sharey=True)
+    plots.hbars(states, labels, {"on device": [r["device_states"] / MB for r in rows],
+                                 "in host memory": [r["host_states"] / MB for r in rows],
+                                 "in files": [r["file_states"] / MB for r in rows]}, "MB per rank", stacked=True)
+    plots.legend_below(states, 2)
+    states.set_title("where the states are")
+    plots.hbars(peak, labels, {"peak RSS": [r["peak"] / MB for r in rows]}, "MB per rank (largest rank)",
+                colors=plots.COLORS[3:])
+    peak.set_title("peak memory")
     plots.hbars(time_ax, labels, {"median step": [r["step_seconds"] for r in rows]}, "seconds per step",
                 colors=plots.COLORS[4:])
     time_ax.set_title("step time")
@@ -300,7 +301,7 @@ def main(argv=None) -> int:
 
 
 PAGE = Page("offload", "Peak memory and step time with and without optimizer offload", intro, render, draw,
-            "peak memory and where the states are (left), and the median step (right), per setting.")
+            "per setting, where the model and optimizer states are, the peak memory and the median step.")
 CHUNKS_PAGE = Page("offload_chunks", "Offload: chunk size of the file store", intro_sweep, render_sweep, draw_sweep,
                    "the host update's median time (left) and peak memory growth (right) against the chunk size.")
 
