@@ -138,8 +138,9 @@ def intro(data: dict) -> list:
             f"MindOne's to hold the whole model once; after the steps, the model states alone are "
             f"(4 + 4 + 8) / 4 / {world} = {states:.2f} M per rank (fp32 parameters, gradients and AdamWeightDecay's "
             f"two moments, each split {world} ways), so holding {held:.2f} M is expected, not a leak: the rest is "
-            f"the step's graph, gathered layers and the allocator's pools, and the steps' growth ({steps:.2f} M at "
-            "most) counts the gradient and optimizer shards that first come into use there."]
+            f"the step's graph, gathered layers and the allocator's pools; the steps' growth ({steps:.2f} M at "
+            "most) includes the optimizer's moments, to which MindSpore gives memory when the first step "
+            "compiles, and the step's gradients."]
 
 
 def draw(plt, data: dict):
