@@ -359,7 +359,7 @@ def test_no_page_overflows_in_a_browser(site, tmp_path):
         tables = read_page(path).tables
         assert len(tables) == len(report["tables"]), page
         for i, (measured, rows) in enumerate(zip(report["tables"], tables)):
-            if table_min_width(rows) < measured["least"] - 1:
+            if table_min_width(rows) < 0.98 * measured["least"] - 1:  # 2%: another machine's fonts
                 problems.append(f"{page}: table {i + 1} is at least {measured['least']} px wide, the model of the "
                                 f"HTML test says {table_min_width(rows):.0f}: raise its TABLE_* widths")
     assert not problems, "\n".join(problems)
