@@ -199,9 +199,11 @@ def write_report(name: str, title: str, body_md: str, command: Sequence[str] | N
     folder.mkdir(parents=True, exist_ok=True)
     fields = fields if fields is not None else stamp_fields(command)
     opening = " ".join(s.strip() for s in intro if s.strip())
-    parts = [f"# {title}", (opening + "\n\n" if opening else "") + CAVEAT,
-             "Written by the benchmark itself (`tools/bench/report.py`); rerun the command to update it.",
-             stamp(fields)]
+    written = ("Written by the benchmark itself (`tools/bench/report.py`); rerun the command to update it."
+               if not results_file else
+               f"Written by the benchmark itself (`tools/bench/pages.py`): rerun the command to measure again, or "
+               f"`python tools/bench/pages.py {name}` to draw the page again from its results.")
+    parts = [f"# {title}", (opening + "\n\n" if opening else "") + CAVEAT, written, stamp(fields)]
     raw = f"[`{results_file}`]({results_file})" if results_file else ""
     if figure is not None:
         image, caption = figure
