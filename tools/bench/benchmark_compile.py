@@ -477,21 +477,27 @@ def _least_by_row(timing: list, depth: int) -> dict:
 
 
 def intro(results: dict) -> list:
-    args, timing = results["args"], results["report"]["timing"]
-    depths = args["depths"]
+    args, report = results["args"], results["report"]
+    timing, depths = report["timing"], args["depths"]
     base_label = results["rows"][0][0]
     small, big = _least_by_row(timing, depths[0]), _least_by_row(timing, depths[-1])
     worst = max((k for k in small if k != base_label), key=lambda k: small[k] / small[base_label], default=None)
-    said = (f" (at {depths[0]} blocks, {worst}: {small[worst] / small[base_label]:.2f}x)" if worst else "")
+    said = (f", the most here {worst} at {small[worst] / small[base_label]:.2f}x (the least of the rounds, "
+            f"{depths[0]} blocks)" if worst else "")
     grows = (f"; from {depths[0]} to {depths[-1]} blocks the first call grows about as the depth does "
              f"({big[base_label] / small[base_label]:.2f}x for `{base_label}`, for {depths[-1] / depths[0]:.2f}x "
              "the blocks)" if len(depths) > 1 and base_label in big else "")
+    cold = {r["row"]: r["first_wall_s"] for r in report.get("cache_cold") or []}
+    warm = {r["row"]: r["first_wall_s"] for r in report.get("cache_warm") or []}
+    kept = [warm[k] / cold[k] for k in cold if k in warm]
+    cache = (f"; a restart from the compile cache skips most of the compile ({min(kept):.2f}-{max(kept):.2f} of "
+             "the cold first call)" if kept else "")
     return [f"How long the first call of the train step (its graph compile and one step) takes at every ZeRO stage "
             f"against MindSpore's own data-parallel `nn.TrainOneStepCell`, at {' and '.join(map(str, depths))} "
             "blocks of a small MLP language model, each row in a new process, with the compiled graph's size and "
             "a restart from the compile cache.",
-            f"Expect every stage to cost a small multiple of the data-parallel step{said}, stage 3 most, as it "
-            f"gathers and scatters each layer{grows}, and a warm restart from the cache to skip most of it."]
+            f"Expect every stage to cost a small multiple of the data-parallel step's first call{said}{grows}"
+            f"{cache}."]
 
 
 def draw(plt, results: dict):
@@ -500,14 +506,15 @@ def draw(plt, results: dict):
     args, timing = results["args"], results["report"]["timing"]
     depths, labels = args["depths"], [r[0] for r in results["rows"]]
     fig, ax = plt.subplots(figsize=plots.size(1, 3.8))
+    step = 0.012 * (max(depths) - min(depths) or 1)  # the rows' ranges side by side, not on top of each other
     for i, label in enumerate(labels):
         mine = [[r["first_wall_s"] for r in timing if r["row"] == label and r["depth"] == d] for d in depths]
         if not all(mine):
             continue
-        least = [min(v) for v in mine]
+        xs = [d + (i - (len(labels) - 1) / 2) * step for d in depths]
         color = plots.COLORS[i % len(plots.COLORS)]
-        ax.plot(depths, least, "o-", color=color, label=label)
-        ax.vlines(depths, [min(v) for v in mine], [max(v) for v in mine], color=color, alpha=0.35, linewidth=6)
+        ax.plot(xs, [min(v) for v in mine], "o-", color=color, label=label)
+        ax.vlines(xs, [min(v) for v in mine], [max(v) for v in mine], color=color, alpha=0.4, linewidth=4)
     ax.set_xticks(depths)
     ax.set_xlabel("blocks")
     ax.set_ylabel("first call, wall seconds")
