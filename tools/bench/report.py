@@ -140,8 +140,8 @@ def stamp_line(fields: dict) -> str:
             f"{fields['machine']}")
 
 
-CAVEAT = ("These are CPU figures of small models on a shared machine: read their shapes and ratios, not a "
-          "device's performance.")
+CAVEAT = ("These are CPU figures, from models much smaller than those trained on Ascend or GPU, on a shared "
+          "machine: read their shapes and ratios, not a device's performance.")
 
 
 def write_atomic(path, write) -> str:
