@@ -341,8 +341,8 @@ def measure_in_browser(site: Path, browser: str, tabs: int = 2, timeout: float =
 
 
 @pytest.mark.skipif(_browser() is None, reason=f"no headless browser ({', '.join(BROWSERS)}) on PATH: CI installs "
-                    "only the Python extras; `apt-get install chromium` runs this test, and the next one checks the "
-                    "built HTML for the known causes without a browser")
+                    "only the Python extras; `apt-get install chromium` runs this test; without a browser, "
+                    "test_built_pages_have_no_known_overflow_cause checks the built HTML for the known causes")
 def test_no_page_overflows_in_a_browser(site, tmp_path):
     copy = Path(shutil.copytree(site, tmp_path / "site"))
     reports = measure_in_browser(copy, _browser())
