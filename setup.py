@@ -30,7 +30,8 @@ setup(
         "pyyaml",
     ],
     extras_require={
-        "test": ["pytest", "pytest-timeout", "pytest-xdist", "setuptools", "wheel"],  # wheel: tests/unit/test_wheel.py
+        # wheel: tests/unit/test_wheel.py; matplotlib: the benchmark pages' figures are tested as their tables are
+        "test": ["pytest", "pytest-timeout", "pytest-xdist", "setuptools", "wheel", "matplotlib"],
         # MindOne's documentation stack; tests/unit/test_docs_build.py runs `mkdocs build --strict`.
         # ruff: mkdocstrings formats (wraps) the signatures with it.
         "docs": ["mkdocs>=1.6", "mkdocs-material>=9.5", "mkdocstrings[python]>=0.26", "ruff"],

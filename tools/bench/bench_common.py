@@ -10,7 +10,7 @@ their msrun jobs and the command line of a benchmark section.
   ``tools/bench/benchmark_offload.py``);
 * ``run_world`` (an msrun job of a tools worker with ``--config``) and ``run_setting`` (one job
   of the peak-memory worker ``tools/bench/benchmark_peak_worker.py``), both through ``tools/dev/launch.py``;
-* ``run_section``: the command line of a section (``--config``, ``--out``, table and JSON written).
+* ``run_section``: the command line of a section (``--config``, ``--out``; tables, results, page written).
 """
 import argparse
 import copy
@@ -21,7 +21,7 @@ from typing import List, Sequence, Tuple
 import yaml
 
 from mindone_zero.core.stage import STAGES
-from tools.bench.report import add_docs_flag, write_report
+from tools.bench.report import add_docs_flag
 from tools.dev.launch import log_tails, run_msrun
 from tools.train_config import build_config
 
@@ -244,14 +244,17 @@ def run_setting(cfg: dict, stage: int, reshard: bool, out: Path, offload: str = 
 
 
 # ----------------------------------------------------------------------------- command line of a section
-def run_section(argv, doc: str, default_config: str, default_out: str, load, run, stem: str, title: str) -> int:
-    """The CLI of a benchmark section: ``--config`` read by ``load``, ``run(cfg, out)`` giving
-    (rows, table), written to ``<out>/<stem>.md`` and ``.json``, to the stamped page
-    ``docs/benchmarks/<stem>.md`` titled ``title`` (``--docs``) and printed; returns 0."""
+def run_section(argv, doc: str, default_config: str, default_out: str, load, run, page) -> int:
+    """The CLI of a benchmark section: ``--config`` read by ``load``, ``run(cfg, out)`` giving its
+    raw results, whose tables (``page.body``) are written to ``<out>/<page.name>.md``, the results to
+    ``.json``, and the stamped page with its figure and results to ``docs/benchmarks/`` (``--docs``,
+    ``tools/bench/pages.py``); prints the tables; returns 0."""
+    from tools.bench.pages import publish
+
     parser = argparse.ArgumentParser(description=doc.split("\n\n")[1])
     parser.add_argument("--config", default=default_config)
     parser.add_argument("--out", default=default_out)
-    add_docs_flag(parser, stem)
+    add_docs_flag(parser, page.name)
     args = parser.parse_args(argv)
     try:
         cfg = load(args.config)
@@ -259,10 +262,11 @@ def run_section(argv, doc: str, default_config: str, default_out: str, load, run
         parser.error(str(err))
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    rows, table = run(cfg, out)
-    (out / f"{stem}.md").write_text(table + "\n")
-    (out / f"{stem}.json").write_text(json.dumps(rows, indent=1))
+    results = run(cfg, out)
+    table = page.body(results)
+    (out / f"{page.name}.md").write_text(table + "\n")
+    (out / f"{page.name}.json").write_text(json.dumps(results, indent=1))
     print(table)
     if args.docs:
-        print(f"page: {write_report(stem, title, table, out_dir=args.docs)}")
+        print(f"page: {publish(page, results, out_dir=args.docs)}")
     return 0

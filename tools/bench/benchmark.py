@@ -1,4 +1,5 @@
-"""For benchmarking: writes ``docs/benchmarks/<name>.md`` (``tools/bench/report.py``).
+"""For benchmarking: writes ``docs/benchmarks/<name>.md``, its figure ``<name>.svg`` and its raw
+results ``<name>.json`` (``tools/bench/pages.py``).
 
 Benchmark ZeRO stages 0-3 at several world sizes on the demo LM: memory, speed, communication;
 and the step time of every stage on a stack of large Dense layers.
@@ -34,18 +35,18 @@ tensors show what a stage costs per byte, where the LM's many small ones show th
 4-byte all-reduces per step that touch nothing, the cost of synchronisation alone (for where the
 rest of a step's time goes, see ``tools/dev/profile_step.py``).
 
-Writes ``benchmark.md`` (the tables), ``results.json`` and, if matplotlib is installed
-(``pip install -e .[plot]``), ``benchmark.png`` into ``--out``; prints the tables. ``--zeropp``
+Writes ``benchmark.md`` (the tables) and ``results.json`` into ``--out``, and the page with its
+figure (where matplotlib is installed: ``pip install -e .[plot]``) and raw results into
+``docs/benchmarks/`` (``--docs``; ``tools/bench/pages.py``); prints the tables. ``--zeropp``
 adds ZeRO++'s bytes per step for every combination of qwZ, hpZ and qgZ against plain stage 3
 (``tools/bench/benchmark_zeropp.py``, into ``<out>/zeropp``).
 """
 import argparse
 import json
-import os
 import sys
 from pathlib import Path
 from statistics import median
-from typing import List, Sequence, Tuple
+from typing import Callable, List, Sequence, Tuple
 
 import yaml
 
@@ -56,7 +57,8 @@ if str(REPO) not in sys.path:
 from mindone_zero.memory.estimate import estimate_model_states_memory  # noqa: E402
 from mindone_zero.core.stage import StagePolicy  # noqa: E402
 from tools.bench import benchmark_offload, benchmark_peak, benchmark_zeropp  # noqa: E402
-from tools.bench.report import add_docs_flag, write_report  # noqa: E402
+from tools.bench.pages import Page, publish  # noqa: E402
+from tools.bench.report import add_docs_flag  # noqa: E402
 from tools.bench.bench_common import (check_bench, load_benchmark_config, run_world, setting_label,  # noqa: E402
                                 setting_name, settings_of)
 
@@ -191,35 +193,52 @@ def _kib(n: float) -> str:
     return f"{n / 1024:.1f} KiB"
 
 
+def _lead(rows: List[dict]) -> Tuple[str, str, Callable[[dict], str]]:
+    """(header cells, alignment cells, row -> leading cells) of a table: the N column only where the
+    rows have more than one world size."""
+    if len({r["world"] for r in rows}) > 1:
+        return "| N | stage |", "|---:|---|", lambda r: f"| {r['world']} | {r['label']} |"
+    return "| stage |", "|---|", lambda r: f"| {r['label']} |"
+
+
 def render_tables(cfg: dict, rows: List[dict]) -> str:
-    """The markdown report: main table, bytes by kind, and how to read them."""
+    """The markdown report: memory and step time, communication, bytes by kind, and how to read them."""
     bench = cfg["benchmark"]
     p, g, k = bench["param_bytes"], bench["grad_bytes"], bench["optimizer_bytes"]
+    head, align, lead = _lead(rows)
+    worlds = sorted({r["world"] for r in rows})
     lines = [
         f"Demo LM ({rows[0]['num_params']} parameters, Φ = {rows[0]['phi_bytes']} B of fp32 parameters), Adam, "
         f"global batch {bench['global_batch_size']}, {bench['gradient_accumulation_steps']} micro-steps per "
         f"optimizer step, {bench['mode']} mode, {bench['timed_steps']} timed steps after {bench['warmup_steps']} "
-        f"warm-up, CPU backend, {_placement(bench)}.",
+        f"warm-up, CPU backend, {_placement(bench)}, N = {', '.join(map(str, worlds))}.",
         "",
-        f"| N | stage | model states / rank | estimate ({p}+{g}+{k} B) | measured / estimate | median step | "
-        f"vs stage 0 | collectives / step (library) | native bytes / step / rank | in Φ' | in Φ' at 1 micro-step | "
-        f"paper |",
-        "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+        f"Memory and time: the model states per rank measured, the ZeRO paper's estimate ({p}+{g}+{k} B per "
+        "parameter), and the median optimizer step.",
+        "",
+        f"{head} model states (KiB) | estimate (KiB) | measured / estimate | median step (ms) | vs stage 0 |",
+        f"{align}---:|---:|---:|---:|---:|",
     ]
     for r in rows:
-        unit = r["phi_bytes"] * (r["world"] - 1) / r["world"]  # Φ' = Φ (N-1)/N: the paper's Φ on N ranks
-        lines.append(
-            f"| {r['world']} | {r['label']} | {_kib(r['memory']['total'])} | {_kib(r['estimate'])} | "
-            f"{r['memory_ratio']:.3f} | {r['step_time'] * 1e3:.1f} ms | {r['time_ratio']:.2f}x | {_calls(r)} | "
-            f"{_kib(r['volume'])} | {r['volume'] / unit:.2f}Φ' | {r['volume_a1'] / unit:.2f}Φ' | "
-            f"{PAPER_FACTOR[r['stage']]}Φ |"
-        )
-    lines += ["", "Measured bytes per rank by kind (`measure_model_states`):", "",
-              "| N | stage | " + " | ".join(MEMORY_KINDS) + " | total |",
-              "|---:|---:|" + "---:|" * (len(MEMORY_KINDS) + 1)]
+        lines.append(f"{lead(r)} {r['memory']['total'] / 1024:.1f} | {r['estimate'] / 1024:.1f} | "
+                     f"{r['memory_ratio']:.3f} | {r['step_time'] * 1e3:.1f} | {r['time_ratio']:.2f}x |")
+    lines += ["", "Communication per optimizer step and rank: the library's collectives, and the bytes the native "
+              "path sends, also in Φ' = Φ (N-1)/N, with the paper's figure.", "",
+              f"{head} collectives | native KiB | in Φ' | in Φ' at 1 micro-step | paper |",
+              f"{align}---:|---:|---:|---:|---:|"]
     for r in rows:
-        cells = " | ".join(str(r["memory"][kind]) for kind in MEMORY_KINDS + ("total",))
-        lines.append(f"| {r['world']} | {r['label']} | {cells} |")
+        unit = r["phi_bytes"] * (r["world"] - 1) / r["world"]  # Φ' = Φ (N-1)/N: the paper's Φ on N ranks
+        lines.append(f"{lead(r)} {_calls(r)} | {r['volume'] / 1024:.1f} | {r['volume'] / unit:.2f} | "
+                     f"{r['volume_a1'] / unit:.2f} | {PAPER_FACTOR[r['stage']]}Φ |")
+    kinds = [kind for kind in MEMORY_KINDS if any(r["memory"][kind] for r in rows)]
+    zeros = [k.replace("_", " ") for k in MEMORY_KINDS if k not in kinds]
+    lines += ["", "Measured bytes per rank by kind (`measure_model_states`"
+              + (f"; left out, 0 everywhere: {', '.join(zeros)}" if zeros else "") + "):", "",
+              f"{head} " + " | ".join(kind.replace("_", " ") for kind in kinds) + " | total |",
+              align + "---:|" * (len(kinds) + 1)]
+    for r in rows:
+        cells = " | ".join(str(r["memory"][kind]) for kind in kinds + ["total"])
+        lines.append(f"{lead(r)} {cells} |")
     lines += ["", *_notes(rows)]
     return "\n".join(lines)
 
@@ -227,19 +246,79 @@ def render_tables(cfg: dict, rows: List[dict]) -> str:
 def render_dense_table(cfg: dict, rows: List[dict]) -> str:
     """The markdown table of the Dense stack: step time per stage against stage 0."""
     dense = cfg["dense"]
+    head, align, lead = _lead(rows)
     lines = [
         f"{dense['layers']} x Dense({dense['width']}, {dense['width']}) ({rows[0]['num_params']} parameters), "
         f"AdamWeightDecay, batch {dense['batch_per_rank']} per rank, {dense['gradient_accumulation_steps']} "
         f"micro-step(s) per optimizer step, {cfg['benchmark']['mode']} mode, {_placement(cfg['benchmark'])}, timed in "
-        f"turns with the demo LM.",
+        f"turns with the demo LM, N = {', '.join(map(str, sorted({r['world'] for r in rows})))}.",
         "",
-        "| N | stage | median step | vs stage 0 | collectives / step (library) | native bytes / step / rank |",
-        "|---:|---:|---:|---:|---:|---:|",
+        f"{head} median step (ms) | vs stage 0 | collectives / step | native KiB / step / rank |",
+        f"{align}---:|---:|---:|---:|",
     ]
     for r in rows:
-        lines.append(f"| {r['world']} | {r['label']} | {r['step_time'] * 1e3:.1f} ms | {r['time_ratio']:.2f}x | "
-                     f"{_calls(r)} | {_kib(r['volume'])} |")
+        lines.append(f"{lead(r)} {r['step_time'] * 1e3:.1f} | {r['time_ratio']:.2f}x | {_calls(r)} | "
+                     f"{r['volume'] / 1024:.1f} |")
     return "\n".join(lines)
+
+
+def render_page(results: dict) -> str:
+    """The page's body of ``{"config", "rows", "dense_rows"}``."""
+    report = render_tables(results["config"], results["rows"])
+    if results.get("dense_rows"):
+        report += "\n\n" + render_dense_table(results["config"], results["dense_rows"])
+    return report
+
+
+def intro(results: dict) -> list:
+    rows, dense = results["rows"], results.get("dense_rows") or []
+    world = min(r["world"] for r in rows)
+    at = [r for r in rows if r["world"] == world]
+    s3 = next(r for r in at if r["stage"] == 3 and r["reshard_after_forward"] and not r.get("units")) \
+        if any(r["stage"] == 3 for r in at) else None
+    d3 = next((r for r in dense if r["world"] == world and r["label"] == "3"), None)
+    top = max(r["memory_ratio"] for r in at)
+    slower = (f": stage 3 took {s3['time_ratio']:.2f}x stage 0's step on the demo LM"
+              + (f" and {d3['time_ratio']:.2f}x on the large Dense layers" if d3 else "") if s3 else "")
+    return [f"Per ZeRO stage, the model-state memory per rank, the median step time against stage 0 and the bytes "
+            f"each rank communicates per step, on the demo LM ({rows[0]['num_params']} parameters) at "
+            f"N = {', '.join(map(str, sorted({r['world'] for r in rows})))}"
+            + (", and the step time of a stack of large Dense layers." if dense else "."),
+            "Expect memory to fall as the ZeRO paper's formula says (stages 1-2 a little above it, up to "
+            f"{top:.2f}x here: they keep a 1/N fp32 master copy the formula leaves out), the bytes of one "
+            "micro-step to match the paper's 2Φ and 3Φ, and time to rise with the stage more than it would on a "
+            "device: the CPU backend emulates reduce-scatter and all-gather, and on a model this small each "
+            f"collective's fixed cost dominates{slower}; read the ratios, not the milliseconds."]
+
+
+def draw(plt, results: dict):
+    from tools.bench import plots
+
+    rows, dense = results["rows"], results.get("dense_rows") or []
+    many = len({r["world"] for r in rows}) > 1
+    labels = [(f"N={r['world']}: " if many else "") + r["label"] for r in rows]
+    fig, (mem, time_ax, comm) = plt.subplots(1, 3, figsize=plots.size(1, 3.8), sharey=True,
+                                             gridspec_kw={"width_ratios": [1.4, 1, 1]})
+    kinds = [kind for kind in MEMORY_KINDS if any(r["memory"][kind] for r in rows)]
+    plots.hbars(mem, labels, {kind.replace("_", " "): [r["memory"][kind] / 1024 for r in rows] for kind in kinds},
+                "KiB per rank", stacked=True)
+    plots.marks(mem, [r["estimate"] / 1024 for r in rows], "paper's estimate")
+    plots.legend_below(mem)
+    mem.set_title("model states per rank")
+    by_label = {(r["world"], r["label"]): r["time_ratio"] for r in dense}
+    series = {"demo LM": [r["time_ratio"] for r in rows]}
+    if dense:
+        series["Dense stack"] = [by_label.get((r["world"], r["label"])) for r in rows]
+    plots.hbars(time_ax, labels, series, "median step / stage 0's")
+    time_ax.axvline(1.0, color="grey", linewidth=0.8)
+    plots.legend_below(time_ax, 1)
+    time_ax.set_title("step time")
+    plots.hbars(comm, labels, {"native bytes": [r["volume_a1"] / (r["phi_bytes"] * (r["world"] - 1) / r["world"])
+                                                for r in rows]}, "Φ' per step (1 micro-step)", colors=plots.COLORS[2:])
+    plots.marks(comm, [PAPER_FACTOR[r["stage"]] for r in rows], "paper (2Φ, 3Φ)")
+    plots.legend_below(comm, 1)
+    comm.set_title("communication")
+    return fig
 
 
 def _notes(rows: List[dict]) -> List[str]:
@@ -276,44 +355,9 @@ def _notes(rows: List[dict]) -> List[str]:
     return notes
 
 
-def plot(rows: List[dict], path: Path) -> bool:
-    """Bar charts of memory, step time and communication per stage and N; False without matplotlib."""
-    try:
-        import matplotlib
-
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
-        return False
-    worlds = sorted({r["world"] for r in rows})
-    stages = sorted({r["stage"] for r in rows})
-    fig, axes = plt.subplots(1, 3, figsize=(15, 4.2))
-    width = 0.8 / (2 * len(worlds))
-    for i, world in enumerate(worlds):
-        sel = [next(r for r in rows if r["world"] == world and r["stage"] == s) for s in stages]
-        xs = [s + (2 * i - len(worlds)) * width + width / 2 for s in stages]
-        axes[0].bar(xs, [r["memory"]["total"] / 1024 for r in sel], width, label=f"measured N={world}")
-        axes[0].bar([x + width for x in xs], [r["estimate"] / 1024 for r in sel], width, label=f"estimate N={world}",
-                    alpha=0.5)
-        axes[1].bar([s + (i - len(worlds) / 2 + 0.5) * 0.8 / len(worlds) for s in stages],
-                    [r["time_ratio"] for r in sel], 0.8 / len(worlds), label=f"N={world}")
-        axes[2].bar([s + (i - len(worlds) / 2 + 0.5) * 0.8 / len(worlds) for s in stages],
-                    [r["volume_a1"] / (r["phi_bytes"] * (world - 1) / world) for r in sel], 0.8 / len(worlds),
-                    label=f"N={world}")
-    axes[2].plot(stages, [PAPER_FACTOR[s] for s in stages], "k_", markersize=30, label="paper (2Φ / 3Φ)")
-    axes[2].set_ylim(0, 4)
-    titles = ("model states per rank (KiB)", "median step time / stage 0", "native bytes per step (1 micro-step) / Φ'")
-    for ax, title in zip(axes, titles):
-        ax.set_title(title)
-        ax.set_xticks(stages)
-        ax.set_xlabel("ZeRO stage")
-        ax.legend(fontsize=7)
-    fig.tight_layout()
-    tmp = path.with_name("." + path.name + ".tmp.png")
-    fig.savefig(tmp, dpi=110)
-    plt.close(fig)
-    os.replace(tmp, path)
-    return True
+PAGE = Page("benchmark", "ZeRO stages 0-3: memory, step time, communication", intro, render_page, draw,
+            "per setting, the model states by kind against the paper's estimate, the step time against stage 0, "
+            "and the bytes per step against the paper's.")
 
 
 def main(argv=None) -> int:
@@ -354,20 +398,14 @@ def main(argv=None) -> int:
         rows += summarize(cfg, out / f"N{world}", world)
         if world in cfg["dense"]["world_sizes"]:
             dense_rows += summarize(cfg, out / f"N{world}", world, prefix="dense_")
-    report = render_tables(cfg, rows)
-    if dense_rows:
-        report += "\n\n" + render_dense_table(cfg, dense_rows)
+    results = {"config": cfg, "rows": rows, "dense_rows": dense_rows}
+    report = render_page(results)
     (out / "benchmark.md").write_text(report + "\n")
-    (out / "results.json").write_text(json.dumps(rows + dense_rows, indent=1))
+    (out / "results.json").write_text(json.dumps(results, indent=1))
     print(report)
-    if plot(rows, out / "benchmark.png"):
-        print(f"chart: {out / 'benchmark.png'}")
-    else:
-        print("chart skipped: matplotlib is not installed (pip install -e '.[plot]')")
     print(f"tables: {out / 'benchmark.md'}")
     if args.docs:
-        title = "ZeRO stages 0-3: memory, step time, communication"
-        print(f"page: {write_report('benchmark', title, report, out_dir=args.docs)}")
+        print(f"page: {publish(PAGE, results, out_dir=args.docs)}")
     code = 0
     docs = ["--docs", args.docs]  # the sections write their own pages (peak.md, zeropp.md, offload.md)
     if args.peak_memory:

@@ -3,9 +3,9 @@
     python tools/bench/benchmark_compile.py               # defaults: N=2, 24 and 48 blocks, one round
     python tools/bench/benchmark_compile.py --rounds 2 --steps 5 --cache_rounds 2
 
-Writes its tables into ``docs/benchmarks/compile.md`` (``tools.bench.report.write_report``: the
-page is stamped with this command, the date, the commit, the versions and the machine's load
-average), and the raw figures into ``<out>/compile.json``.
+Writes its page into ``docs/benchmarks/compile.md``, with its figure and raw results beside it
+(``tools/bench/pages.py``: the page is stamped with this command, the date, the commit, the versions
+and the machine's load average), and the raw figures into ``<out>/compile.json``.
 
 The model is a pre-norm MLP language model written here, outside the library (issue 37's): an
 Embedding(64, 96); per block LayerNorm(96), Dense(96, 256) without bias, GELU, Dense(256, 96)
@@ -61,6 +61,8 @@ if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
 from mindspore import nn  # noqa: E402
+
+from tools.bench.pages import Page  # noqa: E402
 
 VOCAB, WIDTH, HIDDEN, SEQ, BATCH_PER_RANK = 64, 96, 256, 16, 4
 DUMP_PASSES = "type_inference,hwopt_common_final_graph"
@@ -296,7 +298,7 @@ def timing_table(results: list, rows: list, depths: list) -> str:
     """One line per row and depth; the ratios to the first row (``nn.TrainOneStepCell``) pair the
     entries of one round."""
     lines = ["| train step | blocks | first call, wall (s) | first call, CPU (s) | median step (s) | "
-             "first call / nn.TrainOneStepCell's, wall | same, CPU |", "|---|---:|---:|---:|---:|---:|---:|"]
+             "ratio, wall | ratio, CPU |", "|---|---:|---:|---:|---:|---:|---:|"]
     for label, depth, mine, base in _row_entries(results, rows, depths):
         walls, cpus = [r["first_wall_s"] for r in mine], [r["first_cpu_s"] for r in mine]
         steps = [s for r in mine for s in r["step_s"]]
@@ -314,7 +316,7 @@ def least_table(results: list, rows: list, depths: list) -> str:
     if len({r["round"] for r in results}) < 2:
         return ""
     lines = ["| train step | blocks | least first call, wall (s) | least first call, CPU (s) | "
-             "least / nn.TrainOneStepCell's least, wall | same, CPU |", "|---|---:|---:|---:|---:|---:|"]
+             "ratio, wall | ratio, CPU |", "|---|---:|---:|---:|---:|---:|"]
     for label, depth, mine, base in _row_entries(results, rows, depths):
         least = {key: min(r[key] for r in mine) for key in ("first_wall_s", "first_cpu_s")}
         ratios = [f"{least[key] / min(r[key] for r in base):.2f}" if base else "-"
@@ -433,8 +435,103 @@ def _parser() -> argparse.ArgumentParser:
     return parser
 
 
+def render_page(results: dict) -> str:
+    """The page's body of ``{"args", "skipped", "rows", "report"}`` (``main`` writes them)."""
+    args, rows, report = results["args"], [tuple(r) for r in results["rows"]], results["report"]
+    body = [f"N={args['world_size']} ranks on the CPU backend (msrun), rank 0's figures. The model and the rows are "
+            "described in `tools/bench/benchmark_compile.py`'s docstring. With several rounds a cell lists "
+            "one figure per round, rounds in order. A ratio is the row's first call over the first row's "
+            "(`nn.TrainOneStepCell`) at the same depth, in the same round. On a shared machine "
+            "the CPU seconds (the rank's process, all threads) move less than the wall seconds.",
+            results["skipped"] or "MindOne's rows use `mindone.trainers.zero.prepare_train_network`.",
+            "## First call and later steps", timing_table(report["timing"], rows, args["depths"])]
+    least = least_table(report["timing"], rows, args["depths"])
+    if least:
+        body += ["## Least over the rounds", "Each row's least first call over the rounds, and its ratio to "
+                 "`nn.TrainOneStepCell`'s least at the same depth (the ratio columns): the figures a busy moment "
+                 "of the machine slowed least.", least]
+    growth = growth_table(report["timing"], rows, args["depths"])
+    if growth:
+        body += ["## Growth with depth", growth]
+    if report.get("graphs"):
+        body += ["## Graph size", "Nodes of the saved IR (`MS_DEV_DUMP_IR_PASSES=" + DUMP_PASSES + "`): after type "
+                 "inference (every specialised subgraph), and of the final kernel graphs; of the latter, the nodes "
+                 "that come from a CPU emulation of a collective the CPU backend lacks (in brackets: less the "
+                 "all-reduce standing in for the native collective, i.e. what Ascend would not run).",
+                 graphs_table(report["graphs"])]
+    if report.get("cache_cold"):
+        body += ["## Restart with the compile cache",
+                 f"{args['depths'][0]} blocks. Cold: a new process compiles into an empty `MS_COMPILER_CACHE_PATH`; "
+                 "warm: another new process runs the same steps from that folder. Same loss: the first step's loss "
+                 "is bit-identical warm and cold.", cache_table(report["cache_cold"], report["cache_warm"])]
+    return "\n\n".join(body) + "\n"
+
+
+def _least_by_row(timing: list, depth: int) -> dict:
+    """Each row's least first call (wall seconds) over the rounds at ``depth``."""
+    least = {}
+    for r in timing:
+        if r["depth"] == depth:
+            least[r["row"]] = min(least.get(r["row"], r["first_wall_s"]), r["first_wall_s"])
+    return least
+
+
+def intro(results: dict) -> list:
+    args, report = results["args"], results["report"]
+    timing, depths = report["timing"], args["depths"]
+    base_label = results["rows"][0][0]
+    small, big = _least_by_row(timing, depths[0]), _least_by_row(timing, depths[-1])
+    worst = max((k for k in small if k != base_label), key=lambda k: small[k] / small[base_label], default=None)
+    said = (f", the most here {worst} at {small[worst] / small[base_label]:.2f}x (the least of the rounds, "
+            f"{depths[0]} blocks)" if worst else "")
+    grows = (f"; from {depths[0]} to {depths[-1]} blocks the first call grows about as the depth does "
+             f"({big[base_label] / small[base_label]:.2f}x for `{base_label}`, for {depths[-1] / depths[0]:.2f}x "
+             "the blocks)" if len(depths) > 1 and base_label in big else "")
+    cold = {r["row"]: r["first_wall_s"] for r in report.get("cache_cold") or []}
+    warm = {r["row"]: r["first_wall_s"] for r in report.get("cache_warm") or []}
+    kept = [warm[k] / cold[k] for k in cold if k in warm]
+    cache = (f"; a restart from the compile cache skips most of the compile ({min(kept):.2f}-{max(kept):.2f} of "
+             "the cold first call)" if kept else "")
+    return [f"How long the first call of the train step (its graph compile and one step) takes at every ZeRO stage "
+            f"against MindSpore's own data-parallel `nn.TrainOneStepCell`, at {' and '.join(map(str, depths))} "
+            "blocks of a small MLP language model, each row in a new process, with the compiled graph's size and "
+            "a restart from the compile cache.",
+            f"Expect every stage to cost a small multiple of the data-parallel step's first call{said}{grows}"
+            f"{cache}."]
+
+
+def draw(plt, results: dict):
+    from tools.bench import plots
+
+    args, timing = results["args"], results["report"]["timing"]
+    depths, labels = args["depths"], [r[0] for r in results["rows"]]
+    fig, ax = plt.subplots(figsize=plots.size(1, 3.8))
+    step = 0.012 * (max(depths) - min(depths) or 1)  # the rows' ranges side by side, not on top of each other
+    for i, label in enumerate(labels):
+        mine = [[r["first_wall_s"] for r in timing if r["row"] == label and r["depth"] == d] for d in depths]
+        if not all(mine):
+            continue
+        xs = [d + (i - (len(labels) - 1) / 2) * step for d in depths]
+        color = plots.COLORS[i % len(plots.COLORS)]
+        ax.plot(xs, [min(v) for v in mine], "o-", color=color, label=label)
+        ax.vlines(xs, [min(v) for v in mine], [max(v) for v in mine], color=color, alpha=0.4, linewidth=4)
+    ax.set_xticks(depths)
+    ax.set_xlabel("blocks")
+    ax.set_ylabel("first call, wall seconds")
+    ax.set_ylim(bottom=0)
+    ax.grid(alpha=0.3)
+    plots.legend_below(ax, 3)
+    ax.set_title(f"compile time against depth, N={args['world_size']}: least over {args['rounds']} round(s), "
+                 "bars from least to most")
+    return fig
+
+
+PAGE = Page("compile", "Time to first step (compile)", intro, render_page, draw,
+            "the first call of each train step against the model's depth (the least of the rounds, and their range).")
+
+
 def main(argv=None) -> int:
-    from tools.bench.report import write_report  # reads the load average at the start
+    from tools.bench.pages import publish  # reads the load average at the start (tools/bench/report.py)
 
     parser = _parser()
     args = parser.parse_args(argv)
@@ -463,36 +560,12 @@ def main(argv=None) -> int:
         for tag, key in (("_cold", "cache_cold"), ("_warm", "cache_warm")):
             report[key] += [dict(r, round=k) for r in _job(args, out, "cache", f"{tag}{k}", env)]
     (out / "compile.json").write_text(json.dumps(report, indent=1))
-    body = [f"N={args.world_size} ranks on the CPU backend (msrun), rank 0's figures. The model and the rows are "
-            "described in `tools/bench/benchmark_compile.py`'s docstring. With several rounds a cell lists "
-            "one figure per round, rounds in order; the ratios pair the rows of one round. On a shared machine "
-            "the CPU seconds (the rank's process, all threads) move less than the wall seconds.",
-            skipped or "MindOne's rows use `mindone.trainers.zero.prepare_train_network`.",
-            "## First call and later steps", timing_table(report["timing"], rows, args.depths)]
-    least = least_table(report["timing"], rows, args.depths)
-    if least:
-        body += ["## Least over the rounds", "Each row's least first call over the rounds, and its ratio to "
-                 "`nn.TrainOneStepCell`'s least at the same depth: the figures a busy moment of the machine "
-                 "slowed least.", least]
-    growth = growth_table(report["timing"], rows, args.depths)
-    if growth:
-        body += ["## Growth with depth", growth]
-    if args.graphs:
-        body += ["## Graph size", "Nodes of the saved IR (`MS_DEV_DUMP_IR_PASSES=" + DUMP_PASSES + "`): after type "
-                 "inference (every specialised subgraph), and of the final kernel graphs; of the latter, the nodes "
-                 "that come from a CPU emulation of a collective the CPU backend lacks (in brackets: less the "
-                 "all-reduce standing in for the native collective, i.e. what Ascend would not run).",
-                 graphs_table(report["graphs"])]
-    if args.cache_rounds:
-        body += ["## Restart with the compile cache",
-                 f"{args.depths[0]} blocks. Cold: a new process compiles into an empty `MS_COMPILER_CACHE_PATH`; "
-                 "warm: another new process runs the same steps from that folder. Same loss: the first step's loss "
-                 "is bit-identical warm and cold.", cache_table(report["cache_cold"], report["cache_warm"])]
-    page = write_report("compile", "Time to first step (compile)", "\n\n".join(body) + "\n",
-                        command=["python", "tools/bench/benchmark_compile.py", *(argv if argv is not None
-                                                                                 else sys.argv[1:])],
-                        out_dir=args.docs_dir)
-    print("\n\n".join(body))
+    results = {"args": {k: getattr(args, k) for k in ("world_size", "depths", "stages", "units", "rounds", "steps",
+                                                      "graph_depths", "cache_rounds", "cache_stages")},
+               "skipped": skipped, "rows": [list(r) for r in rows], "report": report}
+    print(render_page(results))
+    page = publish(PAGE, results, out_dir=args.docs_dir,
+                   command=["python", "tools/bench/benchmark_compile.py", *(argv if argv is not None else sys.argv[1:])])
     print(f"\nwrote {page} and {out / 'compile.json'}")
     return 0
 

@@ -1,4 +1,5 @@
-"""For benchmarking: writes ``docs/benchmarks/<name>.md`` (``tools/bench/report.py``).
+"""For benchmarking: writes ``docs/benchmarks/<name>.md``, its figure ``<name>.svg`` and its raw
+results ``<name>.json`` (``tools/bench/pages.py``).
 
 Benchmark section: peak RSS and step time per rank with and without optimizer offload.
 
@@ -27,7 +28,8 @@ if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
 from tools.bench.bench_common import MB, load_section, run_section, run_setting  # noqa: E402
-from tools.bench.report import DOCS, write_report  # noqa: E402
+from tools.bench.pages import Page, publish  # noqa: E402
+from tools.bench.report import DOCS  # noqa: E402
 
 SETTINGS = [[3, "none"], [3, "nvme"], [3, "cpu"], [2, "none"], [2, "nvme"]]
 DEFAULTS = {"world_size": 2, "steps": 6, "mode": "graph", "timeout_s": 600, "chunk_size": 2 ** 20,
@@ -110,26 +112,76 @@ def describe(model: dict) -> str:
     return f"`{model['name']}`: {text}, {init}, {order}, micro-batch {model['micro_batch']}"
 
 
-def render(cfg: dict, rows: List[dict]) -> str:
+def _label(r: dict) -> str:
+    return f"{r['model']}, stage {r['stage']}, {r['offload']}"
+
+
+def render(results: dict) -> str:
+    """The page's tables of ``{"config", "rows"}``: memory, then time."""
+    cfg, rows = results["config"], results["rows"]
     lines = [f"Optimizer offload, N={cfg['world_size']}, AdamWeightDecay, {cfg['mode']} mode, {cfg['steps']} steps, "
-             f"file chunks of {cfg['chunk_size'] / 2 ** 20:g} MiB; per rank (largest rank), MB = 1e6 bytes. "
+             f"file chunks of {cfg['chunk_size'] / 2 ** 20:g} MiB; per rank (the largest rank), MB = 1e6 bytes. "
              "Models:", ""]
     lines += [f"- {describe(m)}" for m in cfg["models"]]
     lines += [
-        "",
-        "| model | stage | offload | peak RSS (MB) | states on device (MB) | optimizer states in host memory (MB) "
-        "| in files (MB) | peak saved vs no offload (MB) | saved / offloaded bytes | median step (s) "
-        "| / no offload | last loss |",
-        "|---|---|---|---|---|---|---|---|---|---|---|---|",
+        "", "Memory: the peak resident set during the steps, where the model and optimizer states are, and the "
+        "peak saved against no offload (of the same model and stage) per byte offloaded.", "",
+        "| model, stage, offload | peak RSS (MB) | states on device (MB) | in host memory (MB) | in files (MB) "
+        "| peak saved (MB) | saved / offloaded |",
+        "|---|---:|---:|---:|---:|---:|---:|",
     ]
     for r in rows:
         saved = f"{r['saved'] / MB:.0f}" if "saved" in r else "-"
         ratio = f"{r['saved_per_offloaded']:.2f}" if r.get("saved_per_offloaded") is not None else "-"
+        lines.append(f"| {_label(r)} | {r['peak'] / MB:.0f} | {r['device_states'] / MB:.0f} "
+                     f"| {r['host_states'] / MB:.0f} | {r['file_states'] / MB:.0f} | {saved} | {ratio} |")
+    lines += ["", "Time: the median step without the first (which compiles), and the last loss, the same with and "
+              "without offload.", "",
+              "| model, stage, offload | median step (s) | / no offload | last loss |", "|---|---:|---:|---:|"]
+    for r in rows:
         step_ratio = f"{r['step_ratio']:.2f}x" if "step_ratio" in r else "-"
-        lines.append(f"| {r['model']} | {r['stage']} | {r['offload']} | {r['peak'] / MB:.0f} "
-                     f"| {r['device_states'] / MB:.0f} | {r['host_states'] / MB:.0f} | {r['file_states'] / MB:.0f} "
-                     f"| {saved} | {ratio} | {r['step_seconds']:.3f} | {step_ratio} | {r['last_loss']:.6f} |")
+        lines.append(f"| {_label(r)} | {r['step_seconds']:.3f} | {step_ratio} | {r['last_loss']:.6f} |")
     return "\n".join(lines)
+
+
+def intro(results: dict) -> list:
+    rows = results["rows"]
+    off = [r for r in rows if r["offload"] != "none" and "saved" in r]
+    said = "; ".join(f"`{r['offload']}` saved {r['saved'] / MB:.0f} MB of the "
+                     f"{(r['host_states'] + r['file_states']) / MB:.0f} MB it offloaded, at {r['step_ratio']:.2f}x the "
+                     f"step time ({r['model']}, stage {r['stage']})" for r in off)
+    faster = [r for r in off if r["step_ratio"] < 1]
+    why = ("offload can even run faster than no offload, as it did here: the host update (nnacl's "
+           "AdamWeightDecay, in place on views of the parameters, nothing copied) replaces the graph's own "
+           "optimizer" if faster else "offload costs little time: the host update (nnacl's AdamWeightDecay, in "
+           "place on views of the parameters) replaces the graph's own optimizer, with nothing to copy")
+    return [f"Peak memory and step time per rank with the optimizer states on the device, in host memory (`cpu`) "
+            f"and in files (`nvme`), on the same model and stage, with the losses checked equal: "
+            f"{said or 'no offloaded row'}.",
+            "Expect that on the CPU backend, where the device is the host: files save about the bytes they hold, "
+            "host memory saves little (the states move within the same process's memory), and "
+            f"{why}; on Ascend or GPU each step copies gradients and parameters between device and host, so "
+            "there offload saves device memory and costs time."]
+
+
+def draw(plt, results: dict):
+    from tools.bench import plots
+
+    rows = results["rows"]
+    labels = [_label(r) for r in rows]
+    fig, (states, peak, time_ax) = plt.subplots(1, 3, figsize=plots.size(1, 3.2), sharey=True)
+    plots.hbars(states, labels, {"on device": [r["device_states"] / MB for r in rows],
+                                 "in host memory": [r["host_states"] / MB for r in rows],
+                                 "in files": [r["file_states"] / MB for r in rows]}, "MB per rank", stacked=True)
+    plots.legend_below(states, 2)
+    states.set_title("where the states are")
+    plots.hbars(peak, labels, {"peak RSS": [r["peak"] / MB for r in rows]}, "MB per rank (largest rank)",
+                colors=plots.COLORS[3:])
+    peak.set_title("peak memory")
+    plots.hbars(time_ax, labels, {"median step": [r["step_seconds"] for r in rows]}, "seconds per step",
+                colors=plots.COLORS[4:])
+    time_ax.set_title("step time")
+    return fig
 
 
 def _run_offload(cfg: dict, out: Path):
@@ -139,8 +191,7 @@ def _run_offload(cfg: dict, out: Path):
         for stage, offload in model.get("settings", cfg["settings"]):
             print(f"running {model['name']}, stage {stage}, offload {offload} (N={cfg['world_size']}) ...", flush=True)
             results[(model["name"], stage, offload)] = run_setting(cfg, stage, True, out, offload, keys)
-    rows = summarize(results)
-    return rows, render(cfg, rows)
+    return {"config": cfg, "rows": summarize(results)}
 
 
 def sweep_chunk_sizes(numel: int, chunk_sizes, folder: str, repeats: int = 3) -> List[dict]:
@@ -180,13 +231,52 @@ def sweep_chunk_sizes(numel: int, chunk_sizes, folder: str, repeats: int = 3) ->
     return rows
 
 
-def render_sweep(numel: int, rows: List[dict]) -> str:
+def render_sweep(sweep: dict) -> str:
+    """The chunk-size table of ``{"numel", "rows"}``."""
+    numel, rows = sweep["numel"], sweep["rows"]
     lines = [f"Host update alone, one tensor of {numel / 1e6:.1f} M float32 elements ({numel * 4 / MB:.0f} MB), "
              f"AdamWeightDecay ({rows[0]['kernel']}), states in files ({2 * numel * 4 / MB:.0f} MB):", "",
-             "| chunk_size | median update (s) | peak RSS growth (MB) |", "|---|---|---|"]
+             "| chunk_size | median update (s) | peak RSS growth (MB) |", "|---:|---:|---:|"]
     lines += [f"| {r['chunk_bytes'] / 2 ** 20:g} MiB | {r['seconds']:.3f} | {r['growth_bytes'] / MB:.1f} |"
               for r in rows]
     return "\n".join(lines)
+
+
+def intro_sweep(sweep: dict) -> list:
+    rows = sweep["rows"]
+    seconds = [r["seconds"] for r in rows]
+    default = next((r for r in rows if r["chunk_bytes"] == DEFAULTS["chunk_size"]), None)
+    if max(seconds) < 1.25 * min(seconds):
+        time_said = f"the time moves little ({min(seconds):.3f}-{max(seconds):.3f} s)"
+    elif seconds == sorted(seconds) or seconds == sorted(seconds, reverse=True):
+        time_said = (f"the time {'rises' if seconds[-1] > seconds[0] else 'falls'} with the chunk "
+                     f"({seconds[0]:.3f} to {seconds[-1]:.3f} s)")
+    else:
+        time_said = (f"the time follows no steady trend ({min(seconds):.3f}-{max(seconds):.3f} s: one update of "
+                     f"one tensor, through the page cache, on a shared machine)")
+    said = (f"; the default, {default['chunk_bytes'] / 2 ** 20:g} MiB, took {default['seconds']:.3f} s and "
+            f"{default['growth_bytes'] / MB:.1f} MB" if default else "")
+    return [f"The host optimizer update alone (AdamWeightDecay on one tensor of {sweep['numel'] / 1e6:.1f} M "
+            "elements, both states in files), timed against `chunk_size`, the bytes read, updated and written "
+            "back at a time, with the growth of the peak resident set.",
+            f"Expect memory to grow in proportion to the chunk (the states' buffers), from "
+            f"{rows[0]['growth_bytes'] / MB:.1f} MB to {rows[-1]['growth_bytes'] / MB:.1f} MB here (about "
+            f"{rows[-1]['growth_bytes'] / rows[-1]['chunk_bytes']:.1f} x the largest chunk), while {time_said}{said}."]
+
+
+def draw_sweep(plt, sweep: dict):
+    from tools.bench import plots
+
+    rows = sweep["rows"]
+    xs = [r["chunk_bytes"] / 2 ** 20 for r in rows]
+    fig, (left, right) = plt.subplots(1, 2, figsize=plots.size(1, 3.0))
+    plots.lines(left, xs, {"median update": [r["seconds"] for r in rows]}, "chunk_size (MiB)", "seconds", log_x=True)
+    left.set_ylim(bottom=0)
+    left.set_title("time of one update")
+    plots.lines(right, xs, {"peak RSS growth": [r["growth_bytes"] / MB for r in rows]}, "chunk_size (MiB)", "MB",
+                log_x=True, colors=plots.COLORS[1:])
+    right.set_title("memory")
+    return fig
 
 
 def main(argv=None) -> int:
@@ -200,16 +290,20 @@ def main(argv=None) -> int:
         numel = int(argv[argv.index("--chunk_sweep") + 1])
         with tempfile.TemporaryDirectory() as folder:
             rows = sweep_chunk_sizes(numel, [2 ** 18, 2 ** 20, 2 ** 22, 2 ** 24], folder)
-        table = render_sweep(numel, rows)
-        print(table)
+        sweep = {"numel": numel, "rows": rows}
+        print(render_sweep(sweep))
         docs = argv[argv.index("--docs") + 1] if "--docs" in argv else str(DOCS)
         if docs:
-            title = "Offload: chunk size of the file store"
-            print(f"page: {write_report('offload_chunks', title, table, out_dir=docs)}")
+            print(f"page: {publish(CHUNKS_PAGE, sweep, out_dir=docs)}")
         return 0
     return run_section(argv, __doc__, str(REPO / "configs" / "benchmark_offload.yaml"),
-                       "outputs/benchmark/offload", load_offload_config, _run_offload, "offload",
-                       "Peak memory and step time with and without optimizer offload")
+                       "outputs/benchmark/offload", load_offload_config, _run_offload, PAGE)
+
+
+PAGE = Page("offload", "Peak memory and step time with and without optimizer offload", intro, render, draw,
+            "per setting, where the model and optimizer states are, the peak memory and the median step.")
+CHUNKS_PAGE = Page("offload_chunks", "Offload: chunk size of the file store", intro_sweep, render_sweep, draw_sweep,
+                   "the host update's median time (left) and peak memory growth (right) against the chunk size.")
 
 
 if __name__ == "__main__":

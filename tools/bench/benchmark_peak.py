@@ -1,4 +1,5 @@
-"""For benchmarking: writes ``docs/benchmarks/<name>.md`` (``tools/bench/report.py``).
+"""For benchmarking: writes ``docs/benchmarks/<name>.md``, its figure ``<name>.svg`` and its raw
+results ``<name>.json`` (``tools/bench/pages.py``).
 
 Benchmark section: peak memory per rank of ZeRO training steps, stages 0-3, stage 3 both ways.
 
@@ -25,7 +26,7 @@ optimizer states are created at shard size). For each setting the table gives, p
   re-gathers);
 * the last loss, the same for every setting (the options change memory, not the numbers).
 
-Writes ``peak.md`` and ``peak.json`` into ``--out`` and prints the table.
+Writes ``peak.md`` and ``peak.json`` into ``--out`` and prints the tables.
 """
 import sys
 from pathlib import Path
@@ -37,6 +38,7 @@ if str(REPO) not in sys.path:
 
 from mindone_zero.memory.estimate import estimate_model_states_memory, estimate_peak_memory  # noqa: E402
 from tools.bench.bench_common import MB, case_name, load_section, run_section, run_setting  # noqa: E402
+from tools.bench.pages import Page  # noqa: E402
 
 PEAK_DEFAULTS = {
     "world_size": 4,
@@ -102,41 +104,88 @@ def summarize(cfg: dict, results: dict) -> List[dict]:
     return rows
 
 
-def render(cfg: dict, rows: List[dict]) -> str:
+def _label(r: dict) -> str:
+    """``0``, ``3`` (resharding after forward, the default) or ``3 (keep)``, as on the stages page."""
+    return str(r["stage"]) + (" (keep)" if r["reshard_after_forward"] is False else "")
+
+
+def render(results: dict) -> str:
+    """The page's tables of ``{"config", "rows"}``: measured peaks, then estimates."""
+    cfg, rows = results["config"], results["rows"]
     n = cfg["world_size"]
     params = (cfg["width"] ** 2 + cfg["width"]) * cfg["layers"]
     lines = [
         f"Peak memory per rank, N={n}, {cfg['layers']} x Dense({cfg['width']}, {cfg['width']}) "
         f"({params / 1e6:.1f} M params, {params * 4 / MB:.0f} MB fp32), AdamWeightDecay, {cfg['mode']} mode, "
-        f"{cfg['steps']} steps, micro-batch {cfg['micro_batch']}; MB = 1e6 bytes; source: {rows[0]['source']}.",
+        f"{cfg['steps']} steps, micro-batch {cfg['micro_batch']}; MB = 1e6 bytes; source: {rows[0]['source']}. "
+        "Stage \"3\" frees the gathered weights after forward (`reshard_after_forward=True`, the default), "
+        "\"3 (keep)\" keeps them until backward.",
         "",
-        "| stage | reshard_after_forward | peak growth around the steps (MB) | / stage 0 "
-        "| peak above the process before build (MB) | / stage 0 | model states measured (MB) "
-        "| model-states estimate (MB) | peak estimate (MB) | all-gather per step (Φ) | last loss |",
-        "|---|---|---|---|---|---|---|---|---|---|---|",
+        "| stage | peak growth around the steps (MB) | / stage 0 | peak above the process before build (MB) "
+        "| / stage 0 |",
+        "|---|---:|---:|---:|---:|",
     ]
     for r in rows:
-        option = "-" if r["reshard_after_forward"] is None else str(r["reshard_after_forward"])
-        lines.append(f"| {r['stage']} | {option} | {r['growth'] / MB:.0f} | {r['ratio']:.2f} "
-                     f"| {r['from_build'] / MB:.0f} | {r['ratio_build']:.2f} "
-                     f"| {r['states'] / MB:.0f} | {r['states_estimate'] / MB:.0f} | {r['peak_estimate'] / MB:.0f} "
-                     f"| {r['all_gather_phi']:.2f} | {r['last_loss']:.6f} |")
+        lines.append(f"| {_label(r)} | {r['growth'] / MB:.0f} | {r['ratio']:.2f} | {r['from_build'] / MB:.0f} "
+                     f"| {r['ratio_build']:.2f} |")
+    lines += ["", "Against the estimator (`estimate_model_states_memory`, `estimate_peak_memory`: model states plus "
+              "the full-layer term, no activations), with the all-gather volume of one step in Φ (parameter bytes):",
+              "", "| stage | model states measured (MB) | model-states estimate (MB) | peak estimate (MB) "
+              "| all-gather per step (Φ) | last loss |", "|---|---:|---:|---:|---:|---:|"]
+    for r in rows:
+        lines.append(f"| {_label(r)} | {r['states'] / MB:.0f} | {r['states_estimate'] / MB:.0f} "
+                     f"| {r['peak_estimate'] / MB:.0f} | {r['all_gather_phi']:.2f} | {r['last_loss']:.6f} |")
     return "\n".join(lines)
 
 
-def _run_peak(cfg: dict, out: Path):
+def intro(results: dict) -> list:
+    cfg, rows = results["config"], results["rows"]
+    base = next(r for r in rows if r["stage"] == 0)
+    low = min(rows, key=lambda r: r["growth"])
+    below = all(r["states"] <= 1.01 * r["states_estimate"] for r in rows) and any(  # a few bytes of scalars over
+        r["states"] < 0.95 * r["states_estimate"] for r in rows)
+    states = (" (measured at or below the estimate: the estimator counts the gradients, which live only inside a "
+              "step without accumulation)" if below else "")
+    return [f"The peak memory per rank of {cfg['steps']} training steps at every ZeRO stage (N={cfg['world_size']}, "
+            f"a stack of {cfg['layers']} Dense layers), each setting in a fresh msrun job, next to the measured "
+            "model states and the estimator's figures.",
+            f"Expect the model states to fall with the stage as the estimator says{states}, and the peak to fall "
+            f"less: on CPU the peak is the process's resident set, which also holds the compiled graph, the "
+            f"batch's activations and the allocator's pools; here stage {_label(low)} peaked lowest, at "
+            f"{low['ratio']:.2f} of stage 0's {base['growth'] / MB:.0f} MB."]
+
+
+def draw(plt, results: dict):
+    from tools.bench import plots
+
+    rows = results["rows"]
+    labels = [f"stage {_label(r)}" for r in rows]
+    fig, ax = plt.subplots(figsize=plots.size(1, 3.2))
+    plots.hbars(ax, labels, {"peak growth around the steps": [r["growth"] / MB for r in rows],
+                             "peak above the process before build": [r["from_build"] / MB for r in rows],
+                             "model states measured": [r["states"] / MB for r in rows]}, "MB per rank (largest rank)")
+    plots.marks(ax, [r["peak_estimate"] / MB for r in rows], "peak estimate (states + a full layer)")
+    plots.legend_below(ax, 2)
+    ax.set_title(f"peak memory per rank, N={results['config']['world_size']}")
+    return fig
+
+
+def _run_peak(cfg: dict, out: Path) -> dict:
     results = {}
     for stage, reshard in cfg["settings"]:
         print(f"running {case_name(stage, reshard)} (N={cfg['world_size']}) ...", flush=True)
         results[(stage, reshard)] = run_setting(cfg, stage, reshard, out)
-    rows = summarize(cfg, results)
-    return rows, render(cfg, rows)
+    return {"config": cfg, "rows": summarize(cfg, results)}
+
+
+PAGE = Page("peak", "Peak memory per rank of ZeRO training steps", intro, render, draw,
+            "per stage, the measured peaks and model states (bars) and the estimator's peak (ticks).")
 
 
 def main(argv=None) -> int:
     """Run one msrun job per setting, print and write the table; returns the exit code."""
     return run_section(argv, __doc__, str(REPO / "configs" / "benchmark_peak.yaml"), "outputs/benchmark/peak",
-                       load_peak_config, _run_peak, "peak", "Peak memory per rank of ZeRO training steps")
+                       load_peak_config, _run_peak, PAGE)
 
 
 if __name__ == "__main__":

@@ -1,4 +1,5 @@
-"""For benchmarking: writes ``docs/benchmarks/<name>.md`` (``tools/bench/report.py``).
+"""For benchmarking: writes ``docs/benchmarks/<name>.md``, its figure ``<name>.svg`` and its raw
+results ``<name>.json`` (``tools/bench/pages.py``).
 
 Measure the memory the offline combine (``convert_checkpoints``) needs, against the checkpoint's size.
 
@@ -29,7 +30,8 @@ if str(REPO) not in sys.path:
 
 from mindone_zero.checkpoint import atomic_save_checkpoint, write_split_info  # noqa: E402
 from mindone_zero.core.partition import ShardSpec, row_range  # noqa: E402
-from tools.bench.report import add_docs_flag, write_report  # noqa: E402
+from tools.bench.pages import Page, publish  # noqa: E402
+from tools.bench.report import add_docs_flag  # noqa: E402
 
 _COLS = 1000
 _PEAK_SCRIPT = """
@@ -77,6 +79,49 @@ def measure(src: str, info: str, ranks: int) -> int:
     return peak - before
 
 
+def render(results: dict) -> str:
+    """The table of ``{"params", "param_mb", "ranks", "rows"}``."""
+    lines = [f"Offline combine (`convert_checkpoints`, a fresh process, VmHWM above VmRSS before the call) of "
+             f"{results['params']} tensors of {results['param_mb']:g} MB over {results['ranks']} ranks:", "",
+             "| format | rank files | output | extra peak RSS of the combine | extra peak / checkpoint size |",
+             "|---|---:|---:|---:|---:|"]
+    for r in results["rows"]:
+        lines.append(f"| {r['format']} | {results['ranks']} x {r['rank_files_bytes'] / results['ranks'] / 1e6:.0f} MB | "
+                     f"{r['output_bytes'] / 1e6:.0f} MB | {r['extra_bytes'] / 1e6:.0f} MB | "
+                     f"{r['extra_bytes'] / r['rank_files_bytes']:.3f} |")
+    return "\n".join(lines)
+
+
+def intro(results: dict) -> list:
+    largest = results["param_mb"] * 1e6
+    measured = ", ".join(f"{r['extra_bytes'] / 1e6:.0f} MB ({r['format']}, {r['extra_bytes'] / r['rank_files_bytes']:.2f} "
+                         f"of the checkpoint)" for r in results["rows"])
+    return [f"The extra peak memory of combining {results['ranks']} ranks' checkpoint files into one "
+            f"(`convert_checkpoints`, in a fresh process), against the checkpoint's size, for each file format.",
+            f"Expect about twice the largest tensor, whatever the checkpoint's size: the combine holds one "
+            f"tensor's blocks from every rank and their concatenation at a time, so 2 x {largest / 1e6:.0f} MB = "
+            f"{2 * largest / 1e6:.0f} MB here (measured: {measured})."]
+
+
+def draw(plt, results: dict):
+    from tools.bench import plots
+
+    rows = results["rows"]
+    fig, ax = plt.subplots(figsize=plots.size(1, 2.4))
+    plots.hbars(ax, [r["format"] for r in rows], {"rank files (the checkpoint)": [r["rank_files_bytes"] / 1e6 for r in rows],
+                                                  "combined output": [r["output_bytes"] / 1e6 for r in rows],
+                                                  "extra peak RSS of the combine": [r["extra_bytes"] / 1e6 for r in rows]},
+                "MB")
+    plots.marks(ax, [2 * results["param_mb"]] * len(rows), "twice the largest tensor")
+    plots.legend_below(ax, 2)
+    ax.set_title("offline combine: memory against the checkpoint's size")
+    return fig
+
+
+PAGE = Page("combine_memory", "Memory of the offline combine", intro, render, draw,
+            "per format, the checkpoint's size, the output's and the combine's extra peak memory.")
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[1])
     parser.add_argument("--params", type=int, default=8)
@@ -92,11 +137,7 @@ def main(argv=None) -> int:
     if not args.param_mb > 0:
         parser.error(f"the argument '--param_mb' must be > 0, but got {args.param_mb}")
     root = args.folder or tempfile.mkdtemp(prefix="combine_memory_")
-    page = [f"Offline combine (``convert_checkpoints``, a fresh process, VmHWM above VmRSS before the call) of "
-            f"{args.params} tensors of {args.param_mb:g} MB over {args.ranks} ranks:", "",
-            "| format | rank files | output | extra peak RSS of the combine | extra peak / checkpoint size |",
-            "|---|---:|---:|---:|---:|"]
-    print("\n".join(page))
+    results = {"params": args.params, "param_mb": args.param_mb, "ranks": args.ranks, "rows": []}
     try:
         for fmt in args.formats:
             folder = os.path.join(root, fmt)
@@ -104,17 +145,17 @@ def main(argv=None) -> int:
             src, info, size = write_rank_files(folder, fmt, args.params, args.param_mb, args.ranks)
             extra = measure(src, info, args.ranks)
             out = src.format(f"all_{args.ranks}")
-            page.append(f"| {fmt} | {args.ranks} x {size / args.ranks / 1e6:.0f} MB | "
-                        f"{os.path.getsize(out) / 1e6:.0f} MB | {extra / 1e6:.0f} MB | {extra / size:.3f} |")
-            print(page[-1], flush=True)
+            results["rows"].append({"format": fmt, "rank_files_bytes": size, "output_bytes": os.path.getsize(out),
+                                    "extra_bytes": extra})
+            print(render(results).splitlines()[-1], flush=True)
             if not args.folder:
                 shutil.rmtree(folder)
     finally:
         if not args.folder:
             shutil.rmtree(root, ignore_errors=True)
+    print(render(results))
     if args.docs:
-        body = "\n".join(page)
-        print(f"page: {write_report('combine_memory', 'Memory of the offline combine', body, out_dir=args.docs)}")
+        print(f"page: {publish(PAGE, results, out_dir=args.docs)}")
     return 0
 
 

@@ -1,6 +1,8 @@
 """tools/bench/benchmark_compile.py: every row's first call is timed in its own msrun job (a new
 process, in the order of a round), its tables pair the rows of one round, and bad sizes exit before
 any work."""
+import json
+
 import pytest
 
 from tools.bench import benchmark_compile as bc
@@ -42,6 +44,11 @@ def test_every_row_depth_and_round_is_a_job_of_its_own(tmp_path, monkeypatch):
     assert "| nn.TrainOneStepCell (DATA_PARALLEL) | 4 | 2.0 / 2.0 | 1.0 / 1.0 | 0.200 | 1.00 / 1.00 | 1.00 / 1.00 |" \
         in page
     assert "MindOne is not installed here." in page
+    # the raw results beside the page, and the page says what to expect (ratios of the least first calls)
+    results = json.loads((tmp_path / "docs" / "compile.json").read_text())["results"]
+    assert results["args"]["depths"] == [4, 8] and len(results["report"]["timing"]) == 16
+    assert ", the most here stage 3, gather_units=(Block,) at 2.50x (the least of the rounds, 4 blocks)" in page
+    assert "a restart from the compile cache skips most of the compile (1.00-1.00 of the cold first call)" in page
 
 
 @pytest.mark.parametrize("argv", [["--world_size", "0"], ["--rounds", "0"], ["--steps", "-1"], ["--depths", "0"],

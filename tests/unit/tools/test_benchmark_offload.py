@@ -4,7 +4,7 @@ import re
 import pytest
 import yaml
 
-from tools.bench.benchmark_offload import DEFAULTS, load_offload_config, render, summarize
+from tools.bench.benchmark_offload import PAGE, DEFAULTS, load_offload_config, render, summarize
 
 MB = 10 ** 6
 
@@ -26,10 +26,16 @@ def test_offloaded_rows_are_compared_with_no_offload_of_the_same_model_and_stage
     assert rows[3]["saved"] == -100 * MB and rows[3]["saved_per_offloaded"] == pytest.approx(-100 / 150)
     assert rows[0]["step_seconds"] == 1.1 and rows[1]["step_seconds"] == 2  # median without the first step
     assert rows[1]["step_ratio"] == pytest.approx(2 / 1.1)
-    table = render(DEFAULTS, rows)
-    assert "| dense | 3 | none | 1000 | 100 | 0 | 0 | - | - | 1.100 | - |" in table
-    assert "| dense | 3 | nvme | 870 | 100 | 0 | 134 | 130 | 0.97 | 2.000 | 1.82x |" in table
-    assert "| lm | 3 | cpu | 2100 | 100 | 150 | 0 | -100 | -0.67 |" in table
+    table = render({"config": DEFAULTS, "rows": rows})
+    assert "| dense, stage 3, none | 1000 | 100 | 0 | 0 | - | - |" in table
+    assert "| dense, stage 3, nvme | 870 | 100 | 0 | 134 | 130 | 0.97 |" in table
+    assert "| lm, stage 3, cpu | 2100 | 100 | 150 | 0 | -100 | -0.67 |" in table
+    assert "| dense, stage 3, none | 1.100 | - | 0.500000 |" in table and "| dense, stage 3, nvme | 2.000 | 1.82x |" in table
+    intro = PAGE.intro({"config": DEFAULTS, "rows": rows})
+    assert "`nvme` saved 130 MB of the 134 MB it offloaded, at 1.82x the step time (dense, stage 3)" in intro[0]
+    assert "offload costs little time" in intro[1]  # no offloaded row ran faster
+    rows[1]["step_ratio"] = 0.6
+    assert "faster than no offload, as it did here" in PAGE.intro({"config": DEFAULTS, "rows": rows})[1]
     assert "8 x Dense(2048, 2048) with GELU, MindSpore's default initialisation, prepare_train_network alone" in table
 
 

@@ -1,7 +1,7 @@
 """tools/bench/benchmark_peak.py without msrun: its config checks and the table from per-rank results."""
 import pytest
 
-from tools.bench.benchmark_peak import PEAK_DEFAULTS, load_peak_config, render, summarize
+from tools.bench.benchmark_peak import PAGE, PEAK_DEFAULTS, load_peak_config, render, summarize
 
 MB = 10 ** 6
 
@@ -27,8 +27,13 @@ def test_rows_take_the_largest_rank_and_divide_by_stage0(tmp_path):
     # estimates: 220 params; stage 3 states 16 * 220 / 4 = 880; free + (4 + 4) * 110, keep + 4 * 165 + 4 * 110
     assert rows[2]["states_estimate"] == 880 and rows[2]["peak_estimate"] == 880 + 880
     assert rows[1]["peak_estimate"] == 880 + 660 + 440
-    table = render(cfg, rows)
-    assert "| 3 | True | 400 | 0.33 | 500 | 0.38 |" in table and "| 0 | - | 1200 | 1.00 | 1300 | 1.00 |" in table
+    table = render({"config": cfg, "rows": rows})
+    assert "| 3 | 400 | 0.33 | 500 | 0.38 |" in table and "| 0 | 1200 | 1.00 | 1300 | 1.00 |" in table
+    assert "| 3 (keep) | 500 | 0.42 | 600 | 0.46 |" in table
+    assert "| 3 | 0 | 0 | 0 | 1.50 | 0.500000 |" in table  # measured states, estimates (MB: tiny here), Φ, loss
+    intro = PAGE.intro({"config": cfg, "rows": rows})
+    assert len(intro) == 2 and "stage 3 peaked lowest, at 0.33 of stage 0's 1200 MB" in intro[1]
+    assert "measured at or below the estimate" in intro[1]  # 7 B measured against estimates of 880 B and more
 
 
 @pytest.mark.parametrize("section,text", [

@@ -60,3 +60,19 @@ def test_bad_sizes_exit_before_any_work(tmp_path, arg, capsys):
         bs.main([arg, "0", "--out", str(tmp_path / "out"), "--docs", ""])
     assert err.value.code == 2 and f"'{arg}' must be >= 1, but got 0" in capsys.readouterr().err
     assert not (tmp_path / "out").exists()
+
+
+def test_the_page_opens_with_the_model_states_a_rank_holds_after_the_steps():
+    m = 1000
+    results = {
+        "mindone": _way({"build": 1000, "3 train steps": 700, "export": 10}, 1500),
+        "sharded": _way({"build": 0, "prepare_network": 300, "3 train steps": 1200, "export": 10}, 1420),
+        "sharded_mindone_order": _way({"build": 0, "3 train steps": 1210, "export": 10}, 1410),
+    }
+    data = {"world": 4, "format": "safetensors", "model_bytes": m, "largest": 100, "ways": results}
+    assert bs.states_per_rank(4) == 1.0 and bs.states_per_rank(8) == 0.5
+    what, expect = bs.PAGE.intro(data)
+    assert "(4 + 4 + 8) / 4 / 4 = 1.00 M per rank" in expect
+    assert "so holding 1.42 M is expected" in expect  # the sharded ways' largest, MindOne's left out
+    assert "the steps' growth (1.21 M at most)" in expect
+    assert bs.render_page(data).startswith("Pretrained file format: safetensors.")

@@ -29,6 +29,36 @@ def test_the_page_is_title_stamp_and_body(tmp_path):
     assert re.search(r"\| load average \(1 min\) before the run \| \d+\.\d\d \|", text)
     assert text.rstrip().endswith("| 1 | 2 |")  # the body comes last, as given
     assert text.index("| command |") < text.index("| a | b |")
+    # the stamp's header names its columns: a header of empty cells renders as a blank first row
+    lines = text.splitlines()
+    header = lines[lines.index("|---|---|") - 1]
+    assert header == "| stamp | this run |" and all(cell.strip() for cell in header.strip("|").split("|"))
+    assert report.CAVEAT in text and text.index(report.CAVEAT) < text.index("| stamp |")
+
+
+def test_the_page_opens_with_its_sentences_then_the_figure_under_the_stamp(tmp_path):
+    fields = report.stamp_fields(["python", "tools/bench/x.py"])
+    path = write_report("p", "P", "| a |\n|---|\n| 1 |", out_dir=tmp_path, fields=fields,
+                        intro=["What was measured.", "What to expect."], figure=("p.svg", "what it shows."),
+                        results_file="p.json")
+    text = open(path).read()
+    assert text.startswith("# P\n\nWhat was measured. What to expect.\n\n" + report.CAVEAT)
+    assert f"| date (UTC) | {fields['date']} |" in text
+    figure = "[![what it shows.](p.svg)](p.svg)"
+    assert text.index("| load average") < text.index(figure) < text.index("| a |")
+    assert "*Figure: what it shows.* Drawn from the same run as the tables ([`p.json`](p.json))" in text
+    no_figure = open(write_report("q", "Q", "body", out_dir=tmp_path, fields=fields, results_file="q.json")).read()
+    assert "](q.svg)" not in no_figure and "The run's raw results: [`q.json`](q.json)." in no_figure
+
+
+def test_the_stamp_fields_are_the_stamp_of_the_page_and_of_a_figure():
+    fields = report.stamp_fields(["python", "tools/bench/x.py", "--n", "2"])
+    assert fields["command"] == ["python", "tools/bench/x.py", "--n", "2"]
+    assert report.stamp(fields) == report.stamp(dict(fields))  # a dict is rendered, not taken again
+    line = report.stamp_line(fields)
+    for part in ("python tools/bench/x.py --n 2", f"{fields['date']} UTC", f"commit {fields['commit']}",
+                 fields["machine"]):
+        assert part in line
 
 
 def test_the_command_is_quoted_as_a_shell_would_read_it(tmp_path):

@@ -141,7 +141,8 @@ def test_no_import_cycle_among_the_tools():
     # the shared modules sit below the scripts that use them
     assert graph["dev.launch"] == set()
     assert graph["bench.report"] == set()
-    assert graph["bench.bench_common"] <= {"dev.launch", "bench.report", "train_config"}
+    assert graph["bench.bench_common"] <= {"dev.launch", "bench.report", "bench.pages", "train_config"}
+    assert graph["bench.pages"] <= {"bench.report", "bench.plots"} and graph["bench.plots"] <= {"bench.report"}
 
 
 def test_the_user_scripts_import_no_benchmark():
