@@ -69,6 +69,12 @@ def test_the_header_links_the_repository(site):
         assert f'href="{REPO_URL}"' in (site / page).read_text(encoding="utf-8"), page
 
 
+def test_each_page_has_an_edit_link(site):
+    for page in ("index.html", "guides/offload.html", "reference/mindone_zero.html"):
+        source = page.replace(".html", ".md")
+        assert f'href="{REPO_URL}/edit/main/docs/{source}"' in (site / page).read_text(encoding="utf-8"), page
+
+
 @pytest.mark.parametrize("guide", GUIDES, ids=[g.stem for g in GUIDES])
 def test_each_guide_ends_with_how_it_is_tested_linking_the_repository(guide):
     text = guide.read_text(encoding="utf-8")
