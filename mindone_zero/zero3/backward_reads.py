@@ -14,7 +14,8 @@ embedding table (``Gather``'s input 0) and its positional embedding (``self.pos_
 ``BiasAdd``'s input 1, whose bprop reads only the incoming gradient.
 
 The rule (``backward_reads``), for a gather Cell held as ``attr`` by the Cell that calls it: backward
-reads what it gathers unless every use of its result in the methods of that Cell's class is
+reads what it gathers unless every use of its result in that Cell's ``construct``, and in the methods
+it calls as ``self.<method>(...)``, is
 
 * an argument at a position of ``UNREAD_INPUTS`` of a primitive the Cell holds (``self.<op>(...)``),
   a dtype cast first followed to the op that takes its result, as a cast to the same dtype is
@@ -23,17 +24,19 @@ reads what it gathers unless every use of its result in the methods of that Cell
 * or sliced (``w[:n]``, a ``StridedSlice``).
 
 Branches on a constant attribute of the Cell (``if self.has_bias:``) are folded as the compiler folds
-them. Anything else (an operand, a child Cell's argument, a method it is returned from, a gather
+them, and a method that no live code calls does not run. Anything else (an operand, a child Cell's argument, a method it is returned from, a gather
 unit's tuple, a source that cannot be read) counts as read: the plan may then count a re-gather that
 does not run, never miss one that does. Where the reader is recomputed whole (its code is not direct,
 a user's ``recompute()``, PYNATIVE_MODE), its recomputed forward needs every gathered tensor again,
-so every marked gather counts as re-gathered (``train/comm_accounting.py``).
+so every marked gather counts as re-gathered (``train/comm_accounting.py``). Known and counted: a
+MatMul's backward reads its weight only for the gradient of its other input, so the first layer fed
+the network's inputs (which need no gradient) re-gathers nothing either.
 """
 import ast
 import functools
 import inspect
 import textwrap
-from typing import Iterator, List, Optional, Set
+from typing import Iterator, List, Optional, Set, Tuple
 
 from mindspore import nn, ops
 
@@ -55,21 +58,6 @@ def _tree(func) -> Optional[ast.FunctionDef]:
     except (OSError, TypeError, SyntaxError, IndexError):
         return None
     return tree if isinstance(tree, ast.FunctionDef) and tree.args.args else None
-
-
-def _methods(cell: nn.Cell, attr: str) -> Iterator[ast.FunctionDef]:
-    """The parsed methods of ``cell``'s class (the ones that run: overrides first) that name
-    ``attr``; None for one whose source cannot be read."""
-    seen = set()
-    for klass in type(cell).__mro__:
-        if klass is nn.Cell:
-            break
-        for name, func in vars(klass).items():
-            if name in seen or not inspect.isfunction(func):
-                continue
-            seen.add(name)
-            if attr in func.__code__.co_names:
-                yield _tree(func)
 
 
 def _self_attr(node: ast.AST, self_name: str) -> Optional[str]:
@@ -97,6 +85,28 @@ def _dead_nodes(tree: ast.FunctionDef, cell: nn.Cell, self_name: str) -> Set[int
         for stmt in node.orelse if taken else node.body:
             dead.update(id(n) for n in ast.walk(stmt))
     return dead
+
+
+def _methods(cell: nn.Cell) -> Iterator[Tuple[ast.FunctionDef, Set[int]]]:
+    """(parsed method, ids of its dead nodes) of every method of ``cell`` that its ``construct`` reaches
+    through live calls ``self.<method>(...)``, each once; (None, None) for one whose source cannot be
+    read. Methods never called from ``construct`` do not run in the graph."""
+    todo, seen = ["construct"], set()
+    while todo:
+        name = todo.pop()
+        method = getattr(cell, name, None)
+        if name in seen or not inspect.ismethod(method) or method.__self__ is not cell:
+            continue
+        seen.add(name)
+        tree = _tree(method.__func__)
+        if tree is None:
+            yield None, None
+            continue
+        self_name = tree.args.args[0].arg
+        dead = _dead_nodes(tree, cell, self_name)
+        yield tree, dead
+        todo += [n.func.attr for n in ast.walk(tree) if id(n) not in dead and isinstance(n, ast.Call)
+                 and _self_attr(n.func, self_name) is not None]
 
 
 def _values(tree: ast.FunctionDef, attr: str, self_name: str, dead: Set[int], parents: dict) -> List[ast.AST]:
@@ -148,12 +158,12 @@ def backward_reads(cell: nn.Cell, attr: str) -> bool:
     only when every use of them in ``cell``'s code is known not to be read ([Note: dropped
     re-gathers]). Not collective."""
     uses = 0
-    for tree in _methods(cell, attr):
+    for tree, dead in _methods(cell):
         if tree is None:
             return True
         self_name = tree.args.args[0].arg
         parents = {child: node for node in ast.walk(tree) for child in ast.iter_child_nodes(node)}
-        for value in _values(tree, attr, self_name, _dead_nodes(tree, cell, self_name), parents):
+        for value in _values(tree, attr, self_name, dead, parents):
             if not _unread(value, cell, self_name, parents):
                 return True
             uses += 1
