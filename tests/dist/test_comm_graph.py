@@ -58,20 +58,30 @@ def _case(world, name):
     return next(c for c in GRAPH_CASES[world] if c["name"] == name)
 
 
+@pytest.mark.parity_world(2)
 def test_the_cpu_emulations_are_read_back_as_the_native_collectives(parity_jobs):
     """The check reads what CPU runs in the native path's terms: no ReduceScatter kernel exists on
     CPU, yet reduce-scatters are found (AllReduce nodes standing for them); qgZ's all-to-alls are
-    AllGather nodes; at N=4 the hybrid shard group's all-gathers are AllReduce nodes."""
+    AllGather nodes."""
     _, out = parity_jobs(2)
     s3 = _results(out, "s3", 2)[0]
     assert "ReduceScatter" not in s3["ops"] and any(e[0] == "reduce_scatter" for e in s3["graph"])
     zeropp = _results(out, "s3_zeropp", 2)[0]
     assert {e[3] for e in zeropp["graph"] if e[0] == "all_to_all"} == {"AllGather"}
-    _, out4 = parity_jobs(4)
-    hybrid = _results(out4, "s3_hybrid", 4)[0]
+
+
+@pytest.mark.parity_world(4)
+def test_sub_group_gathers_are_read_back_as_all_gathers(parity_jobs):
+    """At N=4 the hybrid shard group's all-gathers and hpZ's secondary all-gathers run as AllReduce
+    nodes over N times their input on CPU, and are read back as the all-gathers they stand for."""
+    _, out = parity_jobs(4)
+    hybrid = _results(out, "s3_hybrid", 4)[0]
     assert "AllGather" not in hybrid["ops"] and any(e[0] == "all_gather" for e in hybrid["graph"])
+    hpz = _results(out, "s3_hpz", 4)[0]
+    assert any(e[0] == "all_gather" and e[3] == "AllReduce" and e[1].startswith("graph_hpz_") for e in hpz["graph"])
 
 
+@pytest.mark.parity_world(2)
 def test_a_float16_gather_sends_two_bytes_per_element_per_parameter_and_coalesced(parity_jobs):
     """Drift 1: the float16 Dense(768, 768) of float32 weights, gathered alone, sends 768 * 768 * 2
     bytes (and gathers again in backward); TinyNet's float16 head, coalesced, its (8, 90) padded
@@ -83,6 +93,7 @@ def test_a_float16_gather_sends_two_bytes_per_element_per_parameter_and_coalesce
     assert sum(1 for e in fp16 if e[0] == "all_gather" and e[2] == (8 * 90 + 8) * 2) == 2
 
 
+@pytest.mark.parity_world(2)
 def test_backward_regathers_only_what_backward_reads(parity_jobs):
     """Drift 2: per micro-step the demo LM (one block) gathers 15 times in forward and 10 again in
     backward: not its 3 LayerNorm betas, nor its 2 embedding tables ([Note: dropped re-gathers]);

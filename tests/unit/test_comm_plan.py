@@ -10,6 +10,7 @@ import pytest
 from mindspore import Tensor, nn, ops
 
 from mindone_zero.core import comm
+from mindone_zero.core.comm import NATIVE_OP, GroupComm
 from mindone_zero.core.comm_plan import CommPlan, PlanContext
 from mindone_zero.core.comm_records import GatherRecord, gather_wire_dtype
 from mindone_zero.core.partition import ShardSpec
@@ -31,6 +32,14 @@ class _Comm:
 
 def test_comm_plan_is_the_same_class_from_comm():
     assert comm.CommPlan is CommPlan
+
+
+def test_every_collective_primitive_says_what_the_native_path_sends():
+    """[Note: native tags]: what tests/dist/test_comm_graph.py reads back from the compiled graph."""
+    found = [p for value in vars(GroupComm()).values() for p in (value if isinstance(value, tuple) else (value,))
+             if isinstance(p, ops.Primitive) and p.name in ("AllReduce", "AllGather", "ReduceScatter", "Broadcast")]
+    assert len(found) >= 9 and all(p.attrs[NATIVE_OP] in ("all_reduce", "all_gather", "reduce_scatter", "broadcast",
+                                                           "all_to_all") for p in found)
 
 
 def test_context_counts_reductions():
