@@ -24,21 +24,24 @@ it calls as ``self.<method>(...)``, is
 * or sliced (``w[:n]``, a ``StridedSlice``).
 
 Branches on a constant attribute of the Cell (``if self.has_bias:``) are folded as the compiler folds
-them, and a method that no live code calls does not run. Anything else (an operand, a child Cell's argument, a method it is returned from, a gather
-unit's tuple, a source that cannot be read) counts as read: the plan may then count a re-gather that
-does not run, never miss one that does. Where the reader is recomputed whole (its code is not direct,
-a user's ``recompute()``, PYNATIVE_MODE), its recomputed forward needs every gathered tensor again,
-so every marked gather counts as re-gathered (``train/comm_accounting.py``). Known and counted: a
-MatMul's backward reads its weight only for the gradient of its other input, so the first layer fed
-the network's inputs (which need no gradient) re-gathers nothing either.
+them, and a method that no live code calls does not run. Anything else (an operand, a child Cell's
+argument, a method it is returned from, a gather unit's tuple, a source that cannot be read) counts
+as read: the plan may then count a re-gather that does not run, never miss one that does. Where the
+reader is recomputed whole (its code is not direct, a user's ``recompute()``, PYNATIVE_MODE), its
+recomputed forward needs every gathered tensor again, so every marked gather counts as re-gathered
+(``train/comm_accounting.py``). Known and counted although it does not run: a MatMul's backward
+reads its weight only for the gradient of its other input, so a first layer fed the network's
+inputs (which need no gradient) re-gathers nothing either.
 """
 import ast
 import functools
 import inspect
 import textwrap
-from typing import Iterator, List, Optional, Set, Tuple
+from typing import Iterator, Optional, Set, Tuple
 
 from mindspore import nn, ops
+
+from .direct_reads import gather_call_test, gathered_values
 
 __all__ = ["UNREAD_INPUTS", "backward_reads"]
 
@@ -109,29 +112,6 @@ def _methods(cell: nn.Cell) -> Iterator[Tuple[ast.FunctionDef, Set[int]]]:
                  and _self_attr(n.func, self_name) is not None]
 
 
-def _values(tree: ast.FunctionDef, attr: str, self_name: str, dead: Set[int], parents: dict) -> List[ast.AST]:
-    """The expressions holding what ``self.<attr>(...)`` (or ``self.<attr>.waiting_for(...)``) returns:
-    the call itself, or the loads of the names its result is bound (or unpacked) to."""
-    values, names = [], set()
-    for node in ast.walk(tree):
-        if id(node) in dead or not isinstance(node, ast.Call) or not isinstance(node.func, ast.Attribute):
-            continue
-        func = node.func.value if node.func.attr == "waiting_for" else node.func
-        if _self_attr(func, self_name) != attr:
-            continue
-        parent = parents.get(node)
-        if isinstance(parent, ast.Assign) and len(parent.targets) == 1:
-            target = parent.targets[0]
-            elts = target.elts if isinstance(target, (ast.Tuple, ast.List)) else [target]
-            if all(isinstance(e, ast.Name) for e in elts):
-                names.update(e.id for e in elts)
-                continue
-        values.append(node)
-    values += [n for n in ast.walk(tree) if id(n) not in dead and isinstance(n, ast.Name)
-               and isinstance(n.ctx, ast.Load) and n.id in names]
-    return values
-
-
 def _unread(value: ast.AST, cell: nn.Cell, self_name: str, parents: dict) -> bool:
     """Whether the op that takes ``value`` does not read it in backward ([Note: dropped re-gathers])."""
     parent = parents.get(value)
@@ -163,7 +143,10 @@ def backward_reads(cell: nn.Cell, attr: str) -> bool:
             return True
         self_name = tree.args.args[0].arg
         parents = {child: node for node in ast.walk(tree) for child in ast.iter_child_nodes(node)}
-        for value in _values(tree, attr, self_name, dead, parents):
+        live = gather_call_test(self_name, (attr,))
+        for value in gathered_values(tree, lambda node: id(node) not in dead and live(node), parents):
+            if id(value) in dead:
+                continue
             if not _unread(value, cell, self_name, parents):
                 return True
             uses += 1
