@@ -364,7 +364,7 @@ class ZeroParamWrapper(nn.Cell):
             size, rank = group_size_and_rank(zeropp.hpz_group)
             self.gather_record = replace(self.gather_record, hpz_group=zeropp.hpz_group, hpz_size=size)
             self.hpz_primary = _HpzPrimary(self.gather, self.gather_record, rank)
-            self.hpz_secondary = _HpzSecondary(self.gather, zeropp.hpz_group)
+            self.hpz_secondary = _HpzSecondary(self.gather, self.gather_record.hpz_group)
             self.hpz = True
 
 
