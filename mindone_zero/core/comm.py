@@ -57,6 +57,7 @@ from .quantize import dequantize_blocks, quantize_blocks
 from .slicing import copy_slice, narrow
 
 __all__ = [
+    "NATIVE_OP", "NATIVE_SCALE", "NATIVE_SHARE", "NATIVE_ITEMSIZE",
     "GroupComm",
     "eager_mode",
     "is_data_parallel",
@@ -124,6 +125,64 @@ def group_size_and_rank(group: Optional[str]) -> Tuple[int, int]:
     return get_group_size(group), get_rank(group)
 
 
+# [Note: native tags]
+# Every collective primitive ``GroupComm`` builds says, as primitive attributes, what the native path
+# sends in its place, so that a compiled graph (whose nodes keep their primitives' attributes, e.g. in
+# ``save_graphs``' ``graph_build_*.ir``) can be read back in the plan's terms ([Note: comm plan] in
+# comm_plan.py): ``NATIVE_OP`` the native collective, and its bytes, the numel of the node's input
+# times ``NATIVE_SCALE`` over ``NATIVE_SHARE`` times ``NATIVE_ITEMSIZE`` (0: the input's own). So a
+# native all-gather scales its input by the group size (the plan counts its output), an all-reduce
+# emulating a reduce-scatter or a sub-group all-gather is its input, int8 values carried in float16
+# are 1 byte each, a bfloat16 tensor carried in float32 is 2, and qgZ's all-to-all emulated by an
+# all-gather (an all-reduce on a sub-group: N times the input) is the input of one rank.
+NATIVE_OP, NATIVE_SCALE, NATIVE_SHARE, NATIVE_ITEMSIZE = ("zero_native", "zero_native_scale", "zero_native_share",
+                                                          "zero_native_itemsize")
+# What a gather sends ([Note: native tags]): (native collective, native bytes per element or 0), by role.
+_PLAIN, _BF16, _INT8, _A2A_INT8, _A2A_SCALES = range(5)
+_GATHER_ROLES = (("all_gather", 0), ("all_gather", 2), ("all_gather", 1), ("all_to_all", 1), ("all_to_all", 0))
+
+
+def _tagged(prim, native: str, scale: int = 1, share: int = 1, itemsize: int = 0):
+    """``prim`` with the attributes of [Note: native tags]."""
+    for name, value in ((NATIVE_OP, native), (NATIVE_SCALE, scale), (NATIVE_SHARE, share), (NATIVE_ITEMSIZE, itemsize)):
+        prim.add_prim_attr(name, value)
+    return prim
+
+
+_PRIMITIVES = {}
+
+
+def _group_primitives(group: str, size: int, native_gather: bool, native_rs: bool, native_bcast: bool) -> dict:
+    """The tagged collective primitives of a ``GroupComm`` over ``group``, by attribute name: one per
+    role ([Note: native tags]): plain and bfloat16 carried in float32 (``_PLAIN``, ``_BF16``), and for
+    gathers the quantized roles too. Built once per group and shared, as a shared gather Cell's are
+    ([Note: shared gather graphs] in zero3/shared_graphs.py): a primitive holds no state of a call,
+    and building a dozen per gather Cell took milliseconds each."""
+    key = (group, size, native_gather, native_rs, native_bcast)
+    if key in _PRIMITIVES:
+        return _PRIMITIVES[key]
+
+    def summed(native, share, itemsize):
+        return _tagged(ops.AllReduce(ops.ReduceOp.SUM, group), native, 1, share, itemsize)
+
+    prims = {"_sum_ops": tuple(summed("all_reduce", 1, i) for i in (0, 2)),
+             "_bcast_sums": tuple(summed("broadcast", 1, i) for i in (0, 2))}  # any root
+    if native_gather:
+        prims["_native_gather_ops"] = tuple(_tagged(ops.AllGather(group), kind, size if kind == "all_gather" else 1,
+                                                    1, i) for kind, i in _GATHER_ROLES)
+    else:
+        prims["_gather_sums"] = tuple(summed(kind, 1 if kind == "all_gather" else size, i) for kind, i in _GATHER_ROLES)
+    if native_rs:
+        prims["_native_scatter_ops"] = tuple(_tagged(ops.ReduceScatter(ops.ReduceOp.SUM, group), "reduce_scatter",
+                                                     itemsize=i) for i in (0, 2))
+    else:
+        prims["_scatter_sums"] = tuple(summed("reduce_scatter", 1, i) for i in (0, 2))
+    if native_bcast:
+        prims["_native_bcast_ops"] = tuple(_tagged(ops.Broadcast(0, group), "broadcast", itemsize=i) for i in (0, 2))
+    _PRIMITIVES[key] = prims
+    return prims
+
+
 class GroupComm(nn.Cell):
     """Collectives over one group, usable from ``construct`` in GRAPH_MODE and PYNATIVE_MODE.
 
@@ -139,13 +198,13 @@ class GroupComm(nn.Cell):
         super().__init__(auto_prefix=False)
         self.group = group or world_group()
         self.size, self.rank = group_size_and_rank(self.group)
-        self._all_reduce = ops.AllReduce(ops.ReduceOp.SUM, self.group)
         self._native_gather = backend_has_native("all_gather", self.group)
         self._native_rs = backend_has_native("reduce_scatter", self.group)
         self._native_bcast = backend_has_native("broadcast", self.group)
-        self._all_gather_op = ops.AllGather(self.group) if self._native_gather else None
-        self._reduce_scatter_op = ops.ReduceScatter(ops.ReduceOp.SUM, self.group) if self._native_rs else None
-        self._broadcast0 = ops.Broadcast(0, self.group) if self._native_bcast else None
+        # One primitive per role, tagged with what the native path sends ([Note: native tags]).
+        prims = _group_primitives(self.group, self.size, self._native_gather, self._native_rs, self._native_bcast)
+        for name, value in prims.items():
+            setattr(self, name, value)
         # [Note: same graph on every rank] On the CPU backend, the collectives of one graph run
         # in the graph's topological order, and collectives are matched across ranks by that
         # order alone. A rank-dependent graph (an `if self.rank == root` branch, or zeros that
@@ -161,7 +220,9 @@ class GroupComm(nn.Cell):
         # GPU too has no int8 path here ([Note: device targets] in backend.py).
         self.carrier = backend.int8_carrier()
         self._native_a2a = backend.native_all_to_all()
-        self._all_to_all = ops.AlltoAll(self.size, 0, 0, self.group) if self._native_a2a and self.size > 1 else None
+        self._all_to_all = None
+        if self._native_a2a and self.size > 1:
+            self._all_to_all = _tagged(ops.AlltoAll(self.size, 0, 0, self.group), "all_to_all")
         self.bf16_carrier = backend.bf16_collective_carrier()  # None (Ascend): bfloat16 travels as it is
 
     def _carried(self, x):
@@ -171,8 +232,8 @@ class GroupComm(nn.Cell):
 
     def _sum(self, x):
         if self._carried(x):
-            return ops.cast(self._all_reduce(ops.cast(x, self.bf16_carrier)), x.dtype)
-        return self._all_reduce(x)
+            return ops.cast(self._sum_ops[_BF16](ops.cast(x, self.bf16_carrier)), x.dtype)
+        return self._sum_ops[_PLAIN](x)
 
     def construct(self, x):
         """Sum of ``x`` over the group (the same as ``all_reduce``)."""
@@ -185,19 +246,19 @@ class GroupComm(nn.Cell):
     def all_reduce_mean(self, x):
         """Mean of ``x`` over the group."""
         if self._carried(x):
-            return ops.cast(divide(self._all_reduce(ops.cast(x, self.bf16_carrier)), self.size), x.dtype)
-        return divide(self._all_reduce(x), self.size)  # [Note: Div on CPU]
+            return ops.cast(divide(self._sum_ops[_BF16](ops.cast(x, self.bf16_carrier)), self.size), x.dtype)
+        return divide(self._sum_ops[_PLAIN](x), self.size)  # [Note: Div on CPU]
 
     def reduce_scatter(self, x):
         """Sum of ``x`` over the group, then this rank's block of ``x.shape[0] // size`` rows."""
         if self._carried(x):
-            return ops.cast(self._reduce_scatter(ops.cast(x, self.bf16_carrier)), x.dtype)
-        return self._reduce_scatter(x)
+            return ops.cast(self._reduce_scatter(ops.cast(x, self.bf16_carrier), _BF16), x.dtype)
+        return self._reduce_scatter(x, _PLAIN)
 
-    def _reduce_scatter(self, x):
+    def _reduce_scatter(self, x, role):
         if self._native_rs:
-            return self._reduce_scatter_op(x)
-        total = self._all_reduce(x)
+            return self._native_scatter_ops[role](x)
+        total = self._scatter_sums[role](x)
         if self.size == 1:
             return total  # [Note: slices] in slicing.py: the block is the whole tensor
         rows = x.shape[0] // self.size
@@ -206,25 +267,26 @@ class GroupComm(nn.Cell):
     def all_gather(self, x):
         """Blocks ``x`` of every rank concatenated along dim 0 in rank order."""
         if self._carried(x):
-            return ops.cast(self._all_gather(ops.cast(x, self.bf16_carrier)), x.dtype)
-        return self._all_gather(x)
+            return ops.cast(self._all_gather(ops.cast(x, self.bf16_carrier), _BF16), x.dtype)
+        return self._all_gather(x, _PLAIN)
 
-    def _all_gather(self, x):
+    def _all_gather(self, x, role):
+        """``all_gather`` with the primitive of ``role`` ([Note: native tags]; a static index)."""
         if self._native_gather:
-            return self._all_gather_op(x)
+            return self._native_gather_ops[role](x)
         # Every rank writes its block into its slot of a (size, *x.shape) zero tensor and sums.
         full = ops.broadcast_to(ops.expand_dims(x, 0), (self.size,) + x.shape)
         mine = ops.broadcast_to(self._is_me.reshape((self.size,) + (1,) * x.ndim), full.shape)
         full = ops.select(mine, full, ops.zeros_like(full))
-        return self._all_reduce(full.reshape((self.size * x.shape[0],) + x.shape[1:]))
+        return self._gather_sums[role](full.reshape((self.size * x.shape[0],) + x.shape[1:]))
 
     def all_gather_quantized(self, x, block: int, blocks: int):
         """qwZ: all-gather ``x`` (this rank's block) as int8 blocks with float32 scales
         ([Note: block quantization] in quantize.py, ``block_layout(x.size, block_size)``); every rank
         dequantizes. Returns float32 of shape ``(size * x.shape[0], *x.shape[1:])``."""
         q, scales = quantize_blocks(x.reshape(-1), block, blocks, self.carrier)
-        q = self.all_gather(q).reshape((self.size, blocks * block))
-        scales = self.all_gather(scales).reshape((self.size, blocks))
+        q = self._all_gather(q, _INT8).reshape((self.size, blocks * block))
+        scales = self._all_gather(scales, _PLAIN).reshape((self.size, blocks))
         full = dequantize_blocks(q, scales, block, x.size)
         return full.reshape((self.size * x.shape[0],) + x.shape[1:])
 
@@ -241,8 +303,9 @@ class GroupComm(nn.Cell):
         if self._all_to_all is not None:
             q, scales = self._all_to_all(q), self._all_to_all(scales)
         elif self.size > 1:
-            q = narrow(self.all_gather(q).reshape((self.size, self.size, blocks * block)), 1, self.rank, 1)
-            scales = narrow(self.all_gather(scales).reshape((self.size, self.size, blocks)), 1, self.rank, 1)
+            q = narrow(self._all_gather(q, _A2A_INT8).reshape((self.size, self.size, blocks * block)), 1, self.rank, 1)
+            scales = narrow(self._all_gather(scales, _A2A_SCALES).reshape((self.size, self.size, blocks)), 1, self.rank,
+                            1)
         q, scales = q.reshape((self.size, blocks * block)), scales.reshape((self.size, blocks))
         total = ops.sum(dequantize_blocks(q, scales, block, numel), 0)
         return total.reshape((rows,) + x.shape[1:])
@@ -250,15 +313,15 @@ class GroupComm(nn.Cell):
     def broadcast(self, x, root: int = 0):
         """``x`` of the rank with group index ``root``, on every rank."""
         if self._carried(x):
-            return ops.cast(self._broadcast(ops.cast(x, self.bf16_carrier), root), x.dtype)
-        return self._broadcast(x, root)
+            return ops.cast(self._broadcast(ops.cast(x, self.bf16_carrier), root, _BF16), x.dtype)
+        return self._broadcast(x, root, _PLAIN)
 
-    def _broadcast(self, x, root):
+    def _broadcast(self, x, root, role):
         if self._native_bcast and root == 0:
             # The CPU kernel returns float32 for a float16 input in PYNATIVE_MODE.
-            return ops.cast(self._broadcast0((x,))[0], x.dtype)
+            return ops.cast(self._native_bcast_ops[role]((x,))[0], x.dtype)
         keep = ops.broadcast_to(self._is_me[root], x.shape)
-        return self._all_reduce(ops.select(keep, x, ops.zeros_like(x)))
+        return self._bcast_sums[role](ops.select(keep, x, ops.zeros_like(x)))
 
 
 @contextmanager

@@ -1,34 +1,22 @@
-"""What a train step communicates: ``CommPlan``, and the one interface that fills it.
+"""What a train step communicates: ``CommPlan``.
 
 [Note: comm plan]
 Graph-mode code is traced once, so collectives cannot be counted while a step runs; the plan is
-filled when the train network is built. Every object that communicates records its own entries
-through one method, ``record_comm(plan, ctx)`` (``CommRecorder``):
-
-* ``plan`` is the ``CommPlan`` to extend: one entry per collective of one optimizer step, in the
-  native path's bytes;
-* ``ctx`` is a ``PlanContext``: what a recorder cannot know on its own (how many micro-steps an
-  optimizer step has, how often gradients are reduced, whether the norm is clipped, which
-  parameters backward gathers again).
-
-The recorders: the ZeRO-3 gathers (``ZeroParamWrapper`` with its qwZ/qgZ/hpZ options, the
-per-parameter ``_GatherShard`` of a gather unit's large element), the coalesced gathers
-(``ZeroGatherGroup``, a gather unit's parts included), a ZeRO-3 layer Cell (its coalesced gather or
-its per-parameter ones, whichever its ``construct`` calls), the buckets (``BucketedComm``) and
-``ZeroHelper`` (overflow flags, gradient reductions, the clipping norm, the post-step all-gather)
-with its ``HostOffload`` (the ranks' agreement after a host step).
-``TrainOneStepWrapper`` finds the network's recorders with ``comm_recorders`` (one walk) and asks
-them and its ``ZeroHelper`` to record; it adds no arithmetic of its own.
-
-The method is called ``record_comm`` rather than ``record`` so that a user's Cell with a method of
-that common name is never taken for a recorder by the walk.
+derived when the train network is built, from the records its collectives are built from ([Note:
+comm records] in comm_records.py): one entry per collective of one optimizer step, in the native
+path's bytes (what Ascend and GPU send; [Note: native tags] in comm.py maps the CPU emulations
+back). ``train/comm_accounting.py`` derives it, one function per kind of entry, given a
+``PlanContext``: how many micro-steps an optimizer step has, how often gradients are reduced,
+whether the norm is clipped. ``TrainOneStepWrapper.comm_plan`` is the plan of its step;
+tests/dist/test_comm_graph.py holds it against the collectives of the compiled graph, count and
+bytes of every entry.
 """
 from dataclasses import dataclass, field
-from typing import FrozenSet, Iterable, List, Optional, Protocol, Tuple, runtime_checkable
+from typing import List, Optional, Tuple
 
 from .quantize import SCALE_BYTES
 
-__all__ = ["CommPlan", "PlanContext", "CommRecorder", "comm_recorders", "RING_FACTOR"]
+__all__ = ["CommPlan", "PlanContext", "RING_FACTOR"]
 
 RING_FACTOR = {"all_reduce": 2.0, "reduce_scatter": 1.0, "all_gather": 1.0, "broadcast": 1.0, "all_to_all": 1.0}
 """Bytes a rank sends with a ring algorithm, per byte of the full tensor and per (n-1)/n."""
@@ -131,57 +119,20 @@ class CommPlan:
 
 @dataclass(frozen=True)
 class PlanContext:
-    """What every recorder needs to know about the train step it records for ([Note: comm plan]).
+    """What the accounting needs to know about the train step it counts ([Note: comm plan]).
 
     Args:
         micro_steps: forward/backward passes per optimizer step (gradient accumulation).
         reduce_each_micro_step: gradients are reduced every micro-step, else once per optimizer
             step ([Note: gradient reduction] in train/zero_helper.py).
         clip_grad: the step clips by the global norm (one more all-reduce at stages >= 1).
-        regathered: names (at sharding time, ``zero_spec.name``) of the split parameters that
-            backward gathers again ([Note: reshard after forward] in zero3/reshard.py).
     """
 
     micro_steps: int = 1
     reduce_each_micro_step: bool = True
     clip_grad: bool = False
-    regathered: FrozenSet[str] = frozenset()
 
     @property
     def reductions(self) -> int:
         """Gradient reductions per optimizer step."""
         return self.micro_steps if self.reduce_each_micro_step else 1
-
-    def regathers(self, names: Iterable[str]) -> bool:
-        """Whether backward gathers again every parameter of ``names`` (one collective's parameters)."""
-        return all(name in self.regathered for name in names)
-
-
-@runtime_checkable
-class CommRecorder(Protocol):
-    """An object that communicates and records its own collectives ([Note: comm plan])."""
-
-    def record_comm(self, plan: CommPlan, ctx: PlanContext) -> None:
-        """Add to ``plan`` this object's collectives of one optimizer step described by ``ctx``
-        (native bytes). Not collective; communicates nothing."""
-
-
-def comm_recorders(cells: Iterable) -> list:
-    """The outermost ``CommRecorder`` Cells of the trees rooted at ``cells`` (a root included), each
-    once, in ``cells()`` order: a recorder records what its own subtree issues, so the walk does not
-    enter it ([Note: comm plan]). Not collective."""
-    found, seen = [], set()
-
-    def walk(cell):
-        if cell is None or id(cell) in seen:
-            return
-        seen.add(id(cell))
-        if isinstance(cell, CommRecorder):
-            found.append(cell)
-            return
-        for child in cell.cells():
-            walk(child)
-
-    for cell in cells:
-        walk(cell)
-    return found

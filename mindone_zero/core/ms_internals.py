@@ -391,8 +391,8 @@ def _on_cell(name: str, kind: str, needed_by: str, where: str = _CELL, probe=Non
 
 INTERNALS = (
     _on_cell("_cells", "dict", "child_cells, set_child: shard_network walks and replaces layers (zero3/shard.py), "
-             "ZeroCell copies its original's children (zero3/layers.py), gather units, reshard, the rewrite. "
-             "Without it ZeRO-3 replaces no layer."),
+             "ZeroCell copies its original's children (zero3/layers.py), gather units, reshard, the rewrite, "
+             "the communication plan's walk (train/comm_accounting.py). Without it ZeRO-3 replaces no layer."),
     _on_cell("_params", "dict", "own_params: ZeroCell copies its original's parameters, gather units find a "
              "parameter's path, the rewrite finds split parameters' names. Without it ZeRO-3 gathers nothing."),
     _on_cell("_params_list", "dict", "cell_member: the rewrite's static lookup of a name a construct reads."),
@@ -414,7 +414,7 @@ INTERNALS = (
     Internal("mindspore.common.recompute.null_context_fn", "mindspore/common/recompute.py", "callable",
              "is_null_recompute_context: [Note: non-reentrant recompute] (zero3/carry.py).", lambda: null_context_fn),
     _on_cell("_has_config_recompute", "bool", "has_config_recompute, forget_recompute: which Cells recompute() "
-             "configured (zero3/carry.py, reshard.py, shard.py, shared_graphs.py).", _RECOMPUTE),
+             "configured (zero3/carry.py, reshard.py, shard.py, shared_graphs.py, train/comm_accounting.py).", _RECOMPUTE),
     _on_cell("_recompute", "callable", "mark_recomputed_child: gathers added under a recomputed Cell are "
              "recomputed too.", _RECOMPUTE),
     _on_cell("_scope", "behaves", "recompute_scope, in_recompute_scope: which gathers GRAPH_MODE recomputes "

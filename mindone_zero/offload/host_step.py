@@ -55,8 +55,7 @@ from mindspore import Parameter, Tensor, nn, ops
 from mindspore.communication import GlobalComm, get_group_size, get_rank
 
 from ..core.backend import host_updates_in_place
-from ..core.comm import world_group
-from ..core.comm_plan import CommPlan, PlanContext
+from ..core.comm_records import FLAG_DTYPE
 from .config import OffloadConfig
 from .file_store import FileStore, MemoryStore
 from .host_optimizer import StepHyper, host_rule_for
@@ -189,14 +188,6 @@ class HostOffload:
             self.placeholders.append(p)
         return out
 
-    def record_comm(self, plan: CommPlan, ctx: PlanContext) -> None:
-        """[Note: comm plan] in core/comm_plan.py: the ranks' agreement after each host step, an
-        all-reduce of one float32 flag per global rank (the all-gather that follows is the
-        helper's). Not collective."""
-        if self.helper.is_parallel:
-            world = get_group_size()
-            plan.add("all_reduce", world_group(), 4 * world, world)
-
     def bind_after_step(self, ema) -> None:
         """Build the graph that follows each host step (called by ``TrainOneStepWrapper``)."""
         self.after = _AfterStep(self.helper, ema)
@@ -217,7 +208,7 @@ class HostOffload:
         except Exception as err:  # noqa: BLE001 - raised below, after the collective
             error = err
         world, rank = (get_group_size(), get_rank()) if GlobalComm.INITED else (1, 0)
-        flags = np.zeros((world,), np.float32)
+        flags = np.zeros((world,), ms.dtype_to_nptype(FLAG_DTYPE))  # [Note: comm records] in core/comm_records.py
         flags[rank] = 1.0 if error is not None else 0.0
         if self.after.needed:
             # A failed rank still runs the collectives, so no rank hangs; the all-gather then

@@ -53,18 +53,18 @@ from mindspore import nn, ops
 
 from ..core import backend
 from ..core.comm import GroupComm, divide
-from ..core.comm_plan import CommPlan, PlanContext
+from ..core.comm_records import BucketRecord
 from ..core.graph_tuples import hyper_map, take
 from ..core.scaling import scaled
 from ..core.packing import LARGE_TENSOR_BYTES, PackedLayout
 from ..core.slicing import cut_args, narrow, narrow_cut, runs_pay
 
-__all__ = ["DEFAULT_BUCKET_SIZE", "LARGE_TENSOR_BYTES", "FusionConfig", "plan_buckets", "ring_chunks", "ring_rows",
-           "BucketedComm"]
+__all__ = ["DEFAULT_BUCKET_SIZE", "LARGE_TENSOR_BYTES", "FusionConfig", "plan_buckets", "bucket_record", "ring_chunks",
+           "ring_rows", "BucketedComm"]
 
 _KINDS = ("allreduce", "reduce_scatter", "allgather")
 DEFAULT_BUCKET_SIZE = 25 * 1024 * 1024
-_PER_STEP = {"all_reduce": False, "reduce_scatter": False, "all_gather": True}  # else once per gradient reduction
+_COLLECTIVES = ("all_reduce", "reduce_scatter", "all_gather")
 
 
 @dataclass(frozen=True)
@@ -143,12 +143,23 @@ def plan_buckets(nbytes: Sequence[int], dtypes: Sequence[str], bucket_size: Opti
     return buckets
 
 
+def bucket_record(kind: str, comm, numels: Sequence[int], templates, bucket_size: Optional[int]) -> BucketRecord:
+    """The buckets ([Note: buckets]) of tensors of ``numels`` elements with the dtypes of
+    ``templates`` over ``comm``'s group, as a ``BucketRecord`` ([Note: comm records] in
+    core/comm_records.py). Pure; no communication."""
+    nbytes = [n * t.itemsize for n, t in zip(numels, templates)]
+    dtypes = [str(t.dtype) for t in templates]
+    buckets = tuple(tuple(b) for b in plan_buckets(nbytes, dtypes, bucket_size))
+    return BucketRecord(kind, comm.group, comm.size, buckets, tuple(sum(nbytes[i] for i in b) for b in buckets),
+                        tuple(dtypes[b[0]] for b in buckets))
+
+
 class BucketedComm(nn.Cell):
     """Fused collectives over one group for a fixed list of tensor shapes.
 
     Built once on every rank (not collective); its methods are collective over the group and
-    take or return tuples in the order of ``shapes``. ``record_comm`` records the collectives of
-    one optimizer step ([Note: comm plan] in core/comm_plan.py).
+    take or return tuples in the order of ``shapes``. ``record`` (a ``BucketRecord``) is what its
+    buckets send, as the ``CommPlan`` counts it ([Note: comm records] in core/comm_records.py).
 
     Args:
         comm: the group's ``GroupComm``.
@@ -157,7 +168,7 @@ class BucketedComm(nn.Cell):
         templates: Parameters (or Tensors) with the dtype of each tensor; tensors of different
             dtypes never share a bucket.
         bucket_size: bytes per bucket, or None for one collective per tensor.
-        kind: the collective it is used for, as ``record_comm`` counts it: ``"all_reduce"`` and
+        kind: the collective it is used for, as the ``CommPlan`` counts it: ``"all_reduce"`` and
             ``"reduce_scatter"`` carry gradients (once per gradient reduction), ``"all_gather"``
             updated shards (once per optimizer step).
 
@@ -171,22 +182,21 @@ class BucketedComm(nn.Cell):
     def __init__(self, comm: GroupComm, shapes: Sequence[Tuple[int, ...]], templates, bucket_size: Optional[int],
                  kind: str = "all_reduce"):
         super().__init__(auto_prefix=False)
-        if kind not in _PER_STEP:
-            raise ValueError(f"For 'BucketedComm', the argument 'kind' must be one of {list(_PER_STEP)}, but got "
+        if kind not in _COLLECTIVES:
+            raise ValueError(f"For 'BucketedComm', the argument 'kind' must be one of {list(_COLLECTIVES)}, but got "
                              f"{kind!r}.")
         self.kind = kind
         self.comm = comm
         self.shapes = tuple(tuple(int(d) for d in s) for s in shapes)
         self.numels = tuple(int(np.prod(s)) for s in self.shapes)
-        nbytes = [n * t.itemsize for n, t in zip(self.numels, templates)]
-        dtypes = [str(t.dtype) for t in templates]
-        self.buckets = tuple(tuple(b) for b in plan_buckets(nbytes, dtypes, bucket_size))
+        self.record = bucket_record(kind, comm, self.numels, templates, bucket_size)
+        self.buckets = self.record.buckets
         # the same buckets, each in the order its buffer holds its tensors: by shape where that makes runs
         # of equal tensors that pay, each cut out at once ([Note: runs of pieces] in core/slicing.py)
         self.placed = tuple(self._placed(b) for b in self.buckets)
         # [Note: chunk-aligned all-reduce]: (row width, rows of full width) of each tensor
         self.chunks = tuple(ring_chunks(k, comm.size) for k in self.numels)
-        self.bucket_bytes = tuple(sum(nbytes[i] for i in b) for b in self.buckets)
+        self.bucket_bytes = self.record.bucket_bytes
         # [Note: packed layout] of each bucket: for reduce-scatter (the tensors are full, blocks of
         # numel / n) and for all-gather (the tensors are shards; also a flat all-reduce bucket's, each
         # tensor's numel a block).
@@ -239,15 +249,6 @@ class BucketedComm(nn.Cell):
                 shape = (layout.n, layout.total) if axis == 1 else (layout.total,)
                 out.append(cut_args(shape, axis, layout.offsets, layout.blocks, [shapes[i] for i in bucket]))
         return tuple(out)
-
-    def record_comm(self, plan: CommPlan, ctx: PlanContext) -> None:
-        """One entry per bucket and call of one optimizer step; an all-gather's entry has the full
-        (gathered) bytes. Not collective."""
-        scale = self.comm.size if self.kind == "all_gather" else 1
-        times = 1 if _PER_STEP[self.kind] else ctx.reductions
-        for _ in range(times):
-            for size in self.bucket_bytes:
-                plan.add(self.kind, self.comm.group, int(size * scale), self.comm.size)
 
     def all_reduce_mean(self, tensors):
         """Mean over the group of every tensor, one all-reduce per bucket."""

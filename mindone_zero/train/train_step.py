@@ -12,12 +12,12 @@ from mindspore import Parameter, Tensor, nn, ops
 
 from ..core.backend import overflow_uses_float_status
 from ..core.comm import cast_if_needed, divide
-from ..core.comm_plan import CommPlan, PlanContext, comm_recorders
+from ..core.comm_plan import CommPlan, PlanContext
 from ..core.graph_tuples import hyper_map
 from ..core.scaling import any_nonfinite, times
 from ..core.run_mode import IN_PYNATIVE
 from ..core.partition import zero_spec_of
-from ..zero3.reshard import coalesced_groups, regathered_param_names
+from .comm_accounting import network_gathers, step_plan
 from .ema import check_ema
 from .zero_helper import ZeroHelper
 
@@ -219,7 +219,7 @@ class TrainOneStepWrapper(nn.Cell):
         self.reduce_each_micro_step = self.zero_helper.policy.reduce_each_micro_step(self.accum_steps)
         # only a ZeRO-3 network's parameters are shards, whose gradients may come full-shaped (_shard_shaped)
         self.sharded_params = self.zero_helper.policy.shards_params
-        self._regathered = frozenset(regathered_param_names(network))
+        self._gathers = network_gathers(network)  # [Note: comm records] in core/comm_records.py
         self._comm_plan = self.plan_comm(self.accum_steps)
         if self.accum_steps > 1:
             like = self.zero_helper.opt_params if self.reduce_each_micro_step else self.weights
@@ -240,10 +240,10 @@ class TrainOneStepWrapper(nn.Cell):
         return self._comm_plan
 
     def plan_comm(self, micro_steps: int) -> CommPlan:
-        """The collectives of one optimizer step of ``micro_steps`` micro-steps on this rank: what
-        the network's communicating Cells (``comm_recorders``) and the ``ZeroHelper`` record, with
-        gradients reduced as this stage reduces them at that accumulation. ``comm_plan`` is this at
-        ``gradient_accumulation_steps``. Not collective.
+        """The collectives of one optimizer step of ``micro_steps`` micro-steps on this rank, counted
+        from the records of the ``ZeroHelper`` and of the network's gathers (train/comm_accounting.py),
+        with gradients reduced as this stage reduces them at that accumulation. ``comm_plan`` is this
+        at ``gradient_accumulation_steps``. Not collective.
 
         Args:
             micro_steps (int): forward/backward passes per optimizer step, >= 1.
@@ -257,26 +257,23 @@ class TrainOneStepWrapper(nn.Cell):
         if isinstance(micro_steps, bool) or not isinstance(micro_steps, int) or micro_steps < 1:
             raise ValueError(f"For 'plan_comm', the argument 'micro_steps' must be an integer >= 1, but got "
                              f"{micro_steps!r}.")
-        ctx = PlanContext(micro_steps, self.zero_helper.policy.reduce_each_micro_step(micro_steps), self.clip_grad,
-                          self._regathered)
-        plan = CommPlan()
-        self.zero_helper.record_comm(plan, ctx)
-        for recorder in comm_recorders([self.network]):
-            recorder.record_comm(plan, ctx)
-        return plan
+        ctx = PlanContext(micro_steps, self.zero_helper.policy.reduce_each_micro_step(micro_steps), self.clip_grad)
+        return step_plan(self.zero_helper.comm_record, self._gathers, ctx)
 
     def param_gathers(self) -> list:
         """How ZeRO-3 gathers each parameter the optimizer updates, in ``zero_helper.params`` order:
         ``{"name", "regathered", "coalesced"}``, ``regathered`` whether backward gathers it again
-        ([Note: reshard after forward] in zero3/reshard.py) and ``coalesced`` the index of the
-        coalesced gather it shares a collective with ([Note: coalesced gathers] in
-        zero3/coalesce.py), or None. Parameters the network does not shard have False and None.
-        Not collective."""
-        groups = {name: i for i, group in enumerate(coalesced_groups(self.network)) for name in group.param_names}
+        ([Note: reshard after forward] in zero3/reshard.py, [Note: dropped re-gathers] in
+        zero3/backward_reads.py) and ``coalesced`` the index of the coalesced gather it shares a
+        collective with ([Note: coalesced gathers] in zero3/coalesce.py), or None. Parameters the
+        network does not shard have False and None. Not collective."""
+        regathered = {name for r in self._gathers if r.regather for name in r.members}
+        coalesced = [r for r in self._gathers if r.kind in ("coalesced", "unit_part")]
+        groups = {name: i for i, r in enumerate(coalesced) for name in r.members}
         out = []
         for p, spec in zip(self.zero_helper.params, self.zero_helper.specs):
             name = getattr(zero_spec_of(p), "name", None)
-            out.append({"name": p.name, "regathered": bool(spec.split and name in self._regathered),
+            out.append({"name": p.name, "regathered": bool(spec.split and name in regathered),
                         "coalesced": groups.get(name)})
         return out
 

@@ -30,9 +30,11 @@ from mindspore import Parameter, ParameterTuple, Tensor, nn, ops
 from ..core.comm import (GroupComm, cast_if_needed, check_hybrid_groups, group_size_and_rank, is_data_parallel,
                          pad_dim0, world_group)
 from ..core.comm_plan import CommPlan, PlanContext
+from ..core.comm_records import FLAG_DTYPE, TrainCommRecord
 from ..core.group_alias import group_argument
 from ..core.graph_tuples import hyper_map, take
 from ..core.scaling import any_nonfinite, times
+from .comm_accounting import step_plan
 from .fusion import BucketedComm, FusionConfig
 from ..offload import HostOffload
 from ..offload.host_optimizer import offload_for
@@ -293,7 +295,7 @@ class ZeroHelper(nn.Cell):
                                       list(self.opt_params), fusion.allreduce, kind="all_reduce")
 
     def comm_plan(self, micro_steps: int = 1, reduce_each_micro_step: bool = True, clip_grad: bool = False) -> CommPlan:
-        """This helper's collectives of one optimizer step on this rank (``record_comm``); the
+        """This helper's collectives of one optimizer step on this rank (from ``comm_record``); the
         network's ZeRO-3 gathers are not in it (``TrainOneStepWrapper.comm_plan`` has both).
 
         Args:
@@ -304,26 +306,19 @@ class ZeroHelper(nn.Cell):
         Returns:
             CommPlan: one entry per collective.
         """
-        plan = CommPlan()
-        self.record_comm(plan, PlanContext(micro_steps, reduce_each_micro_step, clip_grad))
-        return plan
+        return step_plan(self.comm_record, (), PlanContext(micro_steps, reduce_each_micro_step, clip_grad))
 
-    def record_comm(self, plan: CommPlan, ctx: PlanContext) -> None:
-        """[Note: comm plan] in core/comm_plan.py: the overflow flag's all-reduce every micro-step, the
-        gradient reductions ([Note: gradient reduction]), the clipping norm's all-reduce (stages >= 1),
-        the post-step all-gather (stages 1-2) and, with ``optimizer_offload``, the host step's
-        agreement, as native collectives. Not collective."""
+    @property
+    def comm_record(self) -> Optional[TrainCommRecord]:
+        """What this helper's collectives send ([Note: comm records] in core/comm_records.py): the
+        overflow flags, the gradient reductions ([Note: gradient reduction]), the clipping norm
+        (stages >= 1), the post-step all-gather (stages 1-2) and, with ``optimizer_offload``, the host
+        step's agreement. None outside data parallelism. Not collective."""
         if not self.is_parallel:
-            return
-        plan.add("all_reduce", world_group(), 4, self.op_size * self.dp_size, times=ctx.micro_steps)  # overflow flag
-        for buckets in (self.grad_rs, self.grad_ar, self.dp_ar):
-            if buckets is not None:
-                buckets.record_comm(plan, ctx)
-        if ctx.clip_grad and self.policy.is_zero:
-            plan.add("all_reduce", self.op_group, 4, self.op_size)
-        self.param_ag.record_comm(plan, ctx)
-        if self.host_offload is not None:
-            self.host_offload.record_comm(plan, ctx)
+            return None
+        buckets = tuple(b.record for b in (self.grad_rs, self.grad_ar, self.dp_ar) if b is not None)
+        return TrainCommRecord(self.world_comm.group, self.op_size * self.dp_size, self.op_comm.group, self.op_size,
+                               self.policy.is_zero, buckets, self.param_ag.record, self.host_offload is not None)
 
     def split_info_entries(self) -> List[ShardSpec]:
         """One split-info entry per name: parameters, optimizer states, then registered extras."""
@@ -423,7 +418,7 @@ class ZeroHelper(nn.Cell):
         """True on every rank if ``flag`` (a bool Tensor) is True on any rank. Collective."""
         if not self.is_parallel:
             return flag
-        return self.world_comm.all_reduce(ops.cast(flag, ms.float32)) > 0
+        return self.world_comm.all_reduce(ops.cast(flag, FLAG_DTYPE)) > 0
 
     def run_optimizer(self, grads):
         """Optimizer step on the shards, then (stages 1-2) all-gather the new shards into the

@@ -21,19 +21,21 @@ coalesced: they are per parameter, and the wrappers ``shard_network`` builds car
 options from the start ([Note: ZeRO++ at build] in ``param_wrapper.py``), so ``build_gather_group``
 builds no group for them.
 """
+from dataclasses import replace
 from typing import List, Optional, Sequence
 
 import numpy as np
 from mindspore import nn, ops
 
 from ..core.comm import GroupComm, cast_if_needed, divide, pad_dim0
-from ..core.comm_plan import CommPlan, PlanContext
+from ..core.comm_records import GatherRecord
 from ..core.graph_tuples import each
-from ..core.packing import LARGE_TENSOR_BYTES, PackedLayout, itemsize_of
+from ..core.packing import LARGE_TENSOR_BYTES, PackedLayout
 from ..core.slicing import copy_slice
 from .param_wrapper import Waiting, after_grad
 
-__all__ = ["ZeroGatherGroup", "COALESCE_MAX_BYTES", "build_gather_group", "gather_settings", "gathered_nbytes"]
+__all__ = ["ZeroGatherGroup", "COALESCE_MAX_BYTES", "build_gather_group", "gather_settings", "gathered_nbytes",
+           "coalesced_record"]
 
 COALESCE_MAX_BYTES = LARGE_TENSOR_BYTES
 """Largest padded parameter (bytes, in the gathered dtype) that ``ZeroGatherGroup`` coalesces."""
@@ -51,7 +53,7 @@ class _CoalescedWaiting(Waiting):
         g = self.base
         buf = _DEPEND(g.layout.pack(xs), after)
         if g.cast_before_gather:
-            buf = buf.astype(g.compute_dtype)
+            buf = buf.astype(g.wire_dtype)
         cols = g.layout.unpack_gathered(g.comm.all_gather(buf))
         out = ()
         for i in range(len(cols)):
@@ -80,23 +82,24 @@ class _CoalescedGather(nn.Cell):
     """All-gather a tuple of shards in one collective; custom bprop: one reduce-scatter. ``waiting``
     runs it once an input exists ([Note: gather order] in param_wrapper.py)."""
 
-    def __init__(self, gathers: List):
+    def __init__(self, record: GatherRecord, gathers: List):
         super().__init__(auto_prefix=False)
-        base = gathers[0]
-        # The names it was built for; shared in GRAPH_MODE it keeps the first group's ([Note: shared
-        # gather graphs] in shared_graphs.py): each ZeroGatherGroup's ``param_names`` are its own.
-        self.param_names = tuple(g.param_name for g in gathers)
-        self.group_size = base.group_size
-        self.param_dtype = base.param_dtype
-        self.compute_dtype = base.compute_dtype
-        self.cast_before_gather = base.cast_before_gather
-        self.cast_after_gather = base.cast_after_gather
-        self.padded_shapes = tuple(tuple(g.spec.padded_shape) for g in gathers)
-        self.shard_shapes = tuple(tuple(g.spec.shard_shape) for g in gathers)
+        # Built from its record ([Note: comm records] in core/comm_records.py); shared in GRAPH_MODE
+        # it keeps the first group's names ([Note: shared gather graphs] in shared_graphs.py): each
+        # ZeroGatherGroup's ``gather_record`` and ``param_names`` are its own.
+        self.param_names = record.members
+        self.group_size = record.group_size
+        self.param_dtype = record.param_dtype
+        self.compute_dtype = record.compute_dtype
+        self.wire_dtype = record.wire_dtype  # [Note: wire dtype] in core/comm_records.py
+        self.cast_before_gather = record.cast_before_gather
+        self.cast_after_gather = record.cast_after_gather
+        self.padded_shapes = record.padded_shapes
+        self.shard_shapes = record.shard_shapes
         self.full_rows = tuple(g.full_rows for g in gathers)
         self.pads = tuple(g.pad for g in gathers)
         self.layout = PackedLayout([int(np.prod(s)) for s in self.shard_shapes], self.group_size)
-        self.comm = GroupComm(base.group_name)
+        self.comm = GroupComm(record.group)
         self.waiting = _CoalescedWaiting(self)
 
     def construct(self, xs):
@@ -104,10 +107,6 @@ class _CoalescedGather(nn.Cell):
 
     def bprop(self, xs, out, dout):
         return self.waiting.bprop(xs, None, out, dout)[:1]
-
-    def nbytes(self, itemsize: int) -> int:
-        """Bytes of the gathered buffer (N * S elements of ``itemsize``)."""
-        return self.group_size * self.layout.total * itemsize
 
     def graph_key(self) -> tuple:
         """Everything this Cell's graph reads ([Note: shared gather graphs] in ``shared_graphs.py``)."""
@@ -124,10 +123,11 @@ class ZeroGatherGroup(nn.Cell):
     parameters' group. Built by ``build_gather_group``.
     """
 
-    def __init__(self, gathers: List):
+    def __init__(self, gathers: List, kind: str = "coalesced"):
         super().__init__(auto_prefix=False)
-        self.gather = _CoalescedGather(gathers)
-        self.param_names = self.gather.param_names
+        self.gather_record = coalesced_record(gathers, kind)
+        self.gather = _CoalescedGather(self.gather_record, gathers)
+        self.param_names = self.gather_record.members
 
     def construct(self, *xs):
         # A same-shape reshape of each shard (the Reshape primitive mapped over static shapes: [Note:
@@ -141,17 +141,6 @@ class ZeroGatherGroup(nn.Cell):
         param_wrapper.py)."""
         return self.gather.waiting(each(_RESHAPE, xs, self.gather.shard_shapes), after)
 
-    def record_comm(self, plan: CommPlan, ctx: PlanContext) -> None:
-        """[Note: comm plan]: this group's collectives of one optimizer step (native bytes): per
-        micro-step one all-gather in forward (and again in backward when ``ctx`` names all its
-        parameters regathered), one reduce-scatter. Not collective."""
-        g = self.gather
-        gathered = g.compute_dtype if g.cast_before_gather else g.param_dtype
-        times_ag = 2 * ctx.micro_steps if ctx.regathers(self.param_names) else ctx.micro_steps
-        plan.add("all_gather", g.comm.group, g.nbytes(itemsize_of(gathered)), g.group_size, times=times_ag)
-        plan.add("reduce_scatter", g.comm.group, g.nbytes(itemsize_of(g.param_dtype)), g.group_size,
-                 times=ctx.micro_steps)
-
 
 def gather_settings(gather) -> tuple:
     """What parameters must share to be gathered in one collective: group, dtypes, ZeRO++ options."""
@@ -159,9 +148,18 @@ def gather_settings(gather) -> tuple:
 
 
 def gathered_nbytes(gather) -> int:
-    """Bytes of one parameter's gathered (padded) tensor, in the dtype it is all-gathered in."""
-    dtype = gather.compute_dtype if gather.cast_before_gather else gather.param_dtype
-    return int(np.prod(gather.spec.padded_shape)) * itemsize_of(dtype)
+    """Bytes of one parameter's gathered (padded) tensor, in the dtype it is all-gathered in ([Note:
+    wire dtype] in core/comm_records.py)."""
+    return gather.record.gathered_nbytes
+
+
+def coalesced_record(gathers: Sequence, kind: str = "coalesced") -> GatherRecord:
+    """The record of one collective over ``gathers`` (``_GatherShard``s of one gather setting), in
+    their order ([Note: comm records] in core/comm_records.py)."""
+    records = [g.record for g in gathers]
+    return replace(records[0], kind=kind, members=tuple(r.members[0] for r in records),
+                   padded_shapes=tuple(r.padded_shapes[0] for r in records),
+                   shard_shapes=tuple(r.shard_shapes[0] for r in records))
 
 
 def build_gather_group(wrappers: Sequence) -> Optional[ZeroGatherGroup]:

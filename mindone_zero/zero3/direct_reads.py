@@ -40,8 +40,8 @@ from .coalesce import ZeroGatherGroup
 from .param_wrapper import ZeroParamWrapper
 from .units import UNIT_ARG
 
-__all__ = ["TRANSFORMS", "indirect_uses", "gather_call_test", "unit_read_test", "source_indirect_reads",
-           "record_rewritten_reads", "gather_attrs", "INDIRECT_ATTR"]
+__all__ = ["TRANSFORMS", "indirect_uses", "gathered_values", "gather_call_test", "unit_read_test",
+           "source_indirect_reads", "record_rewritten_reads", "gather_attrs", "INDIRECT_ATTR"]
 
 INDIRECT_ATTR = "zero3_indirect_reads"
 """Attribute set on a reader Cell by ``shard_network``: the indirect reads of its code (a tuple of
@@ -81,13 +81,9 @@ def _describe(node: ast.AST) -> str:
     return text if len(text) <= 100 else text[:97] + "..."
 
 
-def indirect_uses(tree: ast.FunctionDef, is_gathered: Callable[[ast.AST], bool]) -> List[str]:
-    """The indirect uses ([Note: direct reads]) of the gathered values in ``tree``, each as the
-    source text of the expression that uses it; empty when every use is direct."""
-    parents = {}
-    for node in ast.walk(tree):
-        for child in ast.iter_child_nodes(node):
-            parents[child] = node
+def gathered_values(tree: ast.FunctionDef, is_gathered: Callable[[ast.AST], bool], parents: dict) -> List[ast.AST]:
+    """The expressions of ``tree`` that hold a gathered value: a gathering expression, or a load of a
+    local name bound (or unpacked) from one. ``parents``: each node's parent in ``tree``."""
     values, names = [], set()
     for node in ast.walk(tree):
         if not is_gathered(node):
@@ -100,7 +96,18 @@ def indirect_uses(tree: ast.FunctionDef, is_gathered: Callable[[ast.AST], bool])
                 names.update(e.id for e in elts)
                 continue
         values.append(node)
-    values += [n for n in ast.walk(tree) if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Load) and n.id in names]
+    return values + [n for n in ast.walk(tree) if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Load)
+                     and n.id in names]
+
+
+def indirect_uses(tree: ast.FunctionDef, is_gathered: Callable[[ast.AST], bool]) -> List[str]:
+    """The indirect uses ([Note: direct reads]) of the gathered values in ``tree``, each as the
+    source text of the expression that uses it; empty when every use is direct."""
+    parents = {}
+    for node in ast.walk(tree):
+        for child in ast.iter_child_nodes(node):
+            parents[child] = node
+    values = gathered_values(tree, is_gathered, parents)
     found = []
     while values:
         node = values.pop()

@@ -22,7 +22,6 @@ from typing import Optional
 
 from mindspore import mint, nn, ops
 
-from ..core.comm_plan import CommPlan, PlanContext, comm_recorders
 from ..core.group_alias import group_argument
 from ..core.ms_internals import RECOMPUTE_WRAPPER, child_cells, mark_recomputed_child, mint_conv_reversed_padding, \
     own_params
@@ -173,16 +172,14 @@ class ZeroCell(nn.Cell):
             self.zero_gather_group = build_gather_group(wrappers)
             self.zero_coalesce = self.zero_gather_group is not None
 
-    def record_comm(self, plan: CommPlan, ctx: PlanContext) -> None:
-        """[Note: comm plan]: the gathers ``construct`` calls, the coalesced group when the Cell
-        coalesces ([Note: coalesced gathers]) else the per-parameter wrappers, and whatever its other
-        children record. Not collective."""
-        wrappers = [getattr(self, gather_attr_name(a)) for a in self.zero3_param_attrs
-                    if getattr(self, a, None) is not None]
-        idle = wrappers if self.zero_coalesce else [self.zero_gather_group]  # built, never called
-        for recorder in comm_recorders(self.cells()):
-            if all(recorder is not cell for cell in idle):
-                recorder.record_comm(plan, ctx)
+    def gather_cells(self) -> list:
+        """The gather Cells ``construct`` calls: the coalesced group when the Cell coalesces ([Note:
+        coalesced gathers]), else the per-parameter wrappers; the others are built and never called.
+        Not collective."""
+        if self.zero_coalesce:
+            return [self.zero_gather_group]
+        return [getattr(self, gather_attr_name(a)) for a in self.zero3_param_attrs
+                if getattr(self, a, None) is not None]
 
     def _build(self, net):
         """Subclass hook: set up the Cell's own primitives (after the parameters are taken over)."""

@@ -58,6 +58,7 @@ off.
 """
 import contextlib
 import contextvars
+from dataclasses import replace
 from typing import Optional
 
 import numpy as np
@@ -66,9 +67,9 @@ from mindspore import Parameter, nn, ops
 from mindspore.ops.composite import zeros_like
 
 from ..core.comm import GroupComm, cast_if_needed, divide, group_size_and_rank, pad_dim0, world_group
-from ..core.comm_plan import CommPlan, PlanContext
+from ..core.comm_records import GatherRecord
 from ..core.quantize import block_layout
-from ..core.packing import ITEMSIZE, itemsize_of
+from ..core.packing import ITEMSIZE
 from ..core.materialize import block_of, materialize, set_value
 from ..core.partition import ShardSpec, set_zero_spec, splits_over, zero_spec_of
 from ..core.run_mode import in_pynative
@@ -368,11 +369,14 @@ class ZeroParamWrapper(nn.Cell):
         self.is_split = False
         self.hpz = False
         self.param_name = param.name
+        self.gather_record = None
         if self.sharded:
             spec = shard_parameter(param, group)
             self.is_split = spec.split
             self.param_name = spec.name  # the name it was sharded under, as ZeroHelper and CommPlan know it
             self.gather = _GatherShard(spec, param.dtype, group, compute_dtype, _ZEROPP.get())
+            # its own ([Note: comm records]): its gather Cell may be shared ([Note: shared gather graphs])
+            self.gather_record = self.gather.record
             self.shard_shape = tuple(spec.shard_shape)
 
     def construct(self, x, after=None):
@@ -397,20 +401,6 @@ class ZeroParamWrapper(nn.Cell):
             return self.hpz_secondary(self.hpz_primary(x), x)
         return self.gather.waiting(x, after)
 
-    def record_comm(self, plan: CommPlan, ctx: PlanContext) -> None:
-        """[Note: comm plan]: the collectives this wrapper issues in one optimizer step: its gather's
-        (``_GatherShard.record_comm``); with hpZ the backward re-gather runs in the secondary group
-        instead ([Note: hpZ]). Nothing below stage 3. Not collective."""
-        if not self.sharded:
-            return
-        if not self.hpz:
-            # this wrapper's name: its gather may be shared ([Note: shared gather graphs] in shared_graphs.py)
-            self.gather.record_comm(plan, ctx, self.param_name)
-            return
-        self.gather.record_gather(plan, ctx.micro_steps)
-        self.hpz_secondary.record_comm(plan, ctx)
-        self.gather.record_reduce_scatter(plan, ctx.micro_steps)
-
     def enable_zeropp(self, zeropp, hpz: bool) -> None:
         """Use ZeRO++ options ``zeropp`` (a ``ZeroPPConfig``) for this parameter, if it was built
         without them ([Note: ZeRO++ at build]); ``hpz``: split the gather for hpZ's secondary group
@@ -420,11 +410,27 @@ class ZeroParamWrapper(nn.Cell):
             self.gather = old.with_zeropp(zeropp)
             # MindSpore 2.10 keys parsed Cells by id: keep the replaced Cell alive so no new Cell reuses its id.
             object.__setattr__(self, "_replaced_gather", old)
+        self.gather_record = self.gather.record
         if hpz:
             size, rank = group_size_and_rank(zeropp.hpz_group)
-            self.hpz_primary = _HpzPrimary(self.gather, size, rank)
-            self.hpz_secondary = _HpzSecondary(self.gather, zeropp.hpz_group)
+            self.gather_record = replace(self.gather_record, hpz_group=zeropp.hpz_group, hpz_size=size)
+            self.hpz_primary = _HpzPrimary(self.gather, self.gather_record, rank)
+            self.hpz_secondary = _HpzSecondary(self.gather, self.gather_record.hpz_group)
             self.hpz = True
+
+
+def _gather_record(spec: ShardSpec, param_dtype, group: Optional[str], compute_dtype, zeropp) -> GatherRecord:
+    """The record a parameter's gather is built from ([Note: comm records] in core/comm_records.py)."""
+    gathers = spec.split and spec.group_size > 1
+    # [Note: full-precision tensors] in zeropp.py: vectors and small tensors are not quantized.
+    quantizes = gathers and zeropp is not None and zeropp.quantizes(spec.shape)
+    weights, grads = quantizes and zeropp.quantize_weights, quantizes and zeropp.quantize_gradients
+    block, blocks = 0, 0
+    if weights or grads:
+        block, blocks, _ = block_layout(int(np.prod(spec.shard_shape)), zeropp.block_size)
+    compute_dtype = param_dtype if compute_dtype is None else compute_dtype
+    return GatherRecord("param", group or world_group(), spec.group_size, (spec.name,), (tuple(spec.padded_shape),),
+                        (tuple(spec.shard_shape),), param_dtype, compute_dtype, gathers, weights, grads, block, blocks)
 
 
 class _GatherShard(nn.Cell):
@@ -440,26 +446,27 @@ class _GatherShard(nn.Cell):
     def __init__(self, spec: ShardSpec, param_dtype, group: Optional[str], compute_dtype, zeropp=None):
         super().__init__(auto_prefix=False)
         self.spec, self.group_name, self.zeropp = spec, group, zeropp
+        # Built from its record ([Note: comm records] in core/comm_records.py): what it sends is what
+        # the CommPlan counts.
+        self.record = record = _gather_record(spec, param_dtype, group, compute_dtype, zeropp)
         self.param_name = spec.name
         self.full_shape = spec.shape
-        self.group_size = spec.group_size
-        self.param_dtype = param_dtype
+        self.group_size = record.group_size
+        self.param_dtype = record.param_dtype
         self.pad = spec.pad
         self.full_rows = spec.shape[0] if spec.shape else 0
-        self.compute_dtype = param_dtype if compute_dtype is None else compute_dtype
+        self.compute_dtype = record.compute_dtype
         # A split parameter in a group of one is already whole; no collective is needed.
-        self.gathers = spec.split and spec.group_size > 1
-        # [Note: full-precision tensors] in zeropp.py: vectors and small tensors are not quantized.
-        quantizes = self.gathers and zeropp is not None and zeropp.quantizes(spec.shape)
-        self.quantize_weights = quantizes and zeropp.quantize_weights
-        self.quantize_grads = quantizes and zeropp.quantize_gradients
-        narrower = itemsize_of(self.compute_dtype) < itemsize_of(param_dtype)
-        self.cast_before_gather = narrower and not self.quantize_weights
-        self.cast_after_gather = not self.cast_before_gather and self.compute_dtype != param_dtype
+        self.gathers = record.gathers
+        self.quantize_weights = record.quantize_weights
+        self.quantize_grads = record.quantize_grads
+        self.wire_dtype = record.wire_dtype  # [Note: wire dtype] in core/comm_records.py
+        self.cast_before_gather = record.cast_before_gather
+        self.cast_after_gather = record.cast_after_gather
         self.comm = GroupComm(group) if self.gathers else None
         if self.quantize_weights or self.quantize_grads:
             # qwZ quantizes this rank's shard, qgZ each destination's block: the same layout.
-            self.block, self.blocks, _ = block_layout(int(np.prod(spec.shard_shape)), zeropp.block_size)
+            self.block, self.blocks = record.block, record.blocks
         self.waiting = _ShardWaiting(self)
 
     def with_zeropp(self, zeropp) -> "_GatherShard":
@@ -471,7 +478,7 @@ class _GatherShard(nn.Cell):
         if self.quantize_weights:
             return self.comm.all_gather_quantized(x, self.block, self.blocks)
         if self.cast_before_gather:
-            x = x.astype(self.compute_dtype)
+            x = x.astype(self.wire_dtype)
         return self.comm.all_gather(x)
 
     def finish(self, x):
@@ -500,40 +507,6 @@ class _GatherShard(nn.Cell):
     def bprop(self, x, out, dout):
         """Gradient of the shard: this rank's block of the group mean, in the parameter's dtype."""
         return (self.shard_grad(dout),)
-
-    def record_comm(self, plan: CommPlan, ctx: PlanContext, name: Optional[str] = None) -> None:
-        """[Note: comm plan]: the collectives of one optimizer step (native bytes) of the parameter
-        named ``name`` (default: the one this gather was built for): per micro-step the forward
-        gather, the backward re-gather (when ``ctx`` names the parameter regathered) and the gradient
-        reduce-scatter. Not collective."""
-        if not self.gathers:
-            return
-        self.record_gather(plan, ctx.micro_steps)
-        if ctx.regathers((self.param_name if name is None else name,)):
-            self.record_gather(plan, ctx.micro_steps)
-        self.record_reduce_scatter(plan, ctx.micro_steps)
-
-    def record_gather(self, plan: CommPlan, times: int) -> None:
-        """``times`` all-gathers of this parameter (quantized with qwZ)."""
-        n, op = self.group_size, self.comm.group
-        if self.quantize_weights:
-            plan.add_quantized("all_gather", op, n, n * self.block * self.blocks, n * self.blocks, times)
-        else:
-            itemsize = itemsize_of(self.compute_dtype if self.cast_before_gather else self.param_dtype)
-            if self.zeropp is None:
-                # As the plan has always counted a plain per-parameter gather: in the parameter's dtype,
-                # although gather_padded casts to a narrower compute dtype first (then fewer bytes move).
-                itemsize = itemsize_of(self.param_dtype)
-            plan.add("all_gather", op, int(np.prod(self.spec.padded_shape)) * itemsize, n, times=times)
-
-    def record_reduce_scatter(self, plan: CommPlan, times: int) -> None:
-        """``times`` reduce-scatters of this parameter's gradient (qgZ: an all-to-all of int8 blocks)."""
-        n, op = self.group_size, self.comm.group
-        if self.quantize_grads:
-            plan.add_quantized("all_to_all", op, n, n * self.block * self.blocks, n * self.blocks, times)
-        else:
-            numel = int(np.prod(self.spec.padded_shape))
-            plan.add("reduce_scatter", op, numel * itemsize_of(self.param_dtype), n, times=times)
 
     def graph_key(self) -> tuple:
         """Everything this Cell's graph reads ([Note: shared gather graphs] in ``shared_graphs.py``)."""
@@ -574,17 +547,17 @@ class _HpzPrimary(nn.Cell):
     tensor, K the secondary group's size). Its gradient is zero: ``_HpzSecondary`` returns the
     shard's whole gradient. See [Note: hpZ]."""
 
-    def __init__(self, base: _GatherShard, sec_size: int, sec_rank: int):
+    def __init__(self, base: _GatherShard, record: GatherRecord, sec_rank: int):
         super().__init__(auto_prefix=False)
         self.base = base
         padded = base.spec.padded_shape
-        rows = padded[0] // sec_size
+        rows = padded[0] // record.hpz_size
         # Not recomputed: its output, the secondary shard, is what backward keeps ([Note: hpZ]).
         self.cut = ops.Slice().recompute(False)
         self.begin = (sec_rank * rows,) + (0,) * (len(padded) - 1)
         self.size = (rows,) + tuple(padded[1:])
         self.cast_dtype = base.compute_dtype if base.quantize_weights or base.cast_after_gather else None
-        self.nbytes = int(np.prod(self.size)) * itemsize_of(base.compute_dtype)  # the secondary shard
+        self.nbytes = record.hpz_shard_nbytes  # the secondary shard
 
     def construct(self, x):
         full = self.base.gather_padded(x)
@@ -615,9 +588,3 @@ class _HpzSecondary(nn.Cell):
 
     def bprop(self, sec, x, out, dout):
         return ops.zeros_like(sec), self.base.shard_grad(dout)
-
-    def record_comm(self, plan: CommPlan, ctx: PlanContext) -> None:
-        """The secondary all-gathers of one optimizer step: in forward and again in backward, every
-        micro-step ([Note: comm plan]). Not collective."""
-        nbytes = int(np.prod(self.base.spec.padded_shape)) * itemsize_of(self.base.compute_dtype)
-        plan.add("all_gather", self.comm.group, nbytes, self.comm.size, times=2 * ctx.micro_steps)

@@ -11,7 +11,8 @@ Cell: MindSpore builds one graph and one bprop for them and infers it once per a
 call still runs its own collectives on its own tensors, so the values are those of separate Cells,
 bit for bit (tests/dist/test_gather_units.py trains the demo LM both ways).
 What each caller is stays its own: a wrapper's ``param_name`` and a group's ``param_names`` name
-its parameters, and its ``record_comm`` counts its calls ([Note: comm plan]).
+its parameters, and its ``gather_record`` is what the CommPlan counts for its calls ([Note: comm
+records] in core/comm_records.py).
 Limits:
 * ``Cell.recompute`` marks a Cell's children at marking time (their scope), and a shared child has
   one, so gathers are shared only between callers whose gathers are marked alike, after [Note:

@@ -69,6 +69,7 @@ buffer cut per reader, or a chain of two-way splits, would trade the zeros for c
 gradient at every step. So units compile slower than per-layer gathers (the benchmark's page shows
 by how much), and their step is faster (fewer, larger collectives).
 """
+from dataclasses import replace
 from typing import Dict, List, Optional, Tuple
 
 from mindspore import Parameter, nn, ops
@@ -189,7 +190,7 @@ class _UnitPart(ZeroGatherGroup):
     """The elements of one unit with one gather setting: one all-gather, one reduce-scatter."""
 
     def __init__(self, gathers: List, select: tuple, every: bool):
-        super().__init__(gathers)
+        super().__init__(gathers, "unit_part")
         self.select = select
         self.every = every  # select is every element, in order: no take ([Note: compile cost])
 
@@ -222,6 +223,7 @@ class _UnitSingle(nn.Cell):
         self.gather = gather
         self.index = index
         self.param_names = (gather.param_name,)
+        self.gather_record = replace(gather.record, kind="unit_single")  # [Note: comm records]
 
     def construct(self, xs, after):
         # reshaped ([Note: unit shards] in ZeroUnitGather); waits as _UnitPart's collective does
@@ -285,9 +287,14 @@ class ZeroUnitGather(nn.Cell):
         return take(outs, self.order)
 
     def groups(self) -> List[ZeroGatherGroup]:
-        """The coalesced parts (for ``CommPlan``: one all-gather and one reduce-scatter each, with the
-        summed bytes); the elements gathered alone are counted per parameter."""
+        """The coalesced parts (one all-gather and one reduce-scatter each)."""
         return [p for p in self.parts if isinstance(p, _UnitPart)]
+
+    @property
+    def gather_records(self) -> tuple:
+        """The records of the parts that gather, coalesced or alone ([Note: comm records] in
+        core/comm_records.py)."""
+        return tuple(p.gather_record for p in self.parts if isinstance(p, (_UnitPart, _UnitSingle)))
 
     def gathered_names(self) -> List[str]:
         """Names of every element that is all-gathered (coalesced or alone)."""

@@ -111,6 +111,28 @@ def cases_for(world):
 
 CASES = {world: cases_for(world) for world in (2, 4)}
 
+# Issue 47: the CommPlan against the collectives of the compiled graph (tests/dist/test_comm_graph.py,
+# tests/dist/workers/comm_graph.py): built and compiled, one step of one micro-step (so one call is
+# one optimizer step), TinyNet (padded rule) unless ``net`` names another network: ``fp16`` (its
+# head computes in float16, coalesced), ``wide`` (a float16 Dense(768, 768) over 1 MiB, gathered per
+# parameter, and a float32 head), ``lm`` (the demo LM, one block: [Note: dropped re-gathers]).
+_QUANT = {"quantize_weights": True, "quantize_gradients": True}
+GRAPH_CASES = {
+    2: [dict(kind="graph", name=f"s{stage}", stage=stage, clip=True) for stage in STAGES] + [
+        dict(kind="graph", name="s3_keep", stage=3, reshard=False),
+        dict(kind="graph", name="s3_fp16", stage=3, net="fp16", clip=True),
+        dict(kind="graph", name="s3_wide_fp16", stage=3, net="wide"),
+        dict(kind="graph", name="s3_units", stage=3, net="noscalar", units=UNITS, clip=True),
+        dict(kind="graph", name="s3_zeropp", stage=3, net="noscalar", zeropp=_QUANT),
+        dict(kind="graph", name="s1_offload", stage=1, offload=True, clip=True, optimizer="momentum"),
+        dict(kind="graph", name="s3_offload", stage=3, offload=True, optimizer="momentum"),
+        dict(kind="graph", name="s3_lm", stage=3, net="lm", clip=True),
+    ],
+    4: [dict(kind="graph", name="s3_hpz", stage=3, net="noscalar", zeropp=_QUANT, hpz=True),
+        dict(kind="graph", name="s2_hybrid", stage=2, hybrid=True, clip=True),
+        dict(kind="graph", name="s3_hybrid", stage=3, hybrid=True)],
+}
+
 
 def reference_spec_of(case):
     """The single-process reference a case is compared with (see tests/dist/zero_results.py)."""

@@ -29,7 +29,9 @@ from msrun_harness import run_msrun
 WORKER = Path(__file__).resolve().parent / "workers" / "units_worker.py"
 WORLD = 2
 CASES = [
-    {"name": "lm_graph_reshard", "model": "lm", "units": ["Block"], "reshard": True, "steps": 3},
+    # dropped: per micro-step, the re-gathers MindSpore drops outside the units ([Note: dropped
+    # re-gathers]): the 2 embedding tables and the final LayerNorm's beta
+    {"name": "lm_graph_reshard", "model": "lm", "units": ["Block"], "reshard": True, "steps": 3, "dropped": 3},
     {"name": "lm_graph_keep", "model": "lm", "units": ["Block"], "reshard": False, "steps": 3},
     {"name": "lm_graph_nested", "model": "lm", "units": ["Block", "TransformerLM"], "reshard": True, "steps": 3},
     {"name": "mlp_graph_fp16", "model": "dense", "units": ["MLP"], "reshard": True, "fp16": True, "steps": 3},
@@ -65,7 +67,8 @@ def _counts(entries):
 @pytest.mark.parametrize("name", UNIT_NAMES)
 def test_one_gather_and_one_reduce_scatter_per_unit_and_micro_step(reports, name):
     """Each unit part records one all-gather (plus one when its unit is recomputed) and one
-    reduce-scatter per micro-step, and that is all the parameter traffic of the units."""
+    reduce-scatter per micro-step, and that is all the parameter traffic of the units; outside the
+    units, backward gathers again what it reads ([Note: dropped re-gathers])."""
     case = next(c for c in CASES if c["name"] == name)
     rep = reports(name)[0]
     accum, gathers = rep["accum"], 2 if case["reshard"] else 1
@@ -78,7 +81,8 @@ def test_one_gather_and_one_reduce_scatter_per_unit_and_micro_step(reports, name
     counts, base = _counts(plan), _counts(rep["base_plan"])
     assert counts["all_reduce"] == base["all_reduce"]  # overflow flags and the clipping norm only
     assert counts["reduce_scatter"] < base["reduce_scatter"] and counts["all_gather"] < base["all_gather"]
-    assert counts["all_gather"] == gathers * counts["reduce_scatter"]
+    dropped = case.get("dropped", 0) * accum if case["reshard"] else 0
+    assert counts["all_gather"] == gathers * counts["reduce_scatter"] - dropped
 
 
 def test_identical_groups_call_one_gather_cell(reports):
@@ -103,12 +107,14 @@ def test_a_weight_over_1_mib_is_gathered_alone(reports):
     assert ["all_gather", "mccl_world_group", 520 * 520 * 4, 2] in rep["plan"]
 
 
-@pytest.mark.parametrize("name,total,base_total", [("lm_graph_reshard", 39, 93), ("lm_graph_keep", 27, 63),
-                                                   ("lm_graph_nested", 15, 93), ("lm_pynative", 39, 93)])
+@pytest.mark.parametrize("name,total,base_total", [("lm_graph_reshard", 33, 83), ("lm_graph_keep", 27, 63),
+                                                   ("lm_graph_nested", 15, 83), ("lm_pynative", 39, 93)])
 def test_demo_lm_collectives_per_optimizer_step(reports, name, total, base_total):
-    """Issue 11's count at stage 3 (2 micro-steps): 93 per optimizer step without units (63 keeping
-    the gathered weights), 39 (27) with units=(Block,), the Block's 10 gathering Cells becoming one,
-    15 with the TransformerLM a unit too."""
+    """Issue 11's count at stage 3 (2 micro-steps): 83 per optimizer step without units in GRAPH_MODE
+    (93 in PYNATIVE_MODE, which re-gathers every gather; 63 keeping the gathered weights), 33 (27)
+    with units=(Block,), the Block's 10 gathering Cells becoming one, 15 with the TransformerLM a
+    unit too ([Note: dropped re-gathers]: GRAPH_MODE does not gather again the LayerNorm betas and
+    the embedding tables, which no backward op reads)."""
     rep = reports(name)[0]
     assert (len(rep["plan"]), len(rep["base_plan"])) == (total, base_total)
 

@@ -7,6 +7,7 @@ import mindspore as ms
 import pytest
 from mindspore import Parameter, Tensor
 
+from mindone_zero.core.comm_records import GatherRecord
 from mindone_zero.core.partition import ShardSpec
 from mindone_zero.zero3.coalesce import COALESCE_MAX_BYTES, build_gather_group
 from mindone_zero.zero3.param_wrapper import ZeroParamWrapper, zeropp_scope
@@ -15,8 +16,9 @@ from mindone_zero.zero3.zeropp import ZeroPPConfig
 
 def _wrapper(name="w", shape=(6, 4), gathers=True, dtype=ms.float32, zeropp=None, hpz=False):
     spec = ShardSpec(name, shape, 2, 0, True)
+    record = GatherRecord("param", "g", 2, (name,), (spec.padded_shape,), (spec.shard_shape,), dtype, dtype, gathers)
     gather = SimpleNamespace(gathers=gathers, zeropp=zeropp, spec=spec, param_dtype=dtype, compute_dtype=dtype,
-                             cast_before_gather=False, group_name=None, group_size=2)
+                             cast_before_gather=False, group_name=None, group_size=2, record=record)
     return SimpleNamespace(gather=gather, hpz=hpz)
 
 

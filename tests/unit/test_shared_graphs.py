@@ -8,6 +8,7 @@ import mindspore as ms
 import pytest
 from mindspore import Parameter, Tensor, nn
 
+from mindone_zero.core.comm_records import GatherRecord
 from mindone_zero.core.partition import ShardSpec
 from mindone_zero.zero3 import coalesce
 from mindone_zero.zero3.coalesce import ZeroGatherGroup
@@ -36,9 +37,10 @@ class _StubGather(nn.Cell):
 
 def _gather(name, shape, dtype=ms.float32):
     spec = ShardSpec(name, shape, 2, 0, True)
+    record = GatherRecord("param", "world", 2, (name,), (spec.padded_shape,), (spec.shard_shape,), dtype, dtype)
     return SimpleNamespace(param_name=name, spec=spec, full_rows=shape[0], pad=spec.pad, group_name=None,
                            group_size=2, param_dtype=dtype, compute_dtype=dtype, cast_before_gather=False,
-                           cast_after_gather=False)
+                           cast_after_gather=False, record=record)
 
 
 def _wrapper(name, key, gathers=True, hpz=False):

@@ -19,6 +19,7 @@ from mindspore.communication import create_group
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", ".."))
 from msrun_harness import worker_args  # noqa: E402
 from models import FactoredOptimizer, LossNet, TinyNet, init_weights, make_optimizer, micro_batch  # noqa: E402
+from comm_graph import run_graph_case  # noqa: E402
 
 from mindone_zero import ZeroHelper, create_hybrid_groups, prepare_network, prepare_train_network  # noqa: E402
 from mindone_zero.core.comm import GroupComm, group_members, init_data_parallel, world_group  # noqa: E402
@@ -170,8 +171,13 @@ def main():
     rank, world = init_data_parallel()
     hybrid = create_groups(out, rank, world)
     run_error_checks(out, rank, world, hybrid)
+    keep_alive = []
     for case in cases:
-        run_case(case, out, rank, world, hybrid)
+        if case.get("kind") == "graph":  # tests/dist/test_comm_graph.py
+            with open(os.path.join(out, f"graph_{case['name']}_rank{rank}.json"), "w") as f:
+                json.dump(run_graph_case(case, out, rank, world, hybrid, keep_alive), f)
+        else:
+            run_case(case, out, rank, world, hybrid)
         print(f"rank {rank}: case {case['name']} done", flush=True)
 
 

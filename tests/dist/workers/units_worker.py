@@ -35,8 +35,9 @@ REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.a
 sys.path.insert(0, REPO)
 
 from mindone_zero import prepare_train_network  # noqa: E402
-from mindone_zero.core.comm import CommPlan, init_data_parallel  # noqa: E402
+from mindone_zero.core.comm import init_data_parallel  # noqa: E402
 from mindone_zero.core.comm_plan import PlanContext  # noqa: E402
+from mindone_zero.train.comm_accounting import step_plan  # noqa: E402
 from mindone_zero.zero3 import shard as shard_module  # noqa: E402
 from mindone_zero.zero3.coalesce import ZeroGatherGroup  # noqa: E402
 from mindone_zero.zero3.reshard import gathers_split  # noqa: E402
@@ -148,11 +149,10 @@ def _train(case, units, rank, world, out):
             loss, _, _ = train(*inputs)
             losses.append(float(loss.asnumpy()))
         shards.append([p.asnumpy().copy() for p in net.trainable_params()])
-    unit_entries = []  # each unit part's own collectives for one micro-step
+    unit_entries = []  # each unit part's own collectives for one micro-step, without its re-gather
     for u in unit_gathers(train.network):
         for g in u.groups():
-            part = CommPlan()
-            g.record_comm(part, PlanContext())
+            part = step_plan(None, [g.gather_record], PlanContext())
             unit_entries.append([list(e) for e in part.entries])
     return losses, shards, [list(e) for e in train.comm_plan.entries], unit_entries, train
 

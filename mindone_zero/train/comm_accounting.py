@@ -1,0 +1,156 @@
+"""The ``CommPlan`` of a train step, derived from the records its collectives are built from.
+
+``step_plan`` counts one optimizer step ([Note: comm plan] in core/comm_plan.py) from a
+``ZeroHelper``'s ``TrainCommRecord`` and the network's ``GatherRecord``s ([Note: comm records] in
+core/comm_records.py), one function per kind of entry. ``network_gathers`` finds the network's
+gather records, with whether backward gathers each again ([Note: dropped re-gathers] in
+zero3/backward_reads.py). Nothing here communicates.
+"""
+from dataclasses import replace
+from typing import Iterable, Optional, Tuple
+
+from mindspore import nn
+
+from ..core.comm_plan import CommPlan, PlanContext
+from ..core.comm_records import BucketRecord, GatherRecord, TrainCommRecord
+from ..core.ms_internals import RECOMPUTE_WRAPPER, child_cells, has_config_recompute
+from ..zero3.backward_reads import backward_reads
+from ..zero3.carry import is_recompute_scoped
+from ..zero3.coalesce import ZeroGatherGroup
+from ..zero3.layers import ZeroCell
+from ..zero3.param_wrapper import ZeroParamWrapper
+from ..zero3.units import ZeroUnitGather
+
+__all__ = ["step_plan", "network_gathers", "add_gather", "add_hpz_secondary", "add_reduce_scatter", "add_buckets",
+           "add_overflow_flags", "add_clip_norm", "add_offload_agreement"]
+
+
+def _records_of(cell: nn.Cell) -> Optional[tuple]:
+    """The gather records of a gather Cell (empty below stage 3), None for any other Cell."""
+    if isinstance(cell, ZeroParamWrapper):
+        return () if cell.gather_record is None else (cell.gather_record,)
+    if isinstance(cell, ZeroGatherGroup):
+        return (cell.gather_record,)
+    if isinstance(cell, ZeroUnitGather):
+        return cell.gather_records
+    return None
+
+
+def _recomputed(cell: nn.Cell) -> bool:
+    """``cell`` is recomputed whole in backward (it, or a Cell above it, is marked)."""
+    return has_config_recompute(cell) or is_recompute_scoped(cell)
+
+
+def _regathers(reader: nn.Cell, attr: str, gather: nn.Cell) -> bool:
+    """Whether backward runs the gather Cell ``gather``, held by ``reader`` as ``attr``, again
+    ([Note: reshard after forward] in zero3/reshard.py, [Note: dropped re-gathers])."""
+    if not (is_recompute_scoped(gather) or is_recompute_scoped(getattr(gather, "gather", gather))):
+        return False
+    if _recomputed(reader) or isinstance(gather, ZeroUnitGather):
+        return True  # the recomputed forward reads every gathered tensor; a unit's tuple is not analysed
+    return backward_reads(reader, attr)
+
+
+def network_gathers(network: nn.Cell) -> Tuple[GatherRecord, ...]:
+    """The records of the gathers that ``network``'s code calls, each gather Cell once, in ``cells()``
+    order, with ``regather`` set: the gathers that communicate, per parameter, coalesced (a layer's
+    idle wrappers left out) or a gather unit's parts. One walk; not collective."""
+    found, seen = [], {id(network)}
+
+    def walk(cell):
+        called = {id(c) for c in cell.gather_cells()} if isinstance(cell, ZeroCell) else None
+        for attr, child in child_cells(cell).items():
+            if child is None or attr == RECOMPUTE_WRAPPER or id(child) in seen:
+                continue
+            records = _records_of(child)
+            if called is not None and records is not None and id(child) not in called:
+                continue  # built, never called
+            seen.add(id(child))
+            if records is None:
+                walk(child)
+                continue
+            again = any(r.gathers for r in records) and _regathers(cell, attr, child)
+            found.extend(replace(r, regather=again) for r in records if r.gathers)
+
+    walk(network)
+    return tuple(found)
+
+
+def _gathers_once(plan: CommPlan, record: GatherRecord, times: int) -> None:
+    n = record.group_size
+    if record.quantize_weights:  # qwZ: int8 blocks and their scales
+        plan.add_quantized("all_gather", record.group, n, n * record.block * record.blocks, n * record.blocks, times)
+    else:
+        plan.add("all_gather", record.group, record.gathered_nbytes, n, times=times)
+
+
+def add_gather(plan: CommPlan, record: GatherRecord, ctx: PlanContext) -> None:
+    """A gather's all-gathers in its shard group: every micro-step in forward and, unless hpZ moves
+    it into the secondary group, again in backward when ``record.regather``."""
+    _gathers_once(plan, record, ctx.micro_steps)
+    if record.regather and record.hpz_group is None:
+        _gathers_once(plan, record, ctx.micro_steps)
+
+
+def add_hpz_secondary(plan: CommPlan, record: GatherRecord, ctx: PlanContext) -> None:
+    """hpZ's all-gathers of the secondary shards in the secondary group ([Note: hpZ] in
+    zero3/param_wrapper.py): in forward, and again in backward when ``record.regather``."""
+    if record.hpz_group is None:
+        return
+    times = ctx.micro_steps * (2 if record.regather else 1)
+    plan.add("all_gather", record.hpz_group, record.hpz_gathered_nbytes, record.hpz_size, times=times)
+
+
+def add_reduce_scatter(plan: CommPlan, record: GatherRecord, ctx: PlanContext) -> None:
+    """A gather's gradient reduce-scatter every micro-step (qgZ: an all-to-all of int8 blocks)."""
+    n = record.group_size
+    if record.quantize_grads:
+        plan.add_quantized("all_to_all", record.group, n, n * record.block * record.blocks, n * record.blocks,
+                           ctx.micro_steps)
+    else:
+        plan.add("reduce_scatter", record.group, record.grad_nbytes, n, times=ctx.micro_steps)
+
+
+def add_buckets(plan: CommPlan, record: BucketRecord, ctx: PlanContext) -> None:
+    """One entry per bucket and call: gradients at every gradient reduction, the updated shards'
+    all-gather once per optimizer step (its full, gathered bytes)."""
+    times = 1 if record.kind == "all_gather" else ctx.reductions
+    for _ in range(times):
+        for nbytes in record.full_bytes:
+            plan.add(record.kind, record.group, nbytes, record.group_size)
+
+
+def add_overflow_flags(plan: CommPlan, step: TrainCommRecord, ctx: PlanContext) -> None:
+    """The overflow flag's all-reduce over the world, every micro-step."""
+    plan.add("all_reduce", step.world_group, step.flag_nbytes, step.world_size, times=ctx.micro_steps)
+
+
+def add_clip_norm(plan: CommPlan, step: TrainCommRecord, ctx: PlanContext) -> None:
+    """The clipping norm's all-reduce over the shard group (stages >= 1), once per optimizer step."""
+    if ctx.clip_grad and step.norm_reduced:
+        plan.add("all_reduce", step.op_group, step.flag_nbytes, step.op_size)
+
+
+def add_offload_agreement(plan: CommPlan, step: TrainCommRecord, ctx: PlanContext) -> None:
+    """The ranks' agreement after a host step ([Note: host step] in offload/host_step.py): one flag per
+    rank, all-reduced over the world once per optimizer step."""
+    if step.offload_agreement:
+        plan.add("all_reduce", step.world_group, step.flag_nbytes * step.world_size, step.world_size)
+
+
+def step_plan(step: Optional[TrainCommRecord], gathers: Iterable[GatherRecord], ctx: PlanContext) -> CommPlan:
+    """The collectives of one optimizer step described by ``ctx`` ([Note: comm plan]): the train
+    step's (``step``, None without data parallelism), then each gather's. Not collective."""
+    plan = CommPlan()
+    if step is not None:
+        add_overflow_flags(plan, step, ctx)
+        for buckets in step.grad_buckets:
+            add_buckets(plan, buckets, ctx)
+        add_clip_norm(plan, step, ctx)
+        add_buckets(plan, step.param_gather, ctx)
+        add_offload_agreement(plan, step, ctx)
+    for record in gathers:
+        add_gather(plan, record, ctx)
+        add_hpz_secondary(plan, record, ctx)
+        add_reduce_scatter(plan, record, ctx)
+    return plan
