@@ -2,7 +2,7 @@
 inventory in a file kind, with its layout. No communication and no writing here.
 
 [Note: checkpoint layout]
-``save_train_state(train_net, ckpt_dir, step)`` writes ``ckpt_dir/step_{step:08d}/`` (DESIGN §5,
+``save_train_state(train_net, ckpt_dir, step)`` writes ``ckpt_dir/step_{step:08d}/`` (docs/guides/checkpoints.md,
 MindOne's table). ``r`` is the rank's index in the optimizer parallel group, ``g`` its global
 rank, ``fmt`` the format (``ckpt`` or ``safetensors``):
 

@@ -7,7 +7,7 @@ With ``--config``, the parameter count comes from the YAML file: either a top-le
 ``num_params:`` key, or a ``model:`` section describing the demo Transformer language model
 (keys ``vocab_size``, ``d_model``, ``n_layers``, ``d_ff``, ``max_len``), counted by
 ``count_params_from_config``. Memory follows ``mindone_zero.estimate_model_states_memory``
-(DESIGN §6); 1 GB = 1e9 bytes.
+(docs/guides/memory.md); 1 GB = 1e9 bytes.
 
 The same command runs as ``python -m mindone_zero.cli.estimate_memory`` and, in a checkout, as
 ``python tools/estimate_memory.py``. Not collective: pure arithmetic, no communication.

@@ -184,7 +184,7 @@ def merge_arrays(blocks: Sequence[np.ndarray], full_d0: int) -> np.ndarray:
     return np.concatenate([np.asarray(b) for b in blocks], axis=0)[:full_d0]
 
 
-# [Note: split rule] (DESIGN section 3) The one rule for which Parameters ZeRO shards, at every
+# [Note: split rule] The one rule for which Parameters ZeRO shards, at every
 # stage. A *candidate* is trainable, ndim >= 1, and not opted out by the user with
 # ``param.parallel_optimizer = False``. Over a group of N ranks a candidate is split when its dim 0
 # divides by N (MindOne's rule, the default: MindOne's callers observe it, e.g. its online combine

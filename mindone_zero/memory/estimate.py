@@ -1,4 +1,4 @@
-"""Model-state memory per device, by the ZeRO paper's formulas (DESIGN §6).
+"""Model-state memory per device, by the ZeRO paper's formulas (docs/guides/memory.md).
 
 Model states are the parameters, their gradients and the optimizer states (for mixed-precision
 Adam: an fp32 master copy, momentum and variance, 4 + 4 + 4 = 12 bytes per parameter). With
