@@ -4,7 +4,7 @@
 such a file; with directory URLs a link such as ``getting-started/`` shows a folder listing when the
 site is opened from disk. This builds the site and follows every relative ``href`` and ``src`` of
 every page (but 404.html, whose links are absolute for a web server) to a file that exists. Also
-checked: the repository link (``repo_url``) is in the header, and each guide ends with a "How this
+checked: the repository link (``repo_url``) is in the header, the footer names setup.py's version, and each guide ends with a "How this
 is tested" paragraph whose links point at files of this repository (``repo_url`` +
 ``blob/main/<path>``). Skipped without the docs tools.
 """
@@ -67,6 +67,13 @@ def test_every_relative_link_opens_a_file_from_disk(site):
 def test_the_header_links_the_repository(site):
     for page in ("index.html", "guides/offload.html"):
         assert f'href="{REPO_URL}"' in (site / page).read_text(encoding="utf-8"), page
+
+
+def test_each_page_shows_the_version_it_describes(site):
+    version = re.search(r'version="([^"]+)"', (ROOT / "setup.py").read_text(encoding="utf-8")).group(1)
+    for page in ("index.html", "guides/offload.html", "reference/mindone_zero.html"):
+        assert f"mindone_zero {version}, documentation of the main branch" in (site / page).read_text(
+            encoding="utf-8"), page
 
 
 def test_each_page_has_an_edit_link(site):
