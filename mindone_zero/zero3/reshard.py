@@ -224,7 +224,7 @@ def apply_zeropp(network: nn.Cell, zeropp) -> None:
     ``mark_reshard_after_forward``. Not collective."""
     seen = set()
     for _, cell in network.cells_and_names():
-        if getattr(cell, "zero_coalesce", False):  # a layer built outside zeropp_scope: gather per parameter
+        if getattr(cell, "zero_coalesce", False):  # a layer built before shard_network: gather per parameter
             cell.zero_coalesce = False
         if gathers_split(cell) and id(cell) not in seen:
             seen.add(id(cell))
