@@ -83,6 +83,7 @@ from .zeropp import ZeroPPConfig
 __all__ = [
     "ZeroParamWrapper", "shard_parameter", "compute_dtype_of", "gather_attr_name",
     "check_group", "check_compute_dtype", "GATHER_SUFFIX", "after_grad", "Waiting", "ZeroParam", "zero_param_of",
+    "gathers_split",
 ]
 
 GATHER_SUFFIX = "_zero_gather"
@@ -444,6 +445,12 @@ class ZeroParamWrapper(nn.Cell):
             self.hpz = True
 
 
+
+def gathers_split(cell: nn.Cell) -> bool:
+    """Whether ``cell`` is a gather wrapper that all-gathers (a split parameter over 2+ ranks)."""
+    gather = getattr(cell, "gather", None) if isinstance(cell, ZeroParamWrapper) else None
+    return gather is not None and gather.gathers
+
 def _gather_record(spec: ShardSpec, param_dtype, group: Optional[str], compute_dtype, zeropp) -> GatherRecord:
     """The record a parameter's gather is built from ([Note: comm records] in core/comm_records.py)."""
     gathers = spec.split and spec.group_size > 1
@@ -547,9 +554,10 @@ class _GatherShard(nn.Cell):
 
 
 # [Note: hpZ]
-# ZeRO++'s hierarchical partitioning, built on [Note: reshard after forward] (parallel_modules/
-# reshard.py): the Cell that reads a gathered parameter is recomputed in backward. With hpZ the
-# gather is split in two Cells inside that recomputed region:
+# ZeRO++'s hierarchical partitioning, built on [Note: reshard after forward] (mindone_zero/zero3/
+# reshard.py): a gather wrapper inside a recomputed region (its collective marked for
+# recomputation, or its reader recomputed whole) gathers again in backward. With hpZ the gather is
+# split in two Cells inside that region:
 #   _HpzPrimary(shard) -> secondary shard: the all-gather over the shard group (quantized with
 #       qwZ), then a cut of rows [j R2, (j+1) R2) of the padded tensor, j this rank's index in the
 #       secondary group of K ranks and R2 = padded rows / K. The cut is a Slice primitive marked
