@@ -12,8 +12,6 @@ concatenates the blocks in rank order and drops the last ``pad = rows * n - d0``
 Padding rows are zero at the start and stay zero during training: their gradient is zero,
 so plain SGD/Adam/Momentum never move them (weight decay of zero is zero).
 """
-import contextlib
-import contextvars
 from dataclasses import dataclass
 from typing import List, Optional, Sequence, Tuple
 
@@ -32,7 +30,6 @@ __all__ = [
     "user_opted_out",
     "is_split_candidate",
     "splits_over",
-    "padded_split_rule",
     "check_split_rule_flag",
     "uneven_split_names",
     "mark_shard_flag",
@@ -192,9 +189,10 @@ def merge_arrays(blocks: Sequence[np.ndarray], full_d0: int) -> np.ndarray:
 # every rank and their gradients are all-reduced. With the opt-in padded rule
 # (``pad_uneven_params=True``) every candidate is split, zero-padded per [Note: padding], so that
 # per-rank memory follows the ZeRO formulas for models whose big tensors do not divide. The rule
-# is chosen once per ``prepare_*`` call; ``padded_split_rule`` scopes it for the code that shards
-# (``shard_network`` and the ZeRO-3 Cells it builds, which may be a user's MindOne-style classes
-# calling ``ZeroParamWrapper`` without knowing of it).
+# is chosen once per ``prepare_*`` call and handed to the code that shards as an argument
+# (``splits_over``'s and ``shard_parameter``'s ``pad_uneven``); ZeRO-3 shards every parameter first,
+# so a layer Cell built afterwards (a user's MindOne-style class calling ``ZeroParamWrapper``
+# without knowing of the rule) finds its parameters cut already.
 # ``parallel_optimizer`` has MindOne's two meanings, one before and one after
 # ``prepare_train_network``: before, the user's input (False: keep it whole); after, the output,
 # whether this rank holds a shard of the Parameter (MindOne's online-combine recipe all-gathers the
@@ -203,7 +201,6 @@ def merge_arrays(blocks: Sequence[np.ndarray], full_d0: int) -> np.ndarray:
 # the input, reads that saved value once it exists. So a later preparation of the same Parameters
 # still honours the user's choice, not the flag the last one wrote (to change the choice after a
 # preparation, set ``param.zero_opt_out``).
-_PAD_UNEVEN = contextvars.ContextVar("mindone_zero_pad_uneven", default=False)
 _OPT_OUT_ATTR = "zero_opt_out"
 # A Parameter sharded by ZeRO-3's shard_network records its layout here (read it with zero_spec_of).
 _SPEC_ATTR = "zero_spec"
@@ -234,19 +231,17 @@ def is_split_candidate(param) -> bool:
     return bool(param.requires_grad) and len(param.shape) >= 1 and not user_opted_out(param)
 
 
-def splits_over(param, group_size: int, pad_uneven: Optional[bool] = None) -> bool:
+def splits_over(param, group_size: int, pad_uneven: bool = False) -> bool:
     """Whether ZeRO splits ``param`` over ``group_size`` ranks ([Note: split rule]).
 
     Args:
         param: a Parameter (only its attributes and shape are read).
         group_size: ranks in the optimizer parallel group.
-        pad_uneven: the padded rule (split every candidate); None: the rule in scope
-            (``padded_split_rule``), by default MindOne's (split only when dim 0 divides).
+        pad_uneven: the padded rule (split every candidate); False: MindOne's (split only when dim 0
+            divides).
     """
     if not is_split_candidate(param):
         return False
-    if pad_uneven is None:
-        pad_uneven = _PAD_UNEVEN.get()
     return bool(pad_uneven) or int(param.shape[0]) % int(group_size) == 0
 
 
@@ -255,16 +250,6 @@ def check_split_rule_flag(where: str, name: str, value) -> None:
     ``pad_uneven_params`` and ``shard_ema`` keywords of the entry points)."""
     if not isinstance(value, bool):
         raise TypeError(f"For '{where}', the argument '{name}' must be a bool, but got {value!r}.")
-
-
-@contextlib.contextmanager
-def padded_split_rule(pad_uneven: bool):
-    """Within the block, ``splits_over(..., pad_uneven=None)`` follows ``pad_uneven``."""
-    token = _PAD_UNEVEN.set(bool(pad_uneven))
-    try:
-        yield
-    finally:
-        _PAD_UNEVEN.reset(token)
 
 
 def uneven_split_names(specs) -> List[str]:

@@ -2,78 +2,28 @@
 
 ``step_plan`` counts one optimizer step ([Note: comm plan] in core/comm_plan.py) from a
 ``ZeroHelper``'s ``TrainCommRecord`` and the network's ``GatherRecord``s ([Note: comm records] in
-core/comm_records.py), one function per kind of entry. ``network_gathers`` finds the network's
+core/comm_records.py), one function per kind of entry. ``network_gathers`` reads the network's
 gather records, with whether backward gathers each again ([Note: dropped re-gathers] in
-zero3/backward_reads.py). Nothing here communicates.
+zero3/backward_reads.py), from the build's state ([Note: zero3 state] in zero3/state.py). Nothing
+here communicates.
 """
-from dataclasses import replace
 from typing import Iterable, Optional, Tuple
 
 from mindspore import nn
 
 from ..core.comm_plan import CommPlan, PlanContext
 from ..core.comm_records import BucketRecord, GatherRecord, TrainCommRecord
-from ..core.ms_internals import RECOMPUTE_WRAPPER, child_cells, has_config_recompute
-from ..zero3.backward_reads import backward_reads
-from ..zero3.carry import is_recompute_scoped
-from ..zero3.coalesce import ZeroGatherGroup
-from ..zero3.layers import ZeroCell
-from ..zero3.param_wrapper import ZeroParamWrapper
-from ..zero3.units import ZeroUnitGather
+from ..zero3.state import gather_calls
 
 __all__ = ["step_plan", "network_gathers", "add_gather", "add_hpz_secondary", "add_reduce_scatter", "add_buckets",
            "add_overflow_flags", "add_clip_norm", "add_offload_agreement"]
 
 
-def _records_of(cell: nn.Cell) -> Optional[tuple]:
-    """The gather records of a gather Cell (empty below stage 3), None for any other Cell."""
-    if isinstance(cell, ZeroParamWrapper):
-        return () if cell.gather_record is None else (cell.gather_record,)
-    if isinstance(cell, ZeroGatherGroup):
-        return (cell.gather_record,)
-    if isinstance(cell, ZeroUnitGather):
-        return cell.gather_records
-    return None
-
-
-def _recomputed(cell: nn.Cell) -> bool:
-    """``cell`` is recomputed whole in backward (it, or a Cell above it, is marked)."""
-    return has_config_recompute(cell) or is_recompute_scoped(cell)
-
-
-def _regathers(reader: nn.Cell, attr: str, gather: nn.Cell) -> bool:
-    """Whether backward runs the gather Cell ``gather``, held by ``reader`` as ``attr``, again
-    ([Note: reshard after forward] in zero3/reshard.py, [Note: dropped re-gathers])."""
-    if not (is_recompute_scoped(gather) or is_recompute_scoped(getattr(gather, "gather", gather))):
-        return False
-    if _recomputed(reader) or isinstance(gather, ZeroUnitGather):
-        return True  # the recomputed forward reads every gathered tensor; a unit's tuple is not analysed
-    return backward_reads(reader, attr)
-
-
 def network_gathers(network: nn.Cell) -> Tuple[GatherRecord, ...]:
-    """The records of the gathers that ``network``'s code calls, each gather Cell once, in ``cells()``
-    order, with ``regather`` set: the gathers that communicate, per parameter, coalesced (a layer's
-    idle wrappers left out) or a gather unit's parts. One walk; not collective."""
-    found, seen = [], {id(network)}
-
-    def walk(cell):
-        called = {id(c) for c in cell.gather_cells()} if isinstance(cell, ZeroCell) else None
-        for attr, child in child_cells(cell).items():
-            if child is None or attr == RECOMPUTE_WRAPPER or id(child) in seen:
-                continue
-            records = _records_of(child)
-            if called is not None and records is not None and id(child) not in called:
-                continue  # built, never called
-            seen.add(id(child))
-            if records is None:
-                walk(child)
-                continue
-            again = any(r.gathers for r in records) and _regathers(cell, attr, child)
-            found.extend(replace(r, regather=again) for r in records if r.gathers)
-
-    walk(network)
-    return tuple(found)
+    """The records of the gathers that ``network``'s code calls, with ``regather`` set, as the
+    ``ZeroState`` of each sharded network in it says ([Note: zero3 state] in zero3/state.py): the
+    gathers that communicate, per parameter, coalesced or a gather unit's parts. Not collective."""
+    return tuple(r for call in gather_calls(network) for r in call.records)
 
 
 def _gathers_once(plan: CommPlan, record: GatherRecord, times: int) -> None:

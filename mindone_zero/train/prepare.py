@@ -12,8 +12,9 @@ from ..core.group_alias import group_argument
 from .ema import bind_ema_to_zero, check_ema, ema_entries
 from .fusion import FusionConfig
 from ..offload.host_optimizer import offload_for
-from ..zero3.options import Stage3Options, options_of
+from ..zero3.options import Stage3Options
 from ..zero3.shard import shard_with_options
+from ..zero3.state import options_of
 from .optimizer_states import check_optimizer, find_optimizer_states, optimizer_parameters
 from ..core.materialize import materialize, restore_initializer
 from ..core.partition import check_split_rule_flag, mark_shard_flag, uneven_split_names, zero_spec_of

@@ -6,7 +6,8 @@ The keywords that say how a network is sharded (``reshard_after_forward``, ``zer
 checked in one place, ``Stage3Options.build``, called once by each public entry point that takes
 them (``shard_network``, ``prepare_network``, ``prepare_train_network``), whose name the errors
 carry. The layers below take the built object and do not check again. The network that
-``shard_network`` returns carries the options it was sharded with (``options_of``), so that
+``shard_network`` returns carries the options it was sharded with (in its ``ZeroState``, [Note:
+zero3 state] in ``state.py``; ``options_of``), so that
 ``prepare_train_network`` on an already-sharded network knows them: a keyword left at its default
 means the network's value, and a keyword given with another value than the network's raises
 (``check_same_as``) instead of being checked and then ignored (the network cannot be sharded twice). Below stage 3 only ``pad_uneven_params``
@@ -14,7 +15,7 @@ acts (the optimizer's shards follow the same split rule); ``zeropp`` and ``gathe
 """
 from dataclasses import dataclass, fields
 from types import MappingProxyType
-from typing import List, Mapping, Optional, Tuple
+from typing import Mapping, Optional, Tuple
 
 import mindspore as ms
 from mindspore import nn
@@ -24,10 +25,7 @@ from ..core.partition import check_split_rule_flag
 from ..core.quantize import check_block_size
 from .zeropp import ZeroPPConfig
 
-__all__ = ["Stage3Options", "options_of", "mark_options"]
-
-# The attribute of the top Cell of a sharded network holding its Stage3Options.
-_OPTIONS_ATTR = "zero3_options"
+__all__ = ["Stage3Options"]
 
 
 @dataclass(frozen=True)
@@ -95,22 +93,6 @@ class Stage3Options:
                 f"For '{where}', the network was already sharded (by prepare_network or shard_network) with other "
                 f"options than the ones given here: {pairs}. Pass the same values, or leave them out to keep the "
                 f"network's.")
-
-
-def mark_options(network: nn.Cell, options: Stage3Options) -> None:
-    """Record on ``network``, the top Cell ``shard_network`` returns, the options it was sharded with."""
-    object.__setattr__(network, _OPTIONS_ATTR, options)
-
-
-def options_of(network: nn.Cell) -> List[Stage3Options]:
-    """The distinct ``Stage3Options`` the parts of ``network`` were sharded with by ``shard_network``
-    (one, usually; a loss Cell around a sharded network finds its child's); [] when none was."""
-    found = []
-    for _, cell in network.cells_and_names():
-        options = cell.__dict__.get(_OPTIONS_ATTR)
-        if options is not None and options not in found:
-            found.append(options)
-    return found
 
 
 def _shown(value):

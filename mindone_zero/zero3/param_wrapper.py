@@ -5,15 +5,20 @@
 the full tensor in forward and, in its custom ``bprop``, reduce-scatters the gradient back to the
 shard's shape (mean over the group). All communication goes through ``mindone_zero.core.comm``.
 
-Which parameters are sharded (DESIGN section 3):
+Which parameters are sharded ([Note: split rule] in ``mindone_zero/core/partition.py``):
 
-* trainable (``requires_grad``), ``ndim >= 1`` and not opted out with
-  ``param.parallel_optimizer = False``: split along dim 0, zero-padded per [Note: padding] in
-  ``mindone_zero/core/partition.py``; ``param.zero_spec`` is a ``ShardSpec`` with ``split=True``;
-* trainable but 0-d or opted out: kept whole; ``param.zero_spec`` has ``split=False`` and the
-  gradient the network produces for it is local (the train wrapper all-reduces it);
+* trainable (``requires_grad``), ``ndim >= 1``, not opted out with ``param.parallel_optimizer =
+  False``, and dim 0 divisible by the group size (MindOne's rule; with the padded rule,
+  ``pad_uneven=True``, every such parameter, zero-padded per [Note: padding]): split along dim 0;
+  ``param.zero_spec`` is a ``ShardSpec`` with ``split=True``;
+* trainable but 0-d, opted out, or (MindOne's rule) with a dim 0 that does not divide: kept whole;
+  ``param.zero_spec`` has ``split=False`` and the gradient the network produces for it is local
+  (the train wrapper all-reduces it);
 * not trainable (``requires_grad=False``, e.g. BatchNorm moving statistics, which the forward
   pass updates in place and so cannot live as shards): untouched, no ``zero_spec``.
+
+A trainable parameter also carries ``param.zero_param``, its ``ZeroParam`` record: the spec and the
+ZeRO++ options its gathers use ([Note: ZeRO++ at build]).
 
 [Note: gather order]
 A stage-3 gather depends only on its shard Parameter, so a device scheduler may start every gather
@@ -46,19 +51,17 @@ tests/dist/test_gather_units.py the all-gathers' inputs at N=2).
 
 [Note: ZeRO++ at build]
 ZeRO++'s qwZ and qgZ are options of each parameter's gather (``_GatherShard``), so a wrapper is
-built with them: ``shard_network`` builds every wrapper (those of the layer Cells it builds, of
-the generic rewrite, of a user's MindOne-style class calling ``ZeroParamWrapper`` without knowing
-of ZeRO++) inside ``zeropp_scope(zeropp)``, as it scopes the split rule (``padded_split_rule`` in
-``partition.py``). A gather with ZeRO++ options is never coalesced (``build_gather_group`` in
-``coalesce.py``), so a layer Cell built in the scope decides at build time to gather per
-parameter. hpZ is added afterwards (``enable_zeropp``), to the wrappers that end up in a recomputed
-region. A layer the user built before calling ``shard_network`` was built without the options:
-``apply_zeropp`` (``reshard.py``) gives its wrappers their ZeRO++ gather and turns its coalescing
-off.
+built with them, from the parameter's record: ``shard_network`` shards every parameter first, in
+the network's order, and stamps its ``ZeroParam`` (spec and ZeRO++ options) on it before any layer
+Cell is built, so the wrappers of the layer Cells it builds, of the generic rewrite and of a user's
+MindOne-style class calling ``ZeroParamWrapper`` without knowing of ZeRO++ all read the options
+there. A gather with ZeRO++ options is never coalesced (``build_gather_group`` in ``coalesce.py``),
+so a layer Cell decides at build time to gather per parameter. hpZ is added afterwards
+(``enable_zeropp``), to the wrappers that end up in a recomputed region. A layer the user built
+before calling ``shard_network`` was built without the options: ``apply_zeropp`` (``reshard.py``)
+gives its wrappers their ZeRO++ gather and turns its coalescing off.
 """
-import contextlib
-import contextvars
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from typing import Optional
 
 import numpy as np
@@ -71,14 +74,16 @@ from ..core.comm_records import GatherRecord
 from ..core.quantize import block_layout
 from ..core.packing import ITEMSIZE
 from ..core.materialize import block_of, materialize, set_value
-from ..core.partition import ShardSpec, set_zero_spec, splits_over, zero_spec_of
+from ..core.partition import ShardSpec, check_split_rule_flag, set_zero_spec, splits_over, zero_spec_of
 from ..core.run_mode import in_pynative
 from ..core.slicing import copy_slice
 from ..core.stage import StagePolicy, check_stage
+from .zeropp import ZeroPPConfig
 
 __all__ = [
     "ZeroParamWrapper", "shard_parameter", "compute_dtype_of", "gather_attr_name",
-    "check_group", "check_compute_dtype", "GATHER_SUFFIX", "zeropp_scope", "after_grad", "Waiting",
+    "check_group", "check_compute_dtype", "GATHER_SUFFIX", "after_grad", "Waiting", "ZeroParam", "zero_param_of",
+    "gathers_split",
 ]
 
 GATHER_SUFFIX = "_zero_gather"
@@ -105,9 +110,6 @@ def _after_grad_none(after):
 @after_grad.register("Number")
 def _after_grad_other(after):
     return zeros_like(after)
-
-
-_ZEROPP = contextvars.ContextVar("mindone_zero_zeropp", default=None)
 
 
 class Waiting(nn.Cell):
@@ -146,34 +148,48 @@ class _ShardWaiting(Waiting):
         return self.base.shard_grad(dout), after_grad(after)
 
 
-@contextlib.contextmanager
-def zeropp_scope(zeropp):
-    """Build every ``ZeroParamWrapper`` of the block with the ZeRO++ options ``zeropp`` (a checked
-    ``ZeroPPConfig``, or None for none); see [Note: ZeRO++ at build]. Not collective."""
-    token = _ZEROPP.set(zeropp)
-    try:
-        yield
-    finally:
-        _ZEROPP.reset(token)
-
-
 def gather_attr_name(param_attr: str) -> str:
     """Attribute under which a Cell keeps the gather wrapper of its parameter ``param_attr``."""
     return param_attr + GATHER_SUFFIX
 
 
-def shard_parameter(param: Parameter, group: Optional[str] = None) -> ShardSpec:
-    """Shard ``param`` in place over ``group`` (if the split rule in scope splits it: [Note: split
-    rule] in ``mindone_zero/core/partition.py``) and return its layout.
+ZERO_PARAM_ATTR = "zero_param"
+
+
+@dataclass(frozen=True)
+class ZeroParam:
+    """What ZeRO-3 decided for one trainable Parameter, stamped on it as ``param.zero_param`` when
+    it is sharded (``shard_parameter``): every gather built for it reads this record ([Note: ZeRO++
+    at build]), so options travel with the parameter, not beside the calls.
+
+    Attributes:
+        spec (ShardSpec): its layout (also ``param.zero_spec``, for users and MindOne's callers).
+        zeropp (ZeroPPConfig): the ZeRO++ options of its gathers (qwZ, qgZ, hpZ's group), or None.
+    """
+
+    spec: ShardSpec
+    zeropp: Optional[ZeroPPConfig] = None
+
+
+def zero_param_of(param) -> Optional[ZeroParam]:
+    """``param``'s ``ZeroParam`` record, or None for a parameter ZeRO-3 has not sharded."""
+    return getattr(param, ZERO_PARAM_ATTR, None)
+
+
+def shard_parameter(param: Parameter, group: Optional[str] = None, pad_uneven: bool = False,
+                    zeropp: Optional[ZeroPPConfig] = None) -> ShardSpec:
+    """Shard ``param`` in place over ``group`` (if the split rule splits it: [Note: split rule] in
+    ``mindone_zero/core/partition.py``) and return its layout.
 
     The same Parameter object keeps its name; its data becomes this rank's padded block
-    (``ShardSpec.shard_shape``) and ``param.zero_spec`` records the layout. A trainable parameter
-    that stays whole also gets a ``zero_spec`` (``split=False``). A non-trainable parameter gets no
-    ``zero_spec``; the returned spec then has ``split=False``. A parameter built without data
+    (``ShardSpec.shard_shape``), ``param.zero_spec`` records the layout and ``param.zero_param``
+    the ``ZeroParam`` record its gathers are built from (the layout and ``zeropp``). A trainable
+    parameter that stays whole also gets them (``split=False``). A non-trainable parameter gets
+    neither; the returned spec then has ``split=False``. A parameter built without data
     (``no_init_parameters``) runs its initializer here, one tensor at a time ([Note: delayed
     initialisation] in ``mindone_zero/core/materialize.py``).
 
-    Idempotent: a parameter that already has a ``zero_spec`` is not cut again.
+    Idempotent: a parameter that already has a ``zero_spec`` is not cut again (and keeps its record).
 
     Not collective: every rank cuts its own copy, so ranks that started from different random
     initial values still end with one consistent set of blocks (block r comes from rank r).
@@ -181,12 +197,16 @@ def shard_parameter(param: Parameter, group: Optional[str] = None) -> ShardSpec:
     Args:
         param (Parameter): the Parameter to shard.
         group (str): communication group name; None means the world group.
+        pad_uneven (bool): the padded split rule (split a dim 0 that does not divide too, zero-padded);
+            False (default): MindOne's rule.
+        zeropp (ZeroPPConfig): the ZeRO++ options of the parameter's gathers; None (default): none.
 
     Returns:
         ShardSpec: the layout of ``param``.
 
     Raises:
-        TypeError: if ``param`` is not a Parameter.
+        TypeError: if ``param`` is not a Parameter, ``pad_uneven`` not a bool, or ``zeropp`` not a
+            ``ZeroPPConfig`` or None.
         ValueError: if ``param`` was already sharded over a group of another size.
 
     Examples:
@@ -198,11 +218,15 @@ def shard_parameter(param: Parameter, group: Optional[str] = None) -> ShardSpec:
         >>> spec = shard_parameter(w)   # one process: the block is the whole tensor
         >>> spec.split, spec.shape, spec.shard_shape, w.zero_spec is spec
         (True, (6, 4), (6, 4), True)
-        >>> shard_parameter(w) is w.zero_spec   # idempotent
+        >>> shard_parameter(w) is w.zero_spec is w.zero_param.spec   # idempotent
         True
     """
     if not isinstance(param, Parameter):
         raise TypeError(f"For 'shard_parameter', the argument 'param' must be a Parameter, but got {type(param)}.")
+    check_split_rule_flag("shard_parameter", "pad_uneven", pad_uneven)
+    if zeropp is not None and not isinstance(zeropp, ZeroPPConfig):
+        raise TypeError(f"For 'shard_parameter', the argument 'zeropp' must be None or a ZeroPPConfig, but got "
+                        f"{zeropp!r}.")
     size, rank = group_size_and_rank(group)
     spec = zero_spec_of(param)
     if spec is not None:
@@ -212,7 +236,7 @@ def shard_parameter(param: Parameter, group: Optional[str] = None) -> ShardSpec:
                 f"ranks, but the argument 'group' ({group or world_group()!r}) has {size} ranks."
             )
         return spec
-    spec = ShardSpec(param.name, tuple(param.shape), size, rank, splits_over(param, size))
+    spec = ShardSpec(param.name, tuple(param.shape), size, rank, splits_over(param, size, pad_uneven))
     # One parameter at a time, in the network's order ([Note: delayed initialisation] in core/materialize.py)
     if spec.split:
         set_value(param, block_of(param, spec))
@@ -220,6 +244,7 @@ def shard_parameter(param: Parameter, group: Optional[str] = None) -> ShardSpec:
         materialize(param)
     if param.requires_grad:
         set_zero_spec(param, spec)
+        setattr(param, ZERO_PARAM_ATTR, ZeroParam(spec, zeropp))
     return spec
 
 
@@ -374,7 +399,8 @@ class ZeroParamWrapper(nn.Cell):
             spec = shard_parameter(param, group)
             self.is_split = spec.split
             self.param_name = spec.name  # the name it was sharded under, as ZeroHelper and CommPlan know it
-            self.gather = _GatherShard(spec, param.dtype, group, compute_dtype, _ZEROPP.get())
+            record = zero_param_of(param)  # [Note: ZeRO++ at build]
+            self.gather = _GatherShard(spec, param.dtype, group, compute_dtype, record and record.zeropp)
             # its own ([Note: comm records]): its gather Cell may be shared ([Note: shared gather graphs])
             self.gather_record = self.gather.record
             self.shard_shape = tuple(spec.shard_shape)
@@ -418,6 +444,12 @@ class ZeroParamWrapper(nn.Cell):
             self.hpz_secondary = _HpzSecondary(self.gather, self.gather_record.hpz_group)
             self.hpz = True
 
+
+
+def gathers_split(cell: nn.Cell) -> bool:
+    """Whether ``cell`` is a gather wrapper that all-gathers (a split parameter over 2+ ranks)."""
+    gather = getattr(cell, "gather", None) if isinstance(cell, ZeroParamWrapper) else None
+    return gather is not None and gather.gathers
 
 def _gather_record(spec: ShardSpec, param_dtype, group: Optional[str], compute_dtype, zeropp) -> GatherRecord:
     """The record a parameter's gather is built from ([Note: comm records] in core/comm_records.py)."""
@@ -522,9 +554,10 @@ class _GatherShard(nn.Cell):
 
 
 # [Note: hpZ]
-# ZeRO++'s hierarchical partitioning, built on [Note: reshard after forward] (parallel_modules/
-# reshard.py): the Cell that reads a gathered parameter is recomputed in backward. With hpZ the
-# gather is split in two Cells inside that recomputed region:
+# ZeRO++'s hierarchical partitioning, built on [Note: reshard after forward] (mindone_zero/zero3/
+# reshard.py): a gather wrapper inside a recomputed region (its collective marked for
+# recomputation, or its reader recomputed whole) gathers again in backward. With hpZ the gather is
+# split in two Cells inside that region:
 #   _HpzPrimary(shard) -> secondary shard: the all-gather over the shard group (quantized with
 #       qwZ), then a cut of rows [j R2, (j+1) R2) of the padded tensor, j this rank's index in the
 #       secondary group of K ranks and R2 = padded rows / K. The cut is a Slice primitive marked

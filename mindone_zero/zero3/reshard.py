@@ -62,25 +62,10 @@ from ..core.ms_internals import RECOMPUTE_WRAPPER, child_cells, has_config_recom
 from .carry import is_recompute_scoped, spread_recompute_scope
 from .coalesce import ZeroGatherGroup
 from .direct_reads import INDIRECT_ATTR, gather_attrs, source_indirect_reads
-from .param_wrapper import ZeroParamWrapper
-from .units import ZeroUnitGather, unit_gathers
+from .param_wrapper import ZeroParamWrapper, gathers_split
+from .units import ZeroUnitGather
 
-__all__ = ["mark_reshard_after_forward", "describe_recomputed", "regathered_param_names", "gathers_split",
-           "apply_zeropp", "zeropp_wrappers", "coalesced_groups"]
-
-
-def gathers_split(cell: nn.Cell) -> bool:
-    """Whether ``cell`` is a gather wrapper that all-gathers (a split parameter over 2+ ranks)."""
-    gather = getattr(cell, "gather", None) if isinstance(cell, ZeroParamWrapper) else None
-    return gather is not None and gather.gathers
-
-
-
-
-def _regathers(wrapper: ZeroParamWrapper) -> bool:
-    """Whether a gathering wrapper's collective runs again in backward (it, or only its gather, is
-    recomputed: [Note: the collective alone is recomputed])."""
-    return is_recompute_scoped(wrapper) or is_recompute_scoped(wrapper.gather)
+__all__ = ["mark_reshard_after_forward", "describe_recomputed", "apply_zeropp"]
 
 
 def _recompute_marked(cell: nn.Cell) -> bool:
@@ -204,18 +189,6 @@ def describe_recomputed(found: List[Tuple[str, nn.Cell, List[str], bool]]) -> Li
             f"{'; '.join(reasons)}" for path, cell, reasons, whole in found]
 
 
-def regathered_param_names(network: nn.Cell) -> List[str]:
-    """Names of the split parameters gathered again in backward: those with a gather wrapper inside
-    a recomputed region (marked by ``reshard_after_forward`` or by the user). Not collective."""
-    names = []
-    for _, cell in network.cells_and_names():
-        if gathers_split(cell) and _regathers(cell) and cell.param_name not in names:
-            names.append(cell.param_name)
-        if isinstance(cell, ZeroUnitGather) and is_recompute_scoped(cell):
-            names += [name for name in cell.gathered_names() if name not in names]
-    return names
-
-
 def apply_zeropp(network: nn.Cell, zeropp) -> None:
     """Finish the ZeRO++ options ``zeropp`` (a checked ``ZeroPPConfig``) on every gather wrapper that
     all-gathers: with hpZ, the wrappers inside a recomputed region split their gather for the
@@ -224,34 +197,9 @@ def apply_zeropp(network: nn.Cell, zeropp) -> None:
     ``mark_reshard_after_forward``. Not collective."""
     seen = set()
     for _, cell in network.cells_and_names():
-        if getattr(cell, "zero_coalesce", False):  # a layer built outside zeropp_scope: gather per parameter
+        if getattr(cell, "zero_coalesce", False):  # a layer built before shard_network: gather per parameter
             cell.zero_coalesce = False
         if gathers_split(cell) and id(cell) not in seen:
             seen.add(id(cell))
             cell.enable_zeropp(zeropp, hpz=zeropp.hpz_group is not None and is_recompute_scoped(cell))
     spread_recompute_scope(network)
-
-
-def zeropp_wrappers(network: nn.Cell) -> dict:
-    """``{parameter name: gather wrapper}`` of the parameters gathered with ZeRO++ options. Not collective."""
-    found = {}
-    for _, cell in network.cells_and_names():
-        if gathers_split(cell) and cell.gather.zeropp is not None:
-            found.setdefault(cell.param_name, cell)
-    return found
-
-
-def coalesced_groups(network: nn.Cell) -> list:
-    """The ``ZeroGatherGroup`` Cells ``network`` calls ([Note: coalesced gathers] in
-    ``coalesce.py``), those of gather units included ([Note: gather units] in ``units.py``), each
-    once. Not collective."""
-    groups, seen = [], set()
-    for _, cell in network.cells_and_names():
-        group = getattr(cell, "zero_gather_group", None) if getattr(cell, "zero_coalesce", False) else None
-        if group is not None and id(group) not in seen:
-            seen.add(id(group))
-            groups.append(group)
-    for unit in unit_gathers(network):  # [Note: gather units]: one group per gather setting
-        groups += [g for g in unit.groups() if id(g) not in seen]
-        seen.update(id(g) for g in unit.groups())
-    return groups

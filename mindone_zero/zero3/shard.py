@@ -9,24 +9,23 @@ from mindspore.communication import GlobalComm
 from ..core.comm import group_size_and_rank, world_group
 from ..core.ms_internals import child_cells, has_config_recompute, set_child
 from ..core.packing import itemsize_of
-from ..core.partition import (WHOLE_WARN_SHARE, is_split_candidate, padded_split_rule, splits_over, whole_candidates,
-                              zero_spec_of)
+from ..core.partition import WHOLE_WARN_SHARE, is_split_candidate, splits_over, whole_candidates, zero_spec_of
 
 from .carry import (carry_hooks, check_carryable, is_recompute_scoped, reapply_recompute, recompute_options,
                     spread_recompute_scope)
 from .layers import PARALLEL_MODULES, ZeroCell
-from .options import Stage3Options, mark_options
-from .param_wrapper import ZeroParamWrapper, compute_dtype_of, shard_parameter, zeropp_scope
+from .options import Stage3Options
+from .param_wrapper import ZeroParamWrapper, compute_dtype_of, shard_parameter
 from .direct_reads import record_rewritten_reads
 from .reshard import apply_zeropp, describe_recomputed, mark_reshard_after_forward
 from .rewrite import apply_rewrites, plan_rewrites
 from .shared_graphs import share_gather_graphs
+from .state import STATE_ATTR, ZeroState, gather_calls, zero_states
 from .units import attach_unit_gathers, find_units
 
-__all__ = ["shard_network", "shard_with_options", "recomputed_cells", "RECOMPUTED_ATTR"]
+__all__ = ["shard_network", "shard_with_options", "recomputed_cells"]
 
 _logger = logging.getLogger(__name__)
-RECOMPUTED_ATTR = "zero3_recomputed_cells"
 
 
 def recomputed_cells(network: nn.Cell) -> tuple:
@@ -65,7 +64,7 @@ def recomputed_cells(network: nn.Cell) -> tuple:
         0 (Block) recomputed whole: PYNATIVE_MODE: re-gathering a te
         1 (Block) recomputed whole: PYNATIVE_MODE: re-gathering a te
     """
-    return getattr(network, RECOMPUTED_ATTR, ())
+    return tuple(line for state in zero_states(network) for line in state.recomputed)
 
 
 # [Note: how shard_network rewrites]
@@ -209,15 +208,11 @@ def shard_with_options(network: nn.Cell, group: Optional[str], options: Stage3Op
             are not checked again).
     """
     match = _check_args(network, group, options)
-    # [Note: ZeRO++ at build] in param_wrapper.py
-    with padded_split_rule(options.pad_uneven_params), zeropp_scope(options.zeropp):
-        network = _shard(network, group, match, options)
-    mark_options(network, options)
-    return network
+    return _shard(network, group, match, options)
 
 
 def _shard(network, group, match, options: Stage3Options):
-    """``shard_network`` after its checks, under the split rule in scope."""
+    """``shard_network`` after its checks."""
     reshard_after_forward = options.reshard_after_forward
     units = find_units(network, options.gather_units) if options.gather_units else {}
     if units:
@@ -226,15 +221,17 @@ def _shard(network, group, match, options: Stage3Options):
     recomputed = _recompute_records(network, replaced)
     trainable = [p for _, p in network.parameters_and_names() if p.requires_grad]
     size = group_size_and_rank(group)[0]
-    split_ids = {id(p) for p in trainable if splits_over(p, size)}
+    split_ids = {id(p) for p in trainable if splits_over(p, size, options.pad_uneven_params)}
 
     def skip(cell):
         return id(cell) in replaced or getattr(cell, "zero3_gathers_itself", False)
 
     plans = plan_rewrites(network, split_ids, skip, units)
+    # Every parameter first, in the network's order ([Note: delayed initialisation]), with its record,
+    # before any layer Cell is built ([Note: ZeRO++ at build] in param_wrapper.py).
+    for _, param in network.parameters_and_names():
+        shard_parameter(param, group, options.pad_uneven_params, options.zeropp)
     network, new_cells = _replace_cells(network, match, group)
-    for _, param in network.parameters_and_names():  # every one, in order: [Note: delayed initialisation]
-        shard_parameter(param, group)
     _warn_whole(trainable, size)
     wrappers = {}
 
@@ -252,13 +249,15 @@ def _shard(network, group, match, options: Stage3Options):
                         lambda param, dtype: ZeroParamWrapper(param, group, dtype).gather)
     _restore_recompute(recomputed, new_cells)
     spread_recompute_scope(network)
+    found = []
     if reshard_after_forward:
         found = mark_reshard_after_forward(network, zeropp=options.zeropp is not None)
-        object.__setattr__(network, RECOMPUTED_ATTR, tuple(describe_recomputed(found)))
         _warn_recomputed(found)
     if options.zeropp is not None:
         apply_zeropp(network, options.zeropp)
     share_gather_graphs(network)  # last: after marking ([Note: shared gather graphs] in shared_graphs.py)
+    state = ZeroState(options, tuple(gather_calls(network)), tuple(describe_recomputed(found)))
+    object.__setattr__(network, STATE_ATTR, state)  # [Note: zero3 state] in state.py
     return network
 
 

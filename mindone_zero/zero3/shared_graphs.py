@@ -31,7 +31,7 @@ from mindspore import nn
 
 from ..core.ms_internals import RECOMPUTE_WRAPPER, has_config_recompute, recompute_scope
 from .coalesce import ZeroGatherGroup
-from .reshard import gathers_split
+from .param_wrapper import gathers_split
 
 __all__ = ["share_gather_graphs"]
 

@@ -79,7 +79,7 @@ from ..core.ms_internals import RECOMPUTE_WRAPPER, child_cells, own_params
 from .coalesce import COALESCE_MAX_BYTES, ZeroGatherGroup, gather_settings, gathered_nbytes
 
 __all__ = ["GatherUnit", "ZeroUnitGather", "UNIT_ARG", "UNIT_GATHER_ATTR", "find_units",
-           "attach_unit_gathers", "unit_gathers"]
+           "attach_unit_gathers"]
 
 UNIT_ARG = "zero3_unit"
 UNIT_GATHER_ATTR = "zero3_unit_gather"
@@ -311,13 +311,3 @@ def attach_unit_gathers(units: List[GatherUnit], make_gather) -> None:
         if unit.elements:
             gathers = [make_gather(p, dtype) for p, dtype in unit.elements]
             setattr(unit.root, UNIT_GATHER_ATTR, ZeroUnitGather(unit.path, gathers))
-
-
-def unit_gathers(network: nn.Cell) -> List[ZeroUnitGather]:
-    """The ``ZeroUnitGather`` Cells of ``network``, each once. Not collective."""
-    found, seen = [], set()
-    for _, cell in network.cells_and_names():
-        if isinstance(cell, ZeroUnitGather) and id(cell) not in seen:
-            seen.add(id(cell))
-            found.append(cell)
-    return found

@@ -10,7 +10,7 @@ from mindspore import Parameter, Tensor
 from mindone_zero.core.comm_records import GatherRecord
 from mindone_zero.core.partition import ShardSpec
 from mindone_zero.zero3.coalesce import COALESCE_MAX_BYTES, build_gather_group
-from mindone_zero.zero3.param_wrapper import ZeroParamWrapper, zeropp_scope
+from mindone_zero.zero3.param_wrapper import ZeroParamWrapper, shard_parameter
 from mindone_zero.zero3.zeropp import ZeroPPConfig
 
 
@@ -35,12 +35,12 @@ def test_wrappers_that_cannot_share_a_collective_are_not_coalesced(wrappers):
     assert build_gather_group(wrappers) is None
 
 
-def test_wrappers_built_in_zeropp_scope_carry_the_options_from_the_start():
-    """[Note: ZeRO++ at build]: the gather is built with the options (so no group is built to be
-    switched off); outside the scope, and after it, wrappers have none."""
+def test_wrappers_read_the_zeropp_options_from_their_parameter_record():
+    """[Note: ZeRO++ at build]: a wrapper's gather is built with the options of its parameter's record
+    (so no group is built to be switched off); a parameter sharded without them has none."""
     config = ZeroPPConfig(quantize_weights=True)
-    with zeropp_scope(config):
-        inside = ZeroParamWrapper(Parameter(Tensor(np.ones((4, 2), np.float32)), name="inside"))
-    after = ZeroParamWrapper(Parameter(Tensor(np.ones((4, 2), np.float32)), name="after"))
-    assert inside.gather.zeropp is config
-    assert after.gather.zeropp is None
+    with_options, without = (Parameter(Tensor(np.ones((4, 2), np.float32)), name=name) for name in ("with", "without"))
+    shard_parameter(with_options, zeropp=config)
+    assert with_options.zero_param.zeropp is config and without.__dict__.get("zero_param") is None
+    assert ZeroParamWrapper(with_options).gather.zeropp is config
+    assert ZeroParamWrapper(without).gather.zeropp is None

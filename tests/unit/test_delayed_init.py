@@ -267,3 +267,31 @@ def test_copies_made_after_the_block_stay_unmaterialized(how):
     assert type(source) is _plain_class()  # materialized: a plain Parameter again, copied as MindSpore does
     np.testing.assert_array_equal(copy.deepcopy(source).asnumpy(), eager)
     np.testing.assert_array_equal(source.asnumpy(), eager)
+
+
+class _Ordered(nn.Cell):
+    """A parameter the generic rewrite gathers, before a layer that is replaced, in the network's order."""
+
+    def __init__(self):
+        super().__init__()
+        self.w = Parameter(inits.initializer(inits.Normal(0.2), (4,), ms.float32), name="w")
+        self.dense = nn.Dense(4, 3)
+
+    def construct(self, x):
+        return self.dense(x * self.w)
+
+
+def test_shard_network_materializes_in_the_networks_order():
+    """Without ``sharded_init``'s per-parameter state a parameter built under ``no_init_parameters``
+    draws when it is materialized; ``shard_network`` cuts every parameter first, in the network's
+    order ([Note: delayed initialisation]), so the draws are those of the eager build."""
+    from parallel_modules import shard_network
+
+    np.random.seed(3)
+    eager = {p.name: p.asnumpy().copy() for p in _Ordered().get_parameters()}
+    np.random.seed(3)
+    with no_init_parameters():
+        net = _Ordered()
+    net = shard_network(net)
+    assert sorted(eager) == sorted(p.name for p in net.get_parameters())
+    assert all(np.array_equal(p.asnumpy(), eager[p.name]) for p in net.get_parameters())

@@ -197,16 +197,12 @@ class _P:
 ])
 def test_split_rule_mindone_by_default_padded_on_request(shape, n, mindone, padded):
     """[Note: split rule]: by default only a dim 0 that divides by N is split (MindOne's rule)."""
-    from mindone_zero.core.partition import padded_split_rule, splits_over
+    from mindone_zero.core.partition import splits_over
 
     p = _P(shape)
     assert splits_over(p, n) is mindone
     assert splits_over(p, n, pad_uneven=True) is padded
     assert splits_over(p, n, pad_uneven=False) is mindone
-    with padded_split_rule(True):
-        assert splits_over(p, n) is padded
-        assert splits_over(p, n, pad_uneven=False) is mindone
-    assert splits_over(p, n) is mindone  # the scope ends with the block
 
 
 @pytest.mark.parametrize("p", [_P((8,), requires_grad=False), _P((8,), parallel_optimizer=False)])

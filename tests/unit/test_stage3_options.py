@@ -15,7 +15,8 @@ from mindone_zero import ZeroPPConfig, prepare_network, prepare_train_network
 from mindone_zero.core.partition import zero_spec_of
 from mindone_zero.train.fusion import FusionConfig
 from mindone_zero.zero3 import options as options_module
-from mindone_zero.zero3.options import Stage3Options, options_of
+from mindone_zero.zero3.options import Stage3Options
+from mindone_zero.zero3.state import options_of
 
 ms.set_device("CPU")
 

@@ -40,8 +40,8 @@ from mindone_zero.core.comm_plan import PlanContext  # noqa: E402
 from mindone_zero.train.comm_accounting import step_plan  # noqa: E402
 from mindone_zero.zero3 import shard as shard_module  # noqa: E402
 from mindone_zero.zero3.coalesce import ZeroGatherGroup  # noqa: E402
-from mindone_zero.zero3.reshard import gathers_split  # noqa: E402
-from mindone_zero.zero3.units import unit_gathers  # noqa: E402
+from mindone_zero.zero3.param_wrapper import gathers_split  # noqa: E402
+from mindone_zero.zero3.state import unit_gathers  # noqa: E402
 from parallel_modules import Dense, shard_network  # noqa: E402
 from tools.lm_model import Block, LMLoss, TransformerLM, build_lm, init_lm_weights, reversal_batch  # noqa: E402
 

@@ -35,7 +35,7 @@ from mindone_zero import create_hybrid_groups, gather_full_params, prepare_train
 from mindone_zero.core.comm import init_data_parallel, world_group  # noqa: E402
 from mindone_zero.memory.measure import hpz_secondary_bytes  # noqa: E402
 from mindone_zero.core.quantize import quantize_blocks  # noqa: E402
-from mindone_zero.zero3.reshard import zeropp_wrappers  # noqa: E402
+from mindone_zero.zero3.state import zeropp_wrappers  # noqa: E402
 from tests.models import LossNet, TinyNet, init_weights, micro_batch  # noqa: E402
 from tests.msrun_harness import worker_args  # noqa: E402
 from tools.lm_model import LMLoss, build_lm, init_lm_weights, reversal_batch  # noqa: E402
