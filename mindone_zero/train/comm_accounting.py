@@ -14,6 +14,7 @@ from mindspore import nn
 from ..core.comm_plan import CommPlan, PlanContext
 from ..core.comm_records import BucketRecord, GatherRecord, TrainCommRecord
 from ..core.ms_internals import RECOMPUTE_WRAPPER, child_cells, has_config_recompute
+from ..core.partition import zero_spec_of
 from ..zero3.backward_reads import backward_reads
 from ..zero3.carry import is_recompute_scoped
 from ..zero3.coalesce import ZeroGatherGroup
@@ -21,7 +22,7 @@ from ..zero3.layers import ZeroCell
 from ..zero3.param_wrapper import ZeroParamWrapper
 from ..zero3.units import ZeroUnitGather
 
-__all__ = ["step_plan", "network_gathers", "add_gather", "add_hpz_secondary", "add_reduce_scatter", "add_buckets",
+__all__ = ["step_plan", "network_gathers", "param_gathers", "add_gather", "add_hpz_secondary", "add_reduce_scatter", "add_buckets",
            "add_overflow_flags", "add_clip_norm", "add_offload_agreement"]
 
 
@@ -74,6 +75,21 @@ def network_gathers(network: nn.Cell) -> Tuple[GatherRecord, ...]:
 
     walk(network)
     return tuple(found)
+
+
+def param_gathers(gathers: Iterable[GatherRecord], params, specs) -> list:
+    """``TrainOneStepWrapper.param_gathers``: for each of ``params`` (laid out as ``specs``), whether
+    backward gathers it again and the index of the coalesced gather it shares, from the network's
+    ``gathers`` (``network_gathers``). Not collective."""
+    regathered = {name for r in gathers if r.regather for name in r.members}
+    coalesced = [r for r in gathers if r.kind in ("coalesced", "unit_part")]
+    groups = {name: i for i, r in enumerate(coalesced) for name in r.members}
+    out = []
+    for p, spec in zip(params, specs):
+        name = getattr(zero_spec_of(p), "name", None)
+        out.append({"name": p.name, "regathered": bool(spec.split and name in regathered),
+                    "coalesced": groups.get(name)})
+    return out
 
 
 def _gathers_once(plan: CommPlan, record: GatherRecord, times: int) -> None:

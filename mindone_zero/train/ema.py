@@ -149,15 +149,18 @@ def _copy_of(param: Parameter, source: Parameter, spec: Optional[ShardSpec]) -> 
     set_value(param, value)
 
 
-def bind_ema_to_zero(ema, zero_helper, shard_ema: bool = False) -> List[ShardSpec]:
-    """Bind ``ema`` to ``zero_helper``'s layout ([Note: ZeRO EMA]) and give it in-place swaps
+def bind_ema_to_zero(ema, plan, shards, comm=None, shard_ema: bool = False) -> List[ShardSpec]:
+    """Bind ``ema`` to the train network's layout ([Note: ZeRO EMA]) and give it in-place swaps
     ([Note: in-place swaps]); not collective.
 
     Call once, before the train network is compiled, at any stage.
 
     Args:
         ema: an EMA with MindOne's interface ([Note: EMA interface]).
-        zero_helper: the train network's ``ZeroHelper``.
+        plan (TrainPlan): the layout of the optimizer's parameters ([Note: train records] in train_plan.py).
+        shards (OptimizerShards): what the optimizer updates.
+        comm (GroupComm): the optimizer parallel group's, for ``swap_before_eval``'s all-gather (None
+            outside data parallelism).
         shard_ema: stages 1-2: keep 1/N of the EMA (the master shards'), making
             ``swap_before_eval`` collective. Stages 0 and 3 ignore it.
 
@@ -169,14 +172,14 @@ def bind_ema_to_zero(ema, zero_helper, shard_ema: bool = False) -> List[ShardSpe
     """
     network = list(ema.net_weight)
     caches = _aligned_swap_cache(ema, len(network))
-    by_id = {id(p): i for i, p in enumerate(zero_helper.params)}
-    n, r = max(zero_helper.op_size, 1), zero_helper.op_rank
-    policy = zero_helper.policy
+    by_id = {id(p): i for i, p in enumerate(shards.params)}
+    n, r = max(plan.op.size, 1), plan.op.rank
+    policy = plan.policy
     sharded_here = policy.shards_params or (policy.uses_masters and shard_ema)
     sources, specs, split, gather, rows = [], [], [], [], []
     for k, (w, e) in enumerate(zip(network, ema.ema_weight)):
         i = by_id.get(id(w))
-        spec = zero_helper.specs[i] if i is not None else None
+        spec = plan.specs[i] if i is not None else None
         full = tuple(spec.shape) if spec is not None else tuple(w.shape)
         if tuple(e.shape) not in (full, tuple(w.shape)):
             raise ValueError(
@@ -190,11 +193,10 @@ def bind_ema_to_zero(ema, zero_helper, shard_ema: bool = False) -> List[ShardSpe
             elif is_split:
                 _cut(p, spec)
             specs.append(ShardSpec(p.name, full, n, r, is_split))
-        sources.append(zero_helper.opt_params[i] if is_split else w)
+        sources.append(shards.opt_params[i] if is_split else w)
         split.append(is_split)
         gather.append(is_split and not policy.shards_params)
         rows.append(full[0] if full else 0)
-    comm = getattr(zero_helper, "op_comm", None)
     ema.net_weight = ParameterTuple(sources)
     ema.__dict__["_zero_binding"] = _ZeroBinding(network, split, gather, rows, comm)
     if not isinstance(ema, _InPlaceSwap):

@@ -266,7 +266,7 @@ def test_op_group_is_the_group_zero_helper_shards_over(data_parallel, stage, tmp
     train = prepare_train_network(net, make_optimizer(net.trainable_params()), zero_stage=stage,
                                   op_group=world_group(), params_split_info=str(tmp_path))
     assert train.zero_helper.zero_stage == stage and train.zero_helper.op_group == world_group()
-    assert train.zero_helper.op_comm.group == world_group()
+    assert train.grad_sync.op_comm.group == world_group()
     # a group this process does not have fails where the long name fails, so the alias reaches it
     failures = []
     for keyword in ("optimizer_parallel_group", "op_group"):
