@@ -7,6 +7,7 @@ methods and attribute names; ``prepare_train_network`` builds one from its own c
 (``build_zero``, ``ZeroHelper.from_parts``); a ``ZeroHelper(...)`` built directly checks its
 arguments first.
 """
+from operator import attrgetter
 from typing import List, NamedTuple, Optional
 
 from mindspore import nn
@@ -58,6 +59,11 @@ def split_info_entries(plan: TrainPlan, shards: OptimizerShards) -> List[ShardSp
     for values in shards.opt_states.values():
         entries += [ShardSpec(v.name, s.shape, s.group_size, s.rank, s.split) for v, s in zip(values, plan.specs)]
     return entries
+
+
+def _read(path: str, doc: str) -> property:
+    """A read-only attribute of ``ZeroHelper``: ``path`` read from its records."""
+    return property(attrgetter(path), doc=doc)
 
 
 class ZeroHelper(nn.Cell):
@@ -127,6 +133,18 @@ class ZeroHelper(nn.Cell):
                                     comm_fusion, pad_uneven_params)
         self._hold(build_zero(options, optimizer), params_split_info)
 
+    zero_stage = _read("zero_plan.policy.stage", "int: the stage in force.")
+    is_parallel = _read("zero_plan.is_parallel", "bool: the job runs in ParallelMode.DATA_PARALLEL.")
+    op_group = _read("zero_plan.op.name", "str: the optimizer parallel group (None in one process).")
+    op_size = _read("zero_plan.op.size", "int: the optimizer parallel group's size.")
+    op_rank = _read("zero_plan.op.rank", "int: this rank's index in the optimizer parallel group.")
+    dp_group = _read("zero_plan.dp.name", "str: the replica group, or None.")
+    dp_size = _read("zero_plan.dp.size", "int: the replica group's size.")
+    optimizer_offload = _read("zero_plan.offload.enabled", "bool: the optimizer steps on the host.")
+    optimizer = _read("optimizer_shards.optimizer", "The optimizer (re-pointed at the master shards at stages 1-2).")
+    params = _read("optimizer_shards.params", "ParameterTuple: the parameters the optimizer updates.")
+    opt_params = _read("optimizer_shards.opt_params", "ParameterTuple: what the optimizer updates them through.")
+
     @classmethod
     def from_parts(cls, parts: ZeroParts, params_split_info="params_info") -> "ZeroHelper":
         """The helper over records ``build_zero`` made from checked options (``prepare_train_network``'s)."""
@@ -137,12 +155,6 @@ class ZeroHelper(nn.Cell):
 
     def _hold(self, parts: ZeroParts, params_split_info) -> None:
         self.zero_plan, self.optimizer_shards, self.grad_sync, self.host_offload = parts
-        plan = parts.plan
-        self.zero_stage, self.is_parallel, self.optimizer = plan.policy.stage, plan.is_parallel, parts.shards.optimizer
-        self.op_group, self.op_size, self.op_rank = plan.op.name, plan.op.size, plan.op.rank
-        self.dp_group, self.dp_size = plan.dp.name, plan.dp.size
-        self.params, self.opt_params = parts.shards.params, parts.shards.opt_params
-        self.optimizer_offload = parts.host is not None
         self.params_split_info = params_split_info
         self.extra_split_entries = []
 

@@ -191,3 +191,16 @@ def test_the_host_step_does_not_refer_back_to_the_helper():
     assert host.sync is helper.grad_sync
     assert all(value is not helper for value in vars(host).values())
     assert all(value is not host for value in vars(helper.grad_sync).values())
+
+
+def test_zero_helper_attributes_are_read_only_views_of_the_records():
+    net = _net()
+    optimizer = make_optimizer(net.trainable_params(), "adamw")
+    helper = ZeroHelper(optimizer, 2)
+    KEEP_ALIVE.append(helper)
+    assert (helper.zero_stage, helper.is_parallel, helper.op_size, helper.op_rank, helper.dp_size) == (0, False, 1, 0, 1)
+    assert helper.op_group is None and helper.dp_group is None and not helper.optimizer_offload
+    assert helper.optimizer is optimizer and helper.params is helper.optimizer_shards.params
+    assert helper.opt_params is helper.optimizer_shards.opt_params
+    with pytest.raises(AttributeError):
+        helper.op_size = 2
