@@ -53,7 +53,7 @@ from mindspore import Parameter, ParameterTuple, Tensor, nn, ops
 from ..core.comm import eager_mode
 from ..core.graph_tuples import hyper_map
 from ..core.materialize import host_value, is_unmaterialized, materialize, set_value
-from ..core.partition import ShardSpec, split_array
+from ..core.partition import ShardSpec, split_array, zero_spec_of
 
 __all__ = ["EMA", "check_ema", "bind_ema_to_zero", "ema_entries", "EMA_ATTRIBUTES", "EMA_METHODS"]
 
@@ -67,7 +67,8 @@ def check_ema(ema, where: str) -> None:
 
     Raises:
         TypeError: ``ema`` is not a Cell, or lacks an attribute or method (all are named).
-        ValueError: ``net_weight`` and ``ema_weight`` differ in length.
+        ValueError: ``net_weight`` and ``ema_weight`` differ in length, or an EMA weight is shaped
+            neither like its parameter's full tensor nor like the parameter as it is (a shard).
     """
     if not isinstance(ema, nn.Cell):
         raise TypeError(
@@ -86,6 +87,12 @@ def check_ema(ema, where: str) -> None:
             f"For '{where}', the argument 'ema' must hold one 'ema_weight' per 'net_weight', but got "
             f"{len(ema.ema_weight)} and {len(ema.net_weight)}."
         )
+    for w, e in zip(ema.net_weight, ema.ema_weight):  # before anything is sharded: bad input leaves no trace
+        spec = zero_spec_of(w)
+        full = tuple(spec.shape) if spec is not None else tuple(w.shape)
+        if tuple(e.shape) not in (full, tuple(w.shape)):
+            raise ValueError(f"For '{where}', the argument 'ema' holds '{e.name}' of shape {tuple(e.shape)} for "
+                             f"parameter '{w.name}' of shape {full}.")
 
 
 @dataclass
@@ -168,7 +175,8 @@ def bind_ema_to_zero(ema, plan, shards, comm=None, shard_ema: bool = False) -> L
         The split-info entries of the EMA weights (and of an aligned ``swap_cache``).
 
     Raises:
-        ValueError: an EMA weight is shaped neither like its parameter nor like its shard.
+        ValueError: an EMA weight is shaped neither like its parameter nor like its shard (``check_ema``
+            finds this before anything is sharded, except for a parameter the optimizer does not update).
     """
     network = list(ema.net_weight)
     caches = _aligned_swap_cache(ema, len(network))

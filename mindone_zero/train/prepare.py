@@ -1,7 +1,8 @@
 """prepare_train_network / prepare_network / prepare_ema: MindOne's entry points.
 
 Each validates every argument before touching the network, so bad input raises without side
-effects.
+effects: an EMA weight's shape too (``check_ema``). The one check that needs the sharded layout
+comes after: an EMA weight of a parameter the optimizer does not update (``bind_ema_to_zero``).
 """
 import logging
 
