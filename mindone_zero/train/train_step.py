@@ -10,6 +10,7 @@ With ``optimizer_offload`` the train step is ``OffloadTrainOneStepWrapper``, a s
 stops at the reduced gradients and whose ``__call__`` runs the update on the host ([Note: host step]
 in offload/host_step.py). ``TrainOneStepWrapper(...)`` around a helper with offload builds one.
 """
+import inspect
 import logging
 from dataclasses import dataclass
 
@@ -252,11 +253,10 @@ class TrainOneStepWrapper(nn.Cell):
 
     offload = False  # the optimizer steps in the graph; OffloadTrainOneStepWrapper's on the host
 
-    def __new__(cls, network, optimizer, scale_sense=1.0, ema=None, updates=0, drop_overflow_update=True,
-                gradient_accumulation_steps=1, clip_grad=False, clip_norm=1.0, verbose=False, zero_helper=None):
-        args = (network, optimizer, scale_sense, ema, updates, drop_overflow_update, gradient_accumulation_steps,
-                clip_grad, clip_norm, verbose, zero_helper)
-        return super().__new__(_step_class(zero_helper) if cls is TrainOneStepWrapper else cls, *args)
+    def __new__(cls, *args, **kwargs):
+        # zero_helper is __init__'s eleventh argument; copy.copy calls this with none
+        helper = kwargs.get("zero_helper", args[10] if len(args) > 10 else None)
+        return super().__new__(_step_class(helper) if cls is TrainOneStepWrapper else cls, *args, **kwargs)
 
     def __init__(self, network, optimizer, scale_sense=1.0, ema=None, updates=0, drop_overflow_update=True,
                  gradient_accumulation_steps=1, clip_grad=False, clip_norm=1.0, verbose=False, zero_helper=None):
@@ -485,6 +485,10 @@ class TrainOneStepWrapper(nn.Cell):
         if self.ema is not None:
             result = ops.depend(result, self.ema.ema_update())
         return ops.depend(overflow, result)
+
+
+# the signature MindOne's callers see is __init__'s (__new__ takes anything, so that copy.copy works)
+TrainOneStepWrapper.__signature__ = inspect.Signature(list(inspect.signature(TrainOneStepWrapper.__init__).parameters.values())[1:])
 
 
 class OffloadTrainOneStepWrapper(TrainOneStepWrapper):

@@ -3,6 +3,7 @@ they are frozen, every argument is checked once, the host step is its own class,
 ``TrainOneStepWrapper(...)`` too, and nothing refers back from the host step to the helper.
 Stages 1-3 at N=2 run the same code in tests/dist/ (test_zero_parity.py, test_mindone_dropin.py,
 test_offload_dist.py)."""
+import copy
 import dataclasses
 from types import MappingProxyType
 
@@ -207,3 +208,15 @@ def test_zero_helper_attributes_are_read_only_views_of_the_records():
     assert helper.opt_params is helper.optimizer_shards.opt_params
     with pytest.raises(AttributeError):
         helper.op_size = 2
+
+
+def test_a_train_step_copies_as_before():
+    """``copy.copy`` builds the object through ``__new__`` with no arguments (as it did before the
+    host step was its own class)."""
+    net = _net()
+    optimizer = make_optimizer(net.trainable_params(), "adamw")
+    for helper in (ZeroHelper(optimizer, 0), ZeroHelper(optimizer, 0, optimizer_offload=True)):
+        train = TrainOneStepWrapper(LossNet(net), optimizer, zero_helper=helper)
+        KEEP_ALIVE.append(train)
+        copied = copy.copy(train)
+        assert type(copied) is type(train) and copied.zero_plan is train.zero_plan
