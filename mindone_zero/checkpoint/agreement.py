@@ -30,9 +30,8 @@ def attempt(fn):
 
 def _world_comm(network) -> GroupComm:
     """A train network's world-group Cell, or one of our own (a bare network, or ZeRO running outside
-    DATA_PARALLEL, where the helper has none but the ranks must still agree)."""
-    helper = network.zero_helper if isinstance(network, TrainOneStepWrapper) else None
-    comm = getattr(helper, "world_comm", None)
+    DATA_PARALLEL, where the gradient synchronization has none but the ranks must still agree)."""
+    comm = network.grad_sync.world_comm if isinstance(network, TrainOneStepWrapper) else None
     return comm if comm is not None else _OWN_COMM.setdefault("world", GroupComm(world_group()))
 
 

@@ -52,7 +52,6 @@ from typing import Dict, List, Optional
 
 from mindspore.communication import GlobalComm, get_group_size, get_rank
 
-from ..core.comm import group_size_and_rank
 from ..train.inventory import Held, inventory
 from .naming import KINDS, file_names, per_rank_kind
 
@@ -112,10 +111,10 @@ def world_and_rank() -> tuple:
 def build_layout(train_net, caller: str) -> Layout:
     """Classify every Parameter of ``train_net`` (a TrainOneStepWrapper) into a file kind with its
     layout ([Note: checkpoint layout]); raises ValueError naming ``caller`` if names repeat."""
-    helper = train_net.zero_helper
-    n, r, stage = helper.op_size, helper.op_rank, helper.zero_stage
+    plan = train_net.zero_plan  # [Note: train records] in train/train_plan.py
+    n, r, stage = plan.op.size, plan.op.rank, plan.policy.stage
     world, rank = world_and_rank()
-    dp_size, replica = group_size_and_rank(helper.dp_group) if (helper.is_parallel and helper.dp_group) else (1, 0)
+    dp_size, replica = plan.dp.size, plan.dp.rank
     items = {kind: [] for kind in KINDS}
     for held in inventory(train_net):
         items[_FILE_OF[held.kind]].append(held)

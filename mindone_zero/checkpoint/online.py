@@ -102,7 +102,7 @@ def _full_value(train_net, layout, it) -> np.ndarray:
     """The full, unpadded value of one ``Held`` item, as a new numpy array. Collective over the
     optimizer parallel group when ``_is_gathered``; call it in eager mode."""
     if _is_gathered(layout, it):
-        return train_net.zero_helper.op_comm.all_gather(it.param).asnumpy()[:it.held.shape[0]]
+        return train_net.grad_sync.op_comm.all_gather(it.param).asnumpy()[:it.held.shape[0]]
     return it.param.asnumpy()
 
 

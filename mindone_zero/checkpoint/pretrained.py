@@ -217,12 +217,12 @@ def _targets(network) -> Dict[str, _Target]:
 
 
 def _train_targets(train_net) -> Dict[str, _Target]:
-    helper = train_net.zero_helper
-    if helper.host_offload is not None:
+    shards = train_net.optimizer_shards  # [Note: train records] in train/train_plan.py
+    if train_net.zero_plan.offload.enabled:
         raise ValueError(f"For '{CALLER}', the argument 'network' runs its optimizer on the host "
                          f"(optimizer_offload), whose master values this function cannot reach: load into the "
                          f"network from prepare_network before prepare_train_network.")
-    owners = {id(q): p for q, p in zip(helper.opt_params, helper.params)}
+    owners = {id(q): p for q, p in zip(shards.opt_params, shards.params)}
     if train_net.ema is not None:
         owners.update({id(e): w for w, e, _ in ema_entries(train_net.ema)})
     targets = {}

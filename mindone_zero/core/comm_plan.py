@@ -124,7 +124,7 @@ class PlanContext:
     Args:
         micro_steps: forward/backward passes per optimizer step (gradient accumulation).
         reduce_each_micro_step: gradients are reduced every micro-step, else once per optimizer
-            step ([Note: gradient reduction] in train/zero_helper.py).
+            step ([Note: gradient reduction] in train/grad_sync.py).
         clip_grad: the step clips by the global norm (one more all-reduce at stages >= 1).
     """
 

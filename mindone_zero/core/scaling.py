@@ -18,7 +18,7 @@ does. A buffer also holds what its tensors do not: zeros of the padding (ring ch
 rows). A zero times a finite factor stays zero. A factor that is inf or nan (a scale of 0 or nan, or
 one so small that its inverse overflows) makes every element inf or nan, padding or not, so the
 check's answer is the same. Stage 3 reduce-scatters its split parameters' gradients in their own
-bprops ([Note: gradient reduction] in train/zero_helper.py), so there both stay per tensor.
+bprops ([Note: gradient reduction] in train/grad_sync.py), so there both stay per tensor.
 
 The per-tensor check first added each tensor's flag as a float (a LogicalNot and a Cast more per
 tensor, then an AddN): two kernels per tensor more than stacking the booleans. At stage 3 of the

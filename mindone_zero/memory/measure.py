@@ -40,10 +40,10 @@ def measure_model_states(train_net) -> Dict[str, int]:
     Kinds (each Parameter object counted once):
 
     * ``params``: the network's Parameters at their held size (shards at stage 3);
-    * ``master_shards``: ``zero_helper.opt_params`` entries that are not network Parameters
+    * ``master_shards``: ``optimizer_shards.opt_params`` entries that are not network Parameters
       (the 1/N fp32 master copies of stages 1-2);
-    * ``optimizer_states``: the optimizer's per-parameter states (``zero_helper.opt_states``,
-      or found with ``find_optimizer_states`` when the helper sharded nothing);
+    * ``optimizer_states``: the optimizer's per-parameter states (``optimizer_shards.opt_states``,
+      or found with ``find_optimizer_states`` when nothing was sharded);
     * ``accumulation``: gradient accumulation buffers (``train_net.accum_grads``), if any;
     * ``ema``: EMA weights (and an EMA's aligned swap cache), if an EMA is attached;
     * ``other``: every remaining Parameter of ``train_net`` (loss scale, step counters, Adam's
@@ -60,7 +60,7 @@ def measure_model_states(train_net) -> Dict[str, int]:
             ``"file"``, all ints.
 
     Raises:
-        TypeError: if ``train_net`` has no ``zero_helper``/``network``/``optimizer`` (is not a
+        TypeError: if ``train_net`` has no ``optimizer_shards``/``network``/``optimizer`` (is not a
             ``TrainOneStepWrapper``).
 
     Examples:
@@ -79,7 +79,7 @@ def measure_model_states(train_net) -> Dict[str, int]:
 
         >>> measure_model_states(train_net)["total"]
     """
-    missing = [a for a in ("zero_helper", "network", "optimizer") if not hasattr(train_net, a)]
+    missing = [a for a in ("optimizer_shards", "network", "optimizer") if not hasattr(train_net, a)]
     if missing:
         raise TypeError(
             f"For 'measure_model_states', the argument 'train_net' must be a TrainOneStepWrapper, but got "

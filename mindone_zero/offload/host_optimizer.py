@@ -187,8 +187,9 @@ def host_rule_for(optimizer, where: str = "prepare_train_network") -> HostRule:
     return rule
 
 
-def offload_for(optimizer_offload, optimizer, where: str = "prepare_train_network") -> OffloadConfig:
-    """``optimizer_offload`` parsed for ``optimizer`` ([Note: offload argument] in config.py).
+def offload_for(optimizer_offload, optimizer, where: str = "prepare_train_network") -> Tuple[OffloadConfig, Optional[HostRule]]:
+    """``optimizer_offload`` parsed for ``optimizer`` ([Note: offload argument] in config.py), and the
+    optimizer's host rule when it is offloaded (else None).
 
     An optimizer without a host rule (anything but ``SUPPORTED``) runs on the device without
     offload, after a warning naming its type: MindOne's meaning, which warns and ignores
@@ -199,16 +200,16 @@ def offload_for(optimizer_offload, optimizer, where: str = "prepare_train_networ
         ValueError: ``optimizer_offload`` is malformed (``OffloadConfig.parse``).
     """
     asked = optimizer_offload is not None and optimizer_offload is not False
-    supported = asked and _rule_of(optimizer) is not None
-    config = OffloadConfig.parse(optimizer_offload, where, check_path=supported)
-    if config.enabled and not supported:
+    rule = _rule_of(optimizer) if asked else None
+    config = OffloadConfig.parse(optimizer_offload, where, check_path=rule is not None)
+    if config.enabled and rule is None:
         _logger.warning(
             "For '%s', optimizer_offload=%r has no effect with the optimizer %s: the host update covers %s (Adam "
             "without amsgrad, lazy or offload). The optimizer step runs on the device, without offload, as MindOne "
             "does for an optimizer other than nn.AdamWeightDecay.",
             where, optimizer_offload, type(optimizer).__name__, ", ".join(SUPPORTED))
-        return OffloadConfig()
-    return config
+        return OffloadConfig(), None
+    return config, (rule if config.enabled else None)
 
 
 def _rule_of(optimizer) -> Optional[HostRule]:

@@ -1,4 +1,4 @@
-"""ZeRO-Offload / ZeRO-Infinity: the optimizer step of a ``ZeroHelper`` run on the host.
+"""ZeRO-Offload / ZeRO-Infinity: the optimizer step run on the host.
 
 [Note: host step]
 With ``optimizer_offload`` on, the train graph stops after the gradients are reduced (and
@@ -58,7 +58,7 @@ from ..core.backend import host_updates_in_place
 from ..core.comm_records import FLAG_DTYPE
 from .config import OffloadConfig
 from .file_store import FileStore, MemoryStore
-from .host_optimizer import StepHyper, host_rule_for
+from .host_optimizer import HostRule, StepHyper
 
 __all__ = ["HostOffload", "OffloadedState"]
 
@@ -99,11 +99,11 @@ class _AfterStep(nn.Cell):
     """What follows the host update, in one graph: the ranks' agreement (an all-reduce of one
     failure flag per global rank), the all-gather (stages 1-2), then the EMA."""
 
-    def __init__(self, helper, ema):
+    def __init__(self, sync, ema):
         super().__init__(auto_prefix=False)
-        self.helper = helper
-        self.agree = helper.is_parallel
-        self.gather = helper.use_masters and helper.is_parallel and len(helper.ag_index) > 0
+        self.sync = sync
+        self.agree = sync.is_parallel
+        self.gather = sync.use_masters and sync.is_parallel and len(sync.ag_index) > 0
         self.ema = ema
         self.has_ema = ema is not None
 
@@ -113,9 +113,9 @@ class _AfterStep(nn.Cell):
 
     def construct(self, failed):
         if self.agree:
-            failed = self.helper.world_comm.all_reduce(failed)
+            failed = self.sync.world_comm.all_reduce(failed)
         if self.gather:
-            failed = ops.depend(failed, self.helper.all_gather_params())
+            failed = ops.depend(failed, self.sync.all_gather_params())
         if self.has_ema:
             failed = ops.depend(failed, self.ema.ema_update())
         return failed
@@ -156,16 +156,22 @@ def _write_back(param: Parameter, weights: np.ndarray) -> None:
 
 
 class HostOffload:
-    """The host side of one ``ZeroHelper`` with offload ([Note: host step]). Not a Cell.
+    """The host side of one optimizer with offload ([Note: host step]). Not a Cell.
+
+    Built from the train records ([Note: train records] in mindone_zero/train/train_plan.py): it
+    moves the optimizer's states into the store, and after each host step runs the gradient
+    synchronization's all-gather (``sync``); nothing holds it but the ``ZeroHelper`` and the train step.
 
     Args:
-        helper (ZeroHelper): sharded already; its ``opt_states`` are moved into the store.
         config (OffloadConfig): where the states go.
+        rule (HostRule): the optimizer's host update (``offload_for`` found it).
+        shards (OptimizerShards): what the optimizer updates; its ``opt_states`` are moved into the store.
+        sync (GradSync): the train step's gradient synchronization (its world group and all-gather).
     """
 
-    def __init__(self, helper, config: OffloadConfig):
-        self.helper, self.config = helper, config
-        self.rule = host_rule_for(helper.optimizer, "ZeroHelper")
+    def __init__(self, config: OffloadConfig, rule: HostRule, shards, sync):
+        self.config, self.rule, self.sync = config, rule, sync
+        self.optimizer, self.opt_params = shards.optimizer, shards.opt_params
         if config.device == "nvme":
             rank = get_rank() if GlobalComm.INITED else 0
             self.store = FileStore(config.path, f"rank{rank}_", config.chunk_size, config.keep_files)
@@ -173,8 +179,8 @@ class HostOffload:
             self.store = MemoryStore()
         self.chunk = max(1, config.chunk_size // 4)
         self.placeholders: List[Parameter] = []
-        self.states = {attr: self._move(helper.opt_states[attr]) for attr in self.rule.states}
-        self.in_place = [_updates_in_place(p) for p in helper.opt_params]
+        self.states = {attr: self._move(shards.opt_states[attr]) for attr in rule.states}
+        self.in_place = [_updates_in_place(p) for p in self.opt_params]
         self.after = None
         _return_freed_memory()
 
@@ -190,7 +196,7 @@ class HostOffload:
 
     def bind_after_step(self, ema) -> None:
         """Build the graph that follows each host step (called by ``TrainOneStepWrapper``)."""
-        self.after = _AfterStep(self.helper, ema)
+        self.after = _AfterStep(self.sync, ema)
 
     def step(self, grads) -> None:
         """One optimizer step on the host from ``grads`` (the train graph's outputs), then
@@ -224,8 +230,8 @@ class HostOffload:
             )
 
     def _update(self, grads) -> None:
-        hyper = StepHyper.read(self.helper.optimizer, self.rule)
-        for i, param in enumerate(self.helper.opt_params):
+        hyper = StepHyper.read(self.optimizer, self.rule)
+        for i, param in enumerate(self.opt_params):
             weights = param.asnumpy()
             flat_w = weights.reshape(-1)
             flat_g = _take(grads, i)

@@ -13,9 +13,10 @@ from mindspore import nn
 
 from ..core.comm_plan import CommPlan, PlanContext
 from ..core.comm_records import BucketRecord, GatherRecord, TrainCommRecord
+from ..core.partition import zero_spec_of
 from ..zero3.state import gather_calls
 
-__all__ = ["step_plan", "network_gathers", "add_gather", "add_hpz_secondary", "add_reduce_scatter", "add_buckets",
+__all__ = ["step_plan", "network_gathers", "param_gathers", "add_gather", "add_hpz_secondary", "add_reduce_scatter", "add_buckets",
            "add_overflow_flags", "add_clip_norm", "add_offload_agreement"]
 
 
@@ -24,6 +25,21 @@ def network_gathers(network: nn.Cell) -> Tuple[GatherRecord, ...]:
     ``ZeroState`` of each sharded network in it says ([Note: zero3 state] in zero3/state.py): the
     gathers that communicate, per parameter, coalesced or a gather unit's parts. Not collective."""
     return tuple(r for call in gather_calls(network) for r in call.records)
+
+
+def param_gathers(gathers: Iterable[GatherRecord], params, specs) -> list:
+    """``TrainOneStepWrapper.param_gathers``: for each of ``params`` (laid out as ``specs``), whether
+    backward gathers it again and the index of the coalesced gather it shares, from the network's
+    ``gathers`` (``network_gathers``). Not collective."""
+    regathered = {name for r in gathers if r.regather for name in r.members}
+    coalesced = [r for r in gathers if r.kind in ("coalesced", "unit_part")]
+    groups = {name: i for i, r in enumerate(coalesced) for name in r.members}
+    out = []
+    for p, spec in zip(params, specs):
+        name = getattr(zero_spec_of(p), "name", None)
+        out.append({"name": p.name, "regathered": bool(spec.split and name in regathered),
+                    "coalesced": groups.get(name)})
+    return out
 
 
 def _gathers_once(plan: CommPlan, record: GatherRecord, times: int) -> None:

@@ -53,7 +53,7 @@ from mindspore import Parameter, ParameterTuple, Tensor, nn, ops
 from ..core.comm import eager_mode
 from ..core.graph_tuples import hyper_map
 from ..core.materialize import host_value, is_unmaterialized, materialize, set_value
-from ..core.partition import ShardSpec, split_array
+from ..core.partition import ShardSpec, split_array, zero_spec_of
 
 __all__ = ["EMA", "check_ema", "bind_ema_to_zero", "ema_entries", "EMA_ATTRIBUTES", "EMA_METHODS"]
 
@@ -67,7 +67,8 @@ def check_ema(ema, where: str) -> None:
 
     Raises:
         TypeError: ``ema`` is not a Cell, or lacks an attribute or method (all are named).
-        ValueError: ``net_weight`` and ``ema_weight`` differ in length.
+        ValueError: ``net_weight`` and ``ema_weight`` differ in length, or an EMA weight is shaped
+            neither like its parameter's full tensor nor like the parameter as it is (a shard).
     """
     if not isinstance(ema, nn.Cell):
         raise TypeError(
@@ -86,6 +87,12 @@ def check_ema(ema, where: str) -> None:
             f"For '{where}', the argument 'ema' must hold one 'ema_weight' per 'net_weight', but got "
             f"{len(ema.ema_weight)} and {len(ema.net_weight)}."
         )
+    for w, e in zip(ema.net_weight, ema.ema_weight):  # before anything is sharded: bad input leaves no trace
+        spec = zero_spec_of(w)
+        full = tuple(spec.shape) if spec is not None else tuple(w.shape)
+        if tuple(e.shape) not in (full, tuple(w.shape)):
+            raise ValueError(f"For '{where}', the argument 'ema' holds '{e.name}' of shape {tuple(e.shape)} for "
+                             f"parameter '{w.name}' of shape {full}.")
 
 
 @dataclass
@@ -149,15 +156,18 @@ def _copy_of(param: Parameter, source: Parameter, spec: Optional[ShardSpec]) -> 
     set_value(param, value)
 
 
-def bind_ema_to_zero(ema, zero_helper, shard_ema: bool = False) -> List[ShardSpec]:
-    """Bind ``ema`` to ``zero_helper``'s layout ([Note: ZeRO EMA]) and give it in-place swaps
+def bind_ema_to_zero(ema, plan, shards, comm=None, shard_ema: bool = False) -> List[ShardSpec]:
+    """Bind ``ema`` to the train network's layout ([Note: ZeRO EMA]) and give it in-place swaps
     ([Note: in-place swaps]); not collective.
 
     Call once, before the train network is compiled, at any stage.
 
     Args:
         ema: an EMA with MindOne's interface ([Note: EMA interface]).
-        zero_helper: the train network's ``ZeroHelper``.
+        plan (TrainPlan): the layout of the optimizer's parameters ([Note: train records] in train_plan.py).
+        shards (OptimizerShards): what the optimizer updates.
+        comm (GroupComm): the optimizer parallel group's, for ``swap_before_eval``'s all-gather (None
+            outside data parallelism).
         shard_ema: stages 1-2: keep 1/N of the EMA (the master shards'), making
             ``swap_before_eval`` collective. Stages 0 and 3 ignore it.
 
@@ -165,18 +175,19 @@ def bind_ema_to_zero(ema, zero_helper, shard_ema: bool = False) -> List[ShardSpe
         The split-info entries of the EMA weights (and of an aligned ``swap_cache``).
 
     Raises:
-        ValueError: an EMA weight is shaped neither like its parameter nor like its shard.
+        ValueError: an EMA weight is shaped neither like its parameter nor like its shard (``check_ema``
+            finds this before anything is sharded, except for a parameter the optimizer does not update).
     """
     network = list(ema.net_weight)
     caches = _aligned_swap_cache(ema, len(network))
-    by_id = {id(p): i for i, p in enumerate(zero_helper.params)}
-    n, r = max(zero_helper.op_size, 1), zero_helper.op_rank
-    policy = zero_helper.policy
+    by_id = {id(p): i for i, p in enumerate(shards.params)}
+    n, r = max(plan.op.size, 1), plan.op.rank
+    policy = plan.policy
     sharded_here = policy.shards_params or (policy.uses_masters and shard_ema)
     sources, specs, split, gather, rows = [], [], [], [], []
     for k, (w, e) in enumerate(zip(network, ema.ema_weight)):
         i = by_id.get(id(w))
-        spec = zero_helper.specs[i] if i is not None else None
+        spec = plan.specs[i] if i is not None else None
         full = tuple(spec.shape) if spec is not None else tuple(w.shape)
         if tuple(e.shape) not in (full, tuple(w.shape)):
             raise ValueError(
@@ -190,11 +201,10 @@ def bind_ema_to_zero(ema, zero_helper, shard_ema: bool = False) -> List[ShardSpe
             elif is_split:
                 _cut(p, spec)
             specs.append(ShardSpec(p.name, full, n, r, is_split))
-        sources.append(zero_helper.opt_params[i] if is_split else w)
+        sources.append(shards.opt_params[i] if is_split else w)
         split.append(is_split)
         gather.append(is_split and not policy.shards_params)
         rows.append(full[0] if full else 0)
-    comm = getattr(zero_helper, "op_comm", None)
     ema.net_weight = ParameterTuple(sources)
     ema.__dict__["_zero_binding"] = _ZeroBinding(network, split, gather, rows, comm)
     if not isinstance(ema, _InPlaceSwap):

@@ -48,6 +48,7 @@ into chunks), which [Note: chunk-aligned all-reduce] keeps the same for every el
 from dataclasses import dataclass
 from typing import List, Optional, Sequence, Tuple
 
+import mindspore as ms
 import numpy as np
 from mindspore import nn, ops
 
@@ -143,15 +144,16 @@ def plan_buckets(nbytes: Sequence[int], dtypes: Sequence[str], bucket_size: Opti
     return buckets
 
 
-def bucket_record(kind: str, comm, numels: Sequence[int], templates, bucket_size: Optional[int]) -> BucketRecord:
-    """The buckets ([Note: buckets]) of tensors of ``numels`` elements with the dtypes of
-    ``templates`` over ``comm``'s group, as a ``BucketRecord`` ([Note: comm records] in
-    core/comm_records.py). Pure; no communication."""
-    nbytes = [n * t.itemsize for n, t in zip(numels, templates)]
-    dtypes = [str(t.dtype) for t in templates]
-    buckets = tuple(tuple(b) for b in plan_buckets(nbytes, dtypes, bucket_size))
-    return BucketRecord(kind, comm.group, comm.size, buckets, tuple(sum(nbytes[i] for i in b) for b in buckets),
-                        tuple(dtypes[b[0]] for b in buckets))
+def bucket_record(kind: str, group: str, group_size: int, numels: Sequence[int], dtypes,
+                  bucket_size: Optional[int]) -> BucketRecord:
+    """The buckets ([Note: buckets]) of tensors of ``numels`` elements and ``dtypes`` over ``group``
+    (of ``group_size`` ranks), as a ``BucketRecord`` ([Note: comm records] in core/comm_records.py).
+    Pure; no communication."""
+    nbytes = [n * np.dtype(ms.dtype_to_nptype(d)).itemsize for n, d in zip(numels, dtypes)]
+    names = [str(d) for d in dtypes]
+    buckets = tuple(tuple(b) for b in plan_buckets(nbytes, names, bucket_size))
+    return BucketRecord(kind, group, group_size, buckets, tuple(sum(nbytes[i] for i in b) for b in buckets),
+                        tuple(names[b[0]] for b in buckets))
 
 
 class BucketedComm(nn.Cell):
@@ -171,6 +173,8 @@ class BucketedComm(nn.Cell):
         kind: the collective it is used for, as the ``CommPlan`` counts it: ``"all_reduce"`` and
             ``"reduce_scatter"`` carry gradients (once per gradient reduction), ``"all_gather"``
             updated shards (once per optimizer step).
+        record: the buckets, planned already (``TrainPlan.buckets``); then ``templates``,
+            ``bucket_size`` and ``kind`` are read from it, not given.
 
     ``buckets`` lists the indices of the tensors in each bucket, in the order of ``shapes``;
     ``placed`` the same in the order the bucket's buffer holds them (by shape where that pays).
@@ -179,9 +183,10 @@ class BucketedComm(nn.Cell):
         ValueError: ``kind`` is not one of those three.
     """
 
-    def __init__(self, comm: GroupComm, shapes: Sequence[Tuple[int, ...]], templates, bucket_size: Optional[int],
-                 kind: str = "all_reduce"):
+    def __init__(self, comm: GroupComm, shapes: Sequence[Tuple[int, ...]], templates=None,
+                 bucket_size: Optional[int] = None, kind: str = "all_reduce", *, record: Optional[BucketRecord] = None):
         super().__init__(auto_prefix=False)
+        kind = record.kind if record is not None else kind
         if kind not in _COLLECTIVES:
             raise ValueError(f"For 'BucketedComm', the argument 'kind' must be one of {list(_COLLECTIVES)}, but got "
                              f"{kind!r}.")
@@ -189,7 +194,8 @@ class BucketedComm(nn.Cell):
         self.comm = comm
         self.shapes = tuple(tuple(int(d) for d in s) for s in shapes)
         self.numels = tuple(int(np.prod(s)) for s in self.shapes)
-        self.record = bucket_record(kind, comm, self.numels, templates, bucket_size)
+        self.record = record if record is not None else \
+            bucket_record(kind, comm.group, comm.size, self.numels, [t.dtype for t in templates], bucket_size)
         self.buckets = self.record.buckets
         # the same buckets, each in the order its buffer holds its tensors: by shape where that makes runs
         # of equal tensors that pay, each cut out at once ([Note: runs of pieces] in core/slicing.py)

@@ -40,36 +40,37 @@ class Held:
     entry: ShardSpec
 
 
-def _optimizer_states(helper) -> List[Parameter]:
-    """The optimizer's per-parameter states; at stage 0 the helper did not look for them."""
-    if helper.opt_states:
-        return [v for values in helper.opt_states.values() for v in values]
+def _optimizer_states(shards, specs) -> List[Parameter]:
+    """The optimizer's per-parameter states; at stage 0 they were not looked for."""
+    if shards.opt_states:
+        return [v for values in shards.opt_states.values() for v in values]
+    optimizer = shards.optimizer
     try:
-        states = find_optimizer_states(helper.optimizer, [s.shape for s in helper.specs])
+        states = find_optimizer_states(optimizer, [s.shape for s in specs])
         return [v for values in states.values() for v in values]
     except ValueError:
         # Not shaped like the parameters (allowed at stage 0, where nothing is sharded): every
         # non-scalar Parameter the optimizer owns counts as a state.
-        params = {id(p) for p in helper.params}
-        return [p for _, p in helper.optimizer.parameters_and_names() if id(p) not in params and p.size > 1]
+        params = {id(p) for p in shards.params}
+        return [p for _, p in optimizer.parameters_and_names() if id(p) not in params and p.size > 1]
 
 
 def inventory(train_net) -> List[Held]:
     """Every Parameter ``train_net`` (a ``TrainOneStepWrapper``) holds, classified (see the module
-    docstring), in a fixed order: network, optimizer, EMA, then the train step's own."""
-    helper = train_net.zero_helper
-    n, r = helper.op_size, helper.op_rank
-    index = {id(p): i for i, p in enumerate(helper.params)}
+    docstring), in a fixed order: network, optimizer, EMA, then the train step's own. Reads the
+    train records ([Note: train records] in train_plan.py)."""
+    plan, shards = train_net.zero_plan, train_net.optimizer_shards
+    n, r, specs = plan.op.size, plan.op.rank, plan.specs
+    index = {id(p): i for i, p in enumerate(shards.params)}
     out, seen = [], set()
-    if helper.host_offload is not None:  # cut to one element; OffloadedState stands for each
-        seen.update(id(p) for p in helper.host_offload.placeholders)
+    seen.update(id(p) for p in shards.placeholders)  # cut to one element by offload; OffloadedState stands for each
 
     def whole(p):
         return ShardSpec(p.name, tuple(p.shape), n, r, False)
 
     def like(p, i, split):
         """Held like parameter ``i``: a block of its full shape when ``split`` and it is split."""
-        return ShardSpec(p.name, helper.specs[i].shape, n, r, bool(split and helper.specs[i].split))
+        return ShardSpec(p.name, specs[i].shape, n, r, bool(split and specs[i].split))
 
     def add(kind, p, held, entry=None):
         if id(p) not in seen:
@@ -79,24 +80,24 @@ def inventory(train_net) -> List[Held]:
     for p in train_net.network.get_parameters():
         # At stage 3 shard_network's own record says how the network holds it (also for a
         # parameter the optimizer does not update); at stages 0-2 the network holds it whole.
-        spec = zero_spec_of(p) if helper.policy.shards_params else None
+        spec = zero_spec_of(p) if plan.policy.shards_params else None
         held = replace(spec, name=p.name) if spec is not None else whole(p)
         i = index.get(id(p))
-        add("params", p, held, replace(helper.specs[i], name=p.name) if i is not None else held)
-    for i, (q, p) in enumerate(zip(helper.opt_params, helper.params)):
+        add("params", p, held, replace(specs[i], name=p.name) if i is not None else held)
+    for i, (q, p) in enumerate(zip(shards.opt_params, shards.params)):
         if q is not p:
             add("master_shards", q, like(q, i, True))
-    aligned = {id(v): i for values in helper.opt_states.values() for i, v in enumerate(values)}
-    for v in _optimizer_states(helper):
+    aligned = {id(v): i for values in shards.opt_states.values() for i, v in enumerate(values)}
+    for v in _optimizer_states(shards, specs):
         add("optimizer_states", v, like(v, aligned[id(v)], True) if id(v) in aligned else whole(v))
-    for _, p in helper.optimizer.parameters_and_names():
+    for _, p in shards.optimizer.parameters_and_names():
         add("optimizer_other", p, whole(p))
     if train_net.ema is not None:
         for w, e, split in ema_entries(train_net.ema):
             i = index.get(id(w))
             add("ema", e, like(e, i, split) if i is not None else whole(e))
     if train_net.accum_steps > 1:
-        sharded = train_net.reduce_each_micro_step and helper.policy.is_zero
+        sharded = train_net.reduce_each_micro_step and plan.policy.is_zero
         for i, a in enumerate(train_net.accum_grads):
             add("accumulation", a, like(a, i, sharded))
     for _, p in train_net.parameters_and_names():

@@ -1,4 +1,6 @@
-"""Find an optimizer's per-parameter states and re-point it at sharded parameters.
+"""Find an optimizer's per-parameter states, cut them to shards, re-point the optimizer at the
+master shards: ``OptimizerShards``, one of the train records ([Note: train records] in
+train_plan.py).
 
 No collectives here. MindSpore optimizers keep their per-parameter states as ParameterTuple
 attributes aligned with ``optimizer._parameters`` (Adam: ``moment1``/``moment2``/``vhat``,
@@ -12,14 +14,17 @@ known optimizers, every ParameterTuple attribute is classified by what it holds:
 * anything else: the optimizer's states are not shaped like its parameters, and sharding them
   along dim 0 would be wrong, so ``find_optimizer_states`` raises.
 """
-from typing import Dict, List, Sequence
+from dataclasses import dataclass, replace
+from types import MappingProxyType
+from typing import Dict, List, Mapping, Optional, Sequence, Tuple
 
-from mindspore import Parameter, ParameterTuple, nn
+from mindspore import Parameter, ParameterTuple, Tensor, nn
 
 from ..core import ms_internals
+from ..core.materialize import block_of, materialize, set_value
 
 __all__ = ["find_optimizer_states", "repoint_optimizer", "check_no_unknown_states", "check_optimizer",
-           "optimizer_parameters"]
+           "optimizer_parameters", "OptimizerShards", "shard_optimizer"]
 
 _PARAM_ATTRS = (ms_internals.OPTIMIZER_PARAMETERS, "parameters")
 
@@ -124,3 +129,69 @@ def repoint_optimizer(optimizer: nn.Optimizer, new_params: Sequence[Parameter]) 
     new_tuple = ParameterTuple(list(new_params))
     for attr in [a for a in _PARAM_ATTRS if a in vars(optimizer)] + aliases:
         setattr(optimizer, attr, new_tuple)
+
+
+@dataclass(frozen=True, eq=False)
+class OptimizerShards:
+    """What one optimizer updates under ZeRO ([Note: train records] in train_plan.py).
+
+    Attributes:
+        optimizer: the optimizer (re-pointed at the master shards at stages 1-2).
+        params: the parameters it updates, in its order.
+        opt_params: what it updates them through: the fp32 master shards of the split parameters at
+            stages 1-2, the parameters themselves otherwise.
+        opt_states: its per-parameter states by attribute (``moments1``: one per parameter), cut to
+            shards where the parameter is split; with ``optimizer_offload`` the offloaded ones are
+            ``OffloadedState``s (offload/host_step.py).
+        placeholders: the state Parameters cut to one element by ``optimizer_offload``.
+    """
+
+    optimizer: object
+    params: ParameterTuple
+    opt_params: ParameterTuple
+    opt_states: Mapping[str, Tuple]
+    placeholders: Tuple[Parameter, ...] = ()
+
+    def with_host_states(self, states: Mapping[str, Sequence], placeholders: Sequence[Parameter]) -> "OptimizerShards":
+        """These shards with ``states`` (by attribute) moved to the host, standing in for the device's."""
+        merged = dict(self.opt_states, **{attr: tuple(values) for attr, values in states.items()})
+        return replace(self, opt_states=MappingProxyType(merged), placeholders=tuple(placeholders))
+
+
+def shard_optimizer(plan, optimizer, states: Optional[Dict[str, List[Parameter]]] = None) -> OptimizerShards:
+    """Create the master shards (stages 1-2), cut the optimizer's states of split parameters to this
+    rank's block, and re-point the optimizer at the master shards (stages 1-2). Not collective.
+
+    Args:
+        plan (TrainPlan): the layout of the optimizer's parameters.
+        optimizer: the optimizer the plan was made for.
+        states (dict): its states as ``find_optimizer_states`` returned them, if the caller found
+            them already; None: found here, where anything is split or offloaded.
+
+    Raises:
+        ValueError: the optimizer's states are not shaped like its parameters (``find_optimizer_states``).
+    """
+    params = ParameterTuple(list(optimizer_parameters(optimizer)))
+    # Nothing is sharded at stage 0 (or on one rank), so any optimizer works there.
+    if not (plan.split_index or plan.offload.enabled):
+        states = {}
+    elif states is None:
+        states = find_optimizer_states(optimizer, [s.shape for s in plan.specs])
+    masters = plan.policy.uses_masters
+    opt_params = []
+    for i, (p, spec) in enumerate(zip(params, plan.specs)):
+        if masters:
+            materialize(p)  # stages 1-2 hold the full parameter ([Note: delayed initialisation])
+        if masters and spec.split:
+            opt_params.append(Parameter(Tensor(block_of(p, spec), plan.update_dtypes[i]), name=f"master.{p.name}",
+                                        requires_grad=True))
+        else:
+            opt_params.append(p)
+        for values in states.values():
+            state = values[i]
+            if spec.split and tuple(state.shape) != spec.shard_shape:
+                set_value(state, block_of(state, spec))
+    if masters:
+        repoint_optimizer(optimizer, opt_params)
+    return OptimizerShards(optimizer, params, ParameterTuple(opt_params),
+                           MappingProxyType({attr: tuple(values) for attr, values in states.items()}))

@@ -1,35 +1,30 @@
 """prepare_train_network / prepare_network / prepare_ema: MindOne's entry points.
 
 Each validates every argument before touching the network, so bad input raises without side
-effects.
+effects: an EMA weight's shape too (``check_ema``). The one check that needs the sharded layout
+comes after: an EMA weight of a parameter the optimizer does not update (``bind_ema_to_zero``).
 """
 import logging
 
 from mindspore import nn
 
-from ..core.comm import check_hybrid_groups, is_data_parallel, world_group
+from ..core.comm import is_data_parallel
 from ..core.group_alias import group_argument
 from .ema import bind_ema_to_zero, check_ema, ema_entries
-from .fusion import FusionConfig
-from ..offload.host_optimizer import offload_for
 from ..zero3.options import Stage3Options
 from ..zero3.shard import shard_with_options
 from ..zero3.state import options_of
-from .optimizer_states import check_optimizer, find_optimizer_states, optimizer_parameters
+from .optimizer_states import find_optimizer_states, optimizer_parameters
 from ..core.materialize import materialize, restore_initializer
 from ..core.partition import check_split_rule_flag, mark_shard_flag, uneven_split_names, zero_spec_of
 from ..core.stage import StagePolicy, check_stage
-from .train_step import TrainOneStepWrapper, _check_step_args
-from .zero_helper import ZeroHelper
+from .train_plan import ZeroOptions
+from .train_step import StepSettings, build_train_step
+from .zero_helper import ZeroHelper, build_zero
 
 __all__ = ["prepare_train_network", "prepare_network", "prepare_ema"]
 
 _logger = logging.getLogger(__name__)
-
-
-def _check_groups(where, optimizer_parallel_group, dp_group):
-    if is_data_parallel():
-        check_hybrid_groups(where, optimizer_parallel_group or world_group(), dp_group)
 
 
 def prepare_network(network, zero_stage=0, optimizer_parallel_group=None, parallel_modules=None,
@@ -280,78 +275,75 @@ def prepare_train_network(network, optimizer, scale_sense=1.0, ema=None, updates
     check_split_rule_flag(where, "shard_ema", shard_ema)
     if not isinstance(network, nn.Cell):
         raise TypeError(f"For '{where}', the argument 'network' must be a Cell, but got {type(network).__name__}.")
-    check_optimizer(optimizer, where)
-    _check_step_args(gradient_accumulation_steps, clip_grad, clip_norm, ema)
-    _check_groups(where, optimizer_parallel_group, dp_group)
+    step = StepSettings.check(scale_sense, ema, updates, drop_overflow_update, gradient_accumulation_steps, clip_grad,
+                              clip_norm, verbose)
     options = Stage3Options.build(where, zero_stage, optimizer_parallel_group, reshard_after_forward, zeropp,
                                   gather_units, parallel_modules, special_cases_parallel_module, pad_uneven_params)
-    fusion = FusionConfig.from_mindone(comm_fusion, where)
-    offload = offload_for(optimizer_offload, optimizer, where)  # [Note: offload argument]
-    policy = StagePolicy.of(zero_stage, is_data_parallel(), where)  # stage 0 without data parallelism
+    zero = ZeroOptions.check(where, optimizer, zero_stage, optimizer_parallel_group, dp_group, optimizer_offload,
+                             comm_fusion, options.pad_uneven_params)  # stage 0 without data parallelism
+    policy = zero.policy
     sharded = policy.shards_params and any(zero_spec_of(p) is not None for p in network.get_parameters())
     for prepared in options_of(network) if sharded else ():  # [Note: stage-3 options]
         options.check_same_as(where, prepared)
-    if policy.shards_optimizer:
-        _check_shardable_optimizer(optimizer)
+    states = _check_shardable_optimizer(optimizer) if policy.shards_optimizer else None
     if policy.shards_params and not sharded:
         network = shard_with_options(network, optimizer_parallel_group, options)
     elif not policy.shards_params:  # full on every rank; in the network's order ([Note: delayed initialisation])
         for _, param in network.parameters_and_names():
             materialize(param)
-    helper = ZeroHelper(optimizer, policy.stage, optimizer_parallel_group, dp_group, offload,
-                        fusion, params_split_info, options.pad_uneven_params)
-    _warn_padded(helper)
+    parts = build_zero(zero, optimizer, states)  # [Note: train records] in train_plan.py
+    helper = ZeroHelper.from_parts(parts, params_split_info)
+    _warn_padded(parts.plan)
     if ema is not None:
-        entries = bind_ema_to_zero(ema, helper, shard_ema)
+        entries = bind_ema_to_zero(ema, parts.plan, parts.shards, parts.sync.op_comm, shard_ema)
         if policy.is_zero:
             helper.register_split_entries(entries)
     if policy.is_zero:
         helper.dump_params_split_info()
-    train = TrainOneStepWrapper(network, optimizer, scale_sense, ema, updates, drop_overflow_update,
-                                gradient_accumulation_steps, clip_grad, clip_norm, verbose, helper)
+    train = build_train_step(network, optimizer, step, helper)
     _mark_shard_flags(train)
     for param in train.get_parameters():  # what is still built without data initializes at compile
         restore_initializer(param)
     return train
 
 
-def _warn_padded(helper) -> None:
+def _warn_padded(plan) -> None:
     """One warning naming the zero-padded shards ([Note: split rule] in partition.py)."""
-    padded = uneven_split_names(helper.specs)
+    padded = uneven_split_names(plan.specs)
     if padded:
         _logger.warning(
             "ZeRO stage %d with pad_uneven_params=True: %d parameter(s) whose dim 0 does not divide by %d are split "
             "with zero padding: %s. An ops.AllGather of their shards (MindOne's online combine) returns the padding "
             "rows too; use mindone_zero.gather_full_params(train_net) or the offline combine (convert_checkpoints).",
-            helper.zero_stage, len(padded), helper.op_size, ", ".join(padded))
+            plan.policy.stage, len(padded), plan.op.size, ", ".join(padded))
 
 
-def _check_shardable_optimizer(optimizer) -> None:
+def _check_shardable_optimizer(optimizer) -> dict:
     """Find the optimizer's states before anything is sharded, so that one ZeRO cannot shard
-    raises here, with nothing modified (ValueError naming the state and why)."""
+    raises here, with nothing modified (ValueError naming the state and why); returns them."""
     shapes = []
     for p in optimizer_parameters(optimizer):
         spec = zero_spec_of(p)
         shapes.append(tuple(spec.shape) if spec is not None else tuple(p.shape))
-    find_optimizer_states(optimizer, shapes)
+    return find_optimizer_states(optimizer, shapes)
 
 
 def _mark_shard_flags(train) -> None:
     """``parallel_optimizer`` of every Parameter the train network holds: whether it is a shard."""
-    helper = train.zero_helper
+    plan, shards = train.zero_plan, train.optimizer_shards
     sharded = set()
-    for spec, p, q in zip(helper.specs, helper.params, helper.opt_params):
+    for spec, q in zip(plan.specs, shards.opt_params):
         if spec.split:
             sharded.add(id(q))  # the master shard at stages 1-2, the parameter itself at stage 3
-    for values in helper.opt_states.values():
-        sharded.update(id(v) for v, spec in zip(values, helper.specs) if spec.split)
-    if train.accum_steps > 1 and train.reduce_each_micro_step and helper.policy.is_zero:
-        sharded.update(id(a) for a, spec in zip(train.accum_grads, helper.specs) if spec.split)
+    for values in shards.opt_states.values():
+        sharded.update(id(v) for v, spec in zip(values, plan.specs) if spec.split)
+    if train.accum_steps > 1 and train.reduce_each_micro_step and plan.policy.is_zero:
+        sharded.update(id(a) for a, spec in zip(train.accum_grads, plan.specs) if spec.split)
     if train.ema is not None:
         sharded.update(id(e) for _, e, split in ema_entries(train.ema) if split)
     for p in train.network.get_parameters():
         spec = zero_spec_of(p)
-        if spec is not None and spec.split and helper.policy.shards_params:
+        if spec is not None and spec.split and plan.policy.shards_params:
             sharded.add(id(p))
     for _, p in train.parameters_and_names():
         mark_shard_flag(p, id(p) in sharded)

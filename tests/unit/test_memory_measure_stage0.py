@@ -1,4 +1,6 @@
 """measure_model_states in one process (stage 0, the only stage without msrun) and its errors."""
+from dataclasses import replace
+
 import mindspore as ms
 import numpy as np
 import pytest
@@ -43,7 +45,7 @@ def test_shared_parameter_counted_once():
     net = init_weights(TinyNet())
     train = prepare_train_network(LossNet(net), make_optimizer(net.trainable_params(), "momentum"))
     before = measure_model_states(train)
-    train.zero_helper.opt_states = {"moments": list(net.trainable_params())}
+    train.optimizer_shards = replace(train.optimizer_shards, opt_states={"moments": tuple(net.trainable_params())})
     after = measure_model_states(train)
     assert after["optimizer_states"] == 0  # already counted as params
     # The real moments are still held, now unclaimed by any kind: they land in "other".

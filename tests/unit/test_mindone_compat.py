@@ -157,6 +157,25 @@ def test_ema_of_other_length_is_refused(net):
         prepare_ema(ema)
 
 
+@pytest.mark.parametrize("stage", [0, 3])
+def test_ema_of_other_shape_is_refused_before_anything_changes(data_parallel, stage, tmp_path):
+    """Review section 9, comment 6: the shape is checked before the network is sharded."""
+    net = LossNet(init_weights(TinyNet()))
+    ema = ForeignEMA(net)
+    bad = ema.ema_weight[0]
+    ema.ema_weight = ParameterTuple([Parameter(Tensor(np.zeros((3,) + tuple(bad.shape), np.float32)), name=bad.name)]
+                                    + list(ema.ema_weight)[1:])
+    cells = {name: type(c) for name, c in net.cells_and_names()}
+    shapes = {p.name: tuple(p.shape) for p in net.get_parameters()}
+    with pytest.raises(ValueError, match=f"'ema' holds '{bad.name}' of shape \\(3,"):
+        prepare_train_network(net, make_optimizer(net.trainable_params()), zero_stage=stage, ema=ema,
+                              params_split_info=str(tmp_path / "info"))
+    assert {name: type(c) for name, c in net.cells_and_names()} == cells
+    assert {p.name: tuple(p.shape) for p in net.get_parameters()} == shapes
+    assert not any(hasattr(p, "zero_spec") for p in net.get_parameters())
+    assert not (tmp_path / "info").exists()
+
+
 def test_our_ema_swaps_and_restores_exactly(net):
     ema = EMA(net, ema_decay=0.5)
     for e in ema.ema_weight:
@@ -266,7 +285,7 @@ def test_op_group_is_the_group_zero_helper_shards_over(data_parallel, stage, tmp
     train = prepare_train_network(net, make_optimizer(net.trainable_params()), zero_stage=stage,
                                   op_group=world_group(), params_split_info=str(tmp_path))
     assert train.zero_helper.zero_stage == stage and train.zero_helper.op_group == world_group()
-    assert train.zero_helper.op_comm.group == world_group()
+    assert train.grad_sync.op_comm.group == world_group()
     # a group this process does not have fails where the long name fails, so the alias reaches it
     failures = []
     for keyword in ("optimizer_parallel_group", "op_group"):

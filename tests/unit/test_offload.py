@@ -183,7 +183,7 @@ def test_host_step_drops_each_gradient_once_used():
         train(Tensor(x), Tensor(t), Tensor(1.0, ms.float32))
     finally:
         host_step._take = real_take
-    n = len(host.helper.opt_params)
+    n = len(host.opt_params)
     assert isinstance(handed[0], list) and len(handed[0]) == n and all(g is None for g in handed[0])
     assert seen == [(i, True, n - i) for i in range(n)]  # gradient i alive, the earlier ones gone
 

@@ -83,7 +83,7 @@ def native_collectives(layout: List[dict], stage: int, accum: int, clip_grad: bo
     ``layout`` has, per parameter, ``shape`` (full), ``padded_shape``, ``itemsize`` and ``split``
     (as ``tools/bench/benchmark_worker.py`` writes it) and ``regathered`` (stage 3 gathers it again in
     backward). Tensor bytes are the full (padded) tensor a
-    collective works on. Follows [Note: gradient reduction] in ``mindone_zero/train/zero_helper.py``:
+    collective works on. Follows [Note: gradient reduction] in ``mindone_zero/train/grad_sync.py``:
     one overflow-flag all-reduce per micro-step; gradients reduced every micro-step at stages 2-3
     (and whenever ``accum == 1``), else once per optimizer step; stages 1-2 reduce-scatter sharded
     gradients and all-gather the updated shards once per step; stage 3 all-gathers each sharded

@@ -45,11 +45,11 @@ def _layout(train_net) -> list:
     """Per parameter: full shape, bytes per element, whether it is sharded, padded rows, whether
     stage 3 gathers it again in backward (``reshard_after_forward``) and the coalesced gather it
     shares (``TrainOneStepWrapper.param_gathers``)."""
-    helper = train_net.zero_helper
+    plan, shards = train_net.zero_plan, train_net.optimizer_shards  # [Note: train records] in train/train_plan.py
     return [{"name": p.name, "shape": list(s.shape), "itemsize": int(p.itemsize), "split": bool(s.split),
              "padded_shape": list(s.padded_shape) if s.shape else [],
              "coalesced": g["coalesced"], "regathered": g["regathered"]}
-            for s, p, g in zip(helper.specs, helper.params, train_net.param_gathers())]
+            for s, p, g in zip(plan.specs, shards.params, train_net.param_gathers())]
 
 
 def plan_entries(train_net, micro_steps=None) -> list:

@@ -66,7 +66,7 @@ def main():
         result.update(_snapshot(updated, "after:"))
         result.update(_snapshot(train.network.trainable_params(), "net:"))
         result["memory"] = np.array(json.dumps(measure_model_states(train)))
-        states = train.zero_helper.opt_states  # the optimizer's moments (OffloadedState with offload)
+        states = train.optimizer_shards.opt_states  # the optimizer's moments (OffloadedState with offload)
         result["states"] = np.array(json.dumps({a: sorted({str(v.dtype) for v in vs}) for a, vs in states.items()}))
         np.savez(os.path.join(out, f"{name}_rank{rank}.npz"), **result)
         print(f"rank {rank}: {name} done", flush=True)

@@ -52,7 +52,7 @@ def run_case(case, out, rank, world):
         losses.append(float(train(Tensor(x), Tensor(t), Tensor(1.0, ms.float32))[0].asnumpy()))
     params = gather_full_params(train)
     np.savez(os.path.join(out, f"{case['name']}_rank{rank}.npz"), losses=np.array(losses),
-             split=np.array([bool(s) for s in train.zero_helper.split]), **{"param/" + k: v for k, v in params.items()})
+             split=np.array([bool(s.split) for s in train.zero_plan.specs]), **{"param/" + k: v for k, v in params.items()})
 
 
 def main():

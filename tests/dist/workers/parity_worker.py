@@ -103,19 +103,19 @@ def run_case(case, out, rank, world, hybrid):
         spec = getattr(p, "zero_spec", None)
         specs[p.name] = {"split": bool(spec.split), "shape": list(spec.shape), "group_size": spec.group_size,
                          "rank": spec.rank} if spec is not None else None
-    helper = train.zero_helper
-    # Stage 0 shards nothing, so the helper found no states; find them the same way it does.
-    states = helper.opt_states or find_optimizer_states(train.optimizer, [s.shape for s in helper.specs])
+    layout, shards = train.zero_plan, train.optimizer_shards  # [Note: train records] in train/train_plan.py
+    # Stage 0 shards nothing, so no states were looked for; find them the same way the build does.
+    states = shards.opt_states or find_optimizer_states(train.optimizer, [s.shape for s in layout.specs])
     state_bytes = sum(v.nbytes for values in states.values() for v in values)
-    master_bytes = sum(p.nbytes for p, q in zip(helper.opt_params, helper.params) if p is not q)
+    master_bytes = sum(p.nbytes for p, q in zip(shards.opt_params, shards.params) if p is not q)
     np.savez(os.path.join(out, f"{case['name']}_rank{rank}.npz"), losses=np.array(losses),
              overflows=np.array(overflows), scales=np.array(scales), final_scale=float(train.scale_sense.asnumpy()),
              **{"param/" + k: v for k, v in params.items()})
     plan = train.comm_plan
     with open(os.path.join(out, f"{case['name']}_rank{rank}.json"), "w") as f:
         json.dump({"specs": specs, "state_bytes": int(state_bytes), "master_bytes": int(master_bytes),
-                   "split": [bool(s) for s in helper.split], "memory": measure_model_states(train),
-                   "offload": helper.host_offload.store.location if helper.host_offload else None,
+                   "split": [bool(s.split) for s in layout.specs], "memory": measure_model_states(train),
+                   "offload": train.zero_helper.host_offload.store.location if train.offload else None,
                    "plan": [list(e) for e in plan.entries], "recomputed": list(recomputed_cells(loss_net)),
                    "calls_per_step": {k: v / case["steps"] for k, v in counter.counts.items()} if counter else None}, f)
 
