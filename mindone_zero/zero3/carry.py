@@ -94,14 +94,14 @@ def is_recompute_scoped(cell: nn.Cell) -> bool:
     return in_recompute_scope(cell)
 
 
-def spread_recompute_scope(network: nn.Cell) -> None:
-    """Mark, as ``recompute()`` does, the children of recompute-scoped Cells that are not yet marked
-    (children added after the call: gather wrappers, replaced layers). Not collective."""
-    for _, cell in network.cells_and_names():
-        if is_recompute_scoped(cell):
-            for child in cell.cells():
-                if not has_config_recompute(child):
-                    mark_recomputed_child(child)
+def spread_recompute_scope(cell: nn.Cell) -> None:
+    """If ``cell`` is recompute-scoped, mark its children that are not yet marked, as ``recompute()``
+    marks children (children added after the call: gather wrappers, replaced layers). Not
+    collective."""
+    if is_recompute_scoped(cell):
+        for child in cell.cells():
+            if not has_config_recompute(child):
+                mark_recomputed_child(child)
 
 
 def carry_hooks(src: nn.Cell, dst: nn.Cell) -> None:

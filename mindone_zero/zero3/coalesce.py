@@ -96,8 +96,8 @@ class _CoalescedGather(nn.Cell):
         self.cast_after_gather = record.cast_after_gather
         self.padded_shapes = record.padded_shapes
         self.shard_shapes = record.shard_shapes
-        self.full_rows = tuple(g.full_rows for g in gathers)
-        self.pads = tuple(g.pad for g in gathers)
+        self.full_rows = tuple(g.spec.shape[0] if g.spec.shape else 0 for g in gathers)
+        self.pads = tuple(g.spec.pad for g in gathers)
         self.layout = PackedLayout([int(np.prod(s)) for s in self.shard_shapes], self.group_size)
         self.comm = GroupComm(record.group)
         self.waiting = _CoalescedWaiting(self)
@@ -143,8 +143,10 @@ class ZeroGatherGroup(nn.Cell):
 
 
 def gather_settings(gather) -> tuple:
-    """What parameters must share to be gathered in one collective: group, dtypes, ZeRO++ options."""
-    return (gather.group_name, gather.group_size, gather.param_dtype, gather.compute_dtype, gather.zeropp)
+    """What parameters must share to be gathered in one collective: group, dtypes, ZeRO++ options.
+    ``gather``: a ``ParamGather`` (or a ``_GatherShard``) of ``param_wrapper.py``."""
+    record = gather.record
+    return (record.group, record.group_size, record.param_dtype, record.compute_dtype, gather.zeropp)
 
 
 def gathered_nbytes(gather) -> int:
@@ -162,20 +164,16 @@ def coalesced_record(gathers: Sequence, kind: str = "coalesced") -> GatherRecord
                    shard_shapes=tuple(r.shard_shapes[0] for r in records))
 
 
-def build_gather_group(wrappers: Sequence) -> Optional[ZeroGatherGroup]:
-    """A ``ZeroGatherGroup`` for ``wrappers`` (``ZeroParamWrapper``), or None when they cannot be
-    coalesced as one: fewer than two, one that does not all-gather, settings that differ, a padded
-    tensor over ``COALESCE_MAX_BYTES``, or ZeRO++ options ([Note: coalesced gathers]). Not collective."""
-    if len(wrappers) < 2:
+def build_gather_group(gathers: Sequence) -> Optional[ZeroGatherGroup]:
+    """A ``ZeroGatherGroup`` for ``gathers`` (the ``ParamGather``s of a layer's parameters, decided
+    before any gather Cell is built), or None when they cannot be coalesced as one: fewer than two,
+    one that does not all-gather, settings that differ, a padded tensor over ``COALESCE_MAX_BYTES``,
+    or ZeRO++ options ([Note: coalesced gathers]). Not collective."""
+    if len(gathers) < 2:
         return None
-    gathers = []
-    for w in wrappers:
-        gather = getattr(w, "gather", None)
-        if gather is None or not gather.gathers or gather.zeropp is not None or w.hpz:
+    for gather in gathers:
+        if not gather.record.gathers or gather.zeropp is not None or gathered_nbytes(gather) > COALESCE_MAX_BYTES:
             return None
-        if gathered_nbytes(gather) > COALESCE_MAX_BYTES:
-            return None
-        gathers.append(gather)
     if len({gather_settings(g) for g in gathers}) != 1:
         return None
     return ZeroGatherGroup(gathers)

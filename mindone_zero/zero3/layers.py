@@ -32,7 +32,7 @@ from .coalesce import build_gather_group
 from .direct_reads import gather_attrs, source_indirect_reads
 from .carry import carry_cell_state, check_carryable, is_recompute_scoped, reapply_recompute, recompute_options
 from .param_wrapper import (ZeroParamWrapper, check_compute_dtype, check_group, compute_dtype_of,
-                            gather_attr_name)
+                            gather_attr_name, param_gather, shard_parameter)
 
 __all__ = ["Dense", "Linear", "Conv1d", "Conv2d", "Conv3d", "Mint_Conv2d", "Mint_Conv3d", "Embedding", "ZeroCell",
            "PARALLEL_MODULES"]
@@ -132,11 +132,8 @@ class ZeroCell(nn.Cell):
             if attr not in self.child_cells and attr != RECOMPUTE_WRAPPER:
                 setattr(self, attr, child)
         for attr in param_attrs:
-            param = getattr(net, attr, None)
-            setattr(self, attr, param)
-            if param is not None:
-                setattr(self, gather_attr_name(attr), ZeroParamWrapper(param, zero_stage, group, cell_type))
-        self._build_gather_group(param_attrs)
+            setattr(self, attr, getattr(net, attr, None))
+        self._build_gathers(group, cell_type)
         self._build(net)
         carry_cell_state(net, self)
         options = recompute_options(net)
@@ -162,15 +159,38 @@ class ZeroCell(nn.Cell):
         check_carryable(name, net)
         return group
 
-    def _build_gather_group(self, param_attrs):
+    def _build_gathers(self, group, cell_type):
         # [Note: coalesced gathers] in coalesce.py: all the split parameters in one all-gather, or none
-        # (none with ZeRO++ options: [Note: ZeRO++ at build] in param_wrapper.py).
+        # (none with ZeRO++ options: [Note: ZeRO++ at build] in param_wrapper.py). Decided from the
+        # parameters' ``ParamGather``s, before any gather Cell is built: a coalescing layer builds its
+        # group and no per-parameter wrapper.
         self.zero_gather_group = None
         self.zero_coalesce = False
+        self.zero3_gather_dtype = cell_type
         if self.coalesces and StagePolicy(self.zero_stage).shards_params:
-            wrappers = [getattr(self, gather_attr_name(a)) for a in param_attrs if getattr(self, a, None) is not None]
-            self.zero_gather_group = build_gather_group(wrappers)
+            params = self._gathered_params()
+            for _, param in params:
+                shard_parameter(param, group)
+            self.zero_gather_group = build_gather_group(
+                [param_gather(param, group, cell_type, zero_spec_of(param)) for _, param in params])
             self.zero_coalesce = self.zero_gather_group is not None
+        if not self.zero_coalesce:
+            self.gather_per_parameter()
+
+    def _gathered_params(self) -> list:
+        return [(a, getattr(self, a)) for a in self.zero3_param_attrs if getattr(self, a, None) is not None]
+
+    def gather_per_parameter(self) -> None:
+        """Gather each parameter with its own ``ZeroParamWrapper`` (``<attr>_zero_gather``), not in
+        one coalesced group: what a layer that cannot coalesce builds, and what ``shard_network``
+        turns a layer built before it to when ZeRO++ options apply ([Note: ZeRO++ at build] in
+        ``param_wrapper.py``). Not collective."""
+        group = self.optimizer_parallel_group
+        for attr, param in self._gathered_params():
+            setattr(self, gather_attr_name(attr), ZeroParamWrapper(param, self.zero_stage, group,
+                                                                   self.zero3_gather_dtype))
+        self.zero_gather_group = None
+        self.zero_coalesce = False
 
     def gather_cells(self) -> list:
         """The gather Cells ``construct`` calls: the coalesced group when the Cell coalesces ([Note:

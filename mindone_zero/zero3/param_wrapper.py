@@ -58,10 +58,13 @@ MindOne-style class calling ``ZeroParamWrapper`` without knowing of ZeRO++ all r
 there. A gather with ZeRO++ options is never coalesced (``build_gather_group`` in ``coalesce.py``),
 so a layer Cell decides at build time to gather per parameter. hpZ is added afterwards
 (``enable_zeropp``), to the wrappers that end up in a recomputed region. A layer the user built
-before calling ``shard_network`` was built without the options: ``apply_zeropp`` (``reshard.py``)
-gives its wrappers their ZeRO++ gather and turns its coalescing off.
+before calling ``shard_network`` was built without the options: ``finish_gathers`` (``reshard.py``)
+turns its coalescing off (``ZeroCell.gather_per_parameter`` builds its wrappers then, before its
+gathers are marked) and gives its wrappers their ZeRO++ gather: the one gather Cell built and then
+replaced, because the user built it before the options existed.
 """
 from dataclasses import dataclass, replace
+from functools import cached_property
 from typing import Optional
 
 import numpy as np
@@ -83,7 +86,7 @@ from .zeropp import ZeroPPConfig
 __all__ = [
     "ZeroParamWrapper", "shard_parameter", "compute_dtype_of", "gather_attr_name",
     "check_group", "check_compute_dtype", "GATHER_SUFFIX", "after_grad", "Waiting", "ZeroParam", "zero_param_of",
-    "gathers_split",
+    "gathers_split", "param_gather", "ParamGather",
 ]
 
 GATHER_SUFFIX = "_zero_gather"
@@ -399,8 +402,7 @@ class ZeroParamWrapper(nn.Cell):
             spec = shard_parameter(param, group)
             self.is_split = spec.split
             self.param_name = spec.name  # the name it was sharded under, as ZeroHelper and CommPlan know it
-            record = zero_param_of(param)  # [Note: ZeRO++ at build]
-            self.gather = _GatherShard(spec, param.dtype, group, compute_dtype, record and record.zeropp)
+            self.gather = param_gather(param, group, compute_dtype, spec).build()
             # its own ([Note: comm records]): its gather Cell may be shared ([Note: shared gather graphs])
             self.gather_record = self.gather.record
             self.shard_shape = tuple(spec.shard_shape)
@@ -444,6 +446,39 @@ class ZeroParamWrapper(nn.Cell):
             self.hpz_secondary = _HpzSecondary(self.gather, self.gather_record.hpz_group)
             self.hpz = True
 
+
+
+@dataclass(frozen=True)
+class ParamGather:
+    """What one parameter's gather is built from, before any Cell is: its layout, dtypes, group and
+    ZeRO++ options, and the ``GatherRecord`` they give ([Note: comm records]). A coalesced group
+    (``coalesce.py``) and a gather unit (``units.py``) are built from these, so no per-parameter
+    gather Cell is built for a parameter that one collective gathers with others; ``build()`` makes
+    the ``_GatherShard`` of a parameter gathered alone."""
+
+    spec: ShardSpec
+    param_dtype: object
+    group: Optional[str]
+    compute_dtype: object
+    zeropp: Optional[ZeroPPConfig] = None
+
+    @cached_property
+    def record(self) -> GatherRecord:
+        return _gather_record(self.spec, self.param_dtype, self.group, self.compute_dtype, self.zeropp)
+
+    def build(self) -> "_GatherShard":
+        """The gather Cell (not collective)."""
+        return _GatherShard(self.spec, self.param_dtype, self.group, self.compute_dtype, self.zeropp)
+
+
+def param_gather(param: Parameter, group: Optional[str], compute_dtype,
+                 spec: Optional[ShardSpec] = None) -> ParamGather:
+    """The ``ParamGather`` of ``param``, sharded already, from its record: its spec and ZeRO++
+    options ([Note: ZeRO++ at build]); ``spec`` for a parameter without a record (not trainable).
+    Not collective."""
+    record = zero_param_of(param)
+    spec = record.spec if record is not None else spec
+    return ParamGather(spec, param.dtype, group, compute_dtype, record and record.zeropp)
 
 
 def gathers_split(cell: nn.Cell) -> bool:

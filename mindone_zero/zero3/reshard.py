@@ -65,7 +65,7 @@ from .direct_reads import INDIRECT_ATTR, gather_attrs, source_indirect_reads
 from .param_wrapper import ZeroParamWrapper, gathers_split
 from .units import ZeroUnitGather
 
-__all__ = ["mark_reshard_after_forward", "describe_recomputed", "apply_zeropp"]
+__all__ = ["finish_gathers", "describe_recomputed"]
 
 
 def _recompute_marked(cell: nn.Cell) -> bool:
@@ -120,7 +120,7 @@ def _holds_readers(cell: nn.Cell) -> bool:
 # is what backward reads, and the AllGathers are the same (171 in the kernel graph of the 24-block model of
 # tools/bench/benchmark_compile.py). The graph the compiler infers again after autodiff shrank from
 # 1967 graphs and 9717 nodes to 1381 and 7568 there.
-# Kept as they were: wrappers in a network sharded with ZeRO++ options, whose gather ``apply_zeropp``
+# Kept as they were: wrappers in a network sharded with ZeRO++ options, whose gather ``finish_gathers``
 # replaces afterwards (a wrapper built without the options) or splits into two Cells that must both be
 # inside the recomputed region (hpZ, [Note: hpZ] in param_wrapper.py); a unit's
 # ``ZeroUnitGather``, which reshapes the shards inside the region; PYNATIVE_MODE, which recomputes a
@@ -144,62 +144,89 @@ def _regather_only(cell: nn.Cell, whole: bool) -> None:
                 target.waiting.recompute(output_recompute=True)
 
 
-def mark_reshard_after_forward(network: nn.Cell, zeropp: bool = False) -> List[Tuple[str, nn.Cell, List[str], bool]]:
-    """Mark for recomputation the gathers of the readers chosen by [Note: reshard after forward],
-    or the readers themselves where their code is not direct ([Note: direct reads]). ``zeropp``:
-    ``apply_zeropp`` will run next ([Note: the collective alone is recomputed]).
+def finish_gathers(network: nn.Cell, options) -> Tuple[List[Tuple[str, nn.Cell, List[str], bool]], List[nn.Cell]]:
+    """The build's one pass over the gathers it attached, in the network's order (after the Cells are
+    replaced and rewritten, the units attached and the user's ``recompute()`` re-applied). On each Cell:
 
-    Returns the readers whose code is not direct: ``(path, Cell, reasons, whole)``, ``whole`` True
-    when the reader is recomputed whole, False when it holds other readers and is re-gathered
-    only. Call after the network is sharded and before it is compiled. Not collective.
+    * the children of a recompute-scoped Cell that ``recompute()`` did not mark (gather wrappers, layer
+      Cells added after the call) get its scope, as ``recompute()`` marks children;
+    * with ZeRO++, a layer the user built before ``shard_network`` gathers per parameter
+      ([Note: ZeRO++ at build] in param_wrapper.py);
+    * with ``reshard_after_forward``, the readers chosen by [Note: reshard after forward] get their
+      gathers marked for recomputation, or are recomputed whole where their code is not direct
+      ([Note: direct reads]);
+    * the Cells whose ``gather`` may be shared are collected ([Note: shared gather graphs]).
+
+    Then, with ZeRO++, every gathering wrapper gets its ZeRO++ gather, split for hpZ inside a
+    recomputed region ([Note: hpZ] in ``param_wrapper.py``).
+
+    Returns:
+        (readers whose code is not direct: ``(path, Cell, reasons, whole)``, ``whole`` True when the
+        reader is recomputed whole, False when it holds other readers and is re-gathered only;
+        the callers whose gather ``share_gather_graphs`` may share, in the network's order).
+        Not collective.
     """
-    found, seen = [], {id(network)}
+    zeropp = options.zeropp
     pynative = ms.get_context("mode") == ms.PYNATIVE_MODE
-    whole_gathers = zeropp or pynative
+    whole_gathers = zeropp is not None or pynative
+    found, callers, wrappers = [], [], []
+    seen, decided = {id(network)}, set()
 
-    def walk(cell, path):
+    def decide(child, where) -> bool:
+        """Mark reader ``child``; whether the readers below it are still to be decided."""
+        reasons = [PYNATIVE_REASON] if pynative else _indirect_reads(child)
+        if not reasons:
+            _regather_only(child, whole_gathers)
+            return False
+        if pynative or not _holds_readers(child):
+            child.recompute()
+            found.append((where, child, reasons, True))
+            return False
+        _regather_only(child, whole_gathers)  # recomputing it whole would recompute every reader below it
+        found.append((where, child, reasons, False))
+        return True
+
+    def visit(cell, path, free):
+        spread_recompute_scope(cell)  # children added after recompute() (wrappers, layers)
         for name, child in child_cells(cell).items():
-            if child is None or name == RECOMPUTE_WRAPPER or id(child) in seen or isinstance(child, GATHER_CELLS):
+            if child is None:
                 continue
+            # a Cell is decided on the first free path that reaches it, visited once otherwise
+            child_free = free and name != RECOMPUTE_WRAPPER and not isinstance(child, GATHER_CELLS)
+            if id(child) in seen and not (child_free and id(child) not in decided):
+                continue
+            first = id(child) not in seen
             seen.add(id(child))
             where = f"{path}.{name}" if path else name
-            if _recompute_marked(child):
-                continue
-            if not _gathers_directly(child):
-                walk(child, where)
-                continue
-            reasons = [PYNATIVE_REASON] if pynative else _indirect_reads(child)
-            if not reasons:
-                _regather_only(child, whole_gathers)
-            elif pynative or not _holds_readers(child):
-                child.recompute()
-                found.append((where, child, reasons, True))
-            else:  # recomputing it whole would recompute every reader below it
-                _regather_only(child, whole_gathers)
-                found.append((where, child, reasons, False))
-                walk(child, where)
+            if first:
+                if zeropp is not None and getattr(child, "zero_coalesce", False):
+                    child.gather_per_parameter()
+                _collect(child, callers, wrappers)
+            if child_free:
+                decided.add(id(child))
+                if _recompute_marked(child):
+                    child_free = False
+                elif _gathers_directly(child):
+                    child_free = decide(child, where)
+            visit(child, where, child_free)
 
-    walk(network, "")
-    return found
+    visit(network, "", options.reshard_after_forward)
+    if zeropp is not None:
+        for wrapper in wrappers:
+            wrapper.enable_zeropp(zeropp, hpz=zeropp.hpz_group is not None and is_recompute_scoped(wrapper))
+            spread_recompute_scope(wrapper)  # the Cells it just built
+    return found, [c for c in callers if not getattr(c, "hpz", False)]
+
+
+def _collect(cell, callers, wrappers) -> None:
+    if isinstance(cell, ZeroGatherGroup):
+        callers.append(cell)
+    elif gathers_split(cell):
+        callers.append(cell)
+        wrappers.append(cell)
 
 
 def describe_recomputed(found: List[Tuple[str, nn.Cell, List[str], bool]]) -> List[str]:
-    """One line per reader of ``mark_reshard_after_forward``'s result: path, class, what is done, why."""
+    """One line per reader of ``finish_gathers``'s result: path, class, what is done, why."""
     return [f"{path} ({type(cell).__name__}) {'recomputed whole' if whole else 're-gathered only, transformed copies may be kept'}: "
             f"{'; '.join(reasons)}" for path, cell, reasons, whole in found]
-
-
-def apply_zeropp(network: nn.Cell, zeropp) -> None:
-    """Finish the ZeRO++ options ``zeropp`` (a checked ``ZeroPPConfig``) on every gather wrapper that
-    all-gathers: with hpZ, the wrappers inside a recomputed region split their gather for the
-    secondary group ([Note: hpZ] in ``param_wrapper.py``); wrappers and layer Cells built before
-    ``shard_network`` get the options now ([Note: ZeRO++ at build]). Call after
-    ``mark_reshard_after_forward``. Not collective."""
-    seen = set()
-    for _, cell in network.cells_and_names():
-        if getattr(cell, "zero_coalesce", False):  # a layer built before shard_network: gather per parameter
-            cell.zero_coalesce = False
-        if gathers_split(cell) and id(cell) not in seen:
-            seen.add(id(cell))
-            cell.enable_zeropp(zeropp, hpz=zeropp.hpz_group is not None and is_recompute_scoped(cell))
-    spread_recompute_scope(network)

@@ -11,13 +11,12 @@ from ..core.ms_internals import child_cells, has_config_recompute, set_child
 from ..core.packing import itemsize_of
 from ..core.partition import WHOLE_WARN_SHARE, is_split_candidate, splits_over, whole_candidates, zero_spec_of
 
-from .carry import (carry_hooks, check_carryable, is_recompute_scoped, reapply_recompute, recompute_options,
-                    spread_recompute_scope)
+from .carry import carry_hooks, check_carryable, is_recompute_scoped, reapply_recompute, recompute_options
 from .layers import PARALLEL_MODULES, ZeroCell
 from .options import Stage3Options
-from .param_wrapper import ZeroParamWrapper, compute_dtype_of, shard_parameter
+from .param_wrapper import ZeroParamWrapper, compute_dtype_of, param_gather, shard_parameter
 from .direct_reads import record_rewritten_reads
-from .reshard import apply_zeropp, describe_recomputed, mark_reshard_after_forward
+from .reshard import describe_recomputed, finish_gathers
 from .rewrite import apply_rewrites, plan_rewrites
 from .shared_graphs import share_gather_graphs
 from .state import STATE_ATTR, ZeroState, gather_calls, zero_states
@@ -246,16 +245,11 @@ def _shard(network, group, match, options: Stage3Options):
     apply_rewrites(plans, make_wrapper)
     record_rewritten_reads(plans, units)
     attach_unit_gathers(list({id(u): u for u in units.values()}.values()),
-                        lambda param, dtype: ZeroParamWrapper(param, group, dtype).gather)
+                        lambda param, dtype: param_gather(param, group, dtype))
     _restore_recompute(recomputed, new_cells)
-    spread_recompute_scope(network)
-    found = []
-    if reshard_after_forward:
-        found = mark_reshard_after_forward(network, zeropp=options.zeropp is not None)
-        _warn_recomputed(found)
-    if options.zeropp is not None:
-        apply_zeropp(network, options.zeropp)
-    share_gather_graphs(network)  # last: after marking ([Note: shared gather graphs] in shared_graphs.py)
+    found, callers = finish_gathers(network, options)  # the one pass over what was attached
+    _warn_recomputed(found)
+    share_gather_graphs(callers)  # last: after marking ([Note: shared gather graphs] in shared_graphs.py)
     state = ZeroState(options, tuple(gather_calls(network)), tuple(describe_recomputed(found)))
     object.__setattr__(network, STATE_ATTR, state)  # [Note: zero3 state] in state.py
     return network

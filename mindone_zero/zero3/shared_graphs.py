@@ -49,15 +49,16 @@ def _callers(network: nn.Cell) -> list:
             if isinstance(cell, ZeroGatherGroup) or (gathers_split(cell) and not cell.hpz)]
 
 
-def share_gather_graphs(network: nn.Cell) -> int:
-    """In GRAPH_MODE, make the callers in ``network`` whose gathers read the same settings and are
-    marked alike for recomputation call one gather Cell ([Note: shared gather graphs]); returns how
-    many callers were given another's gather (0 in PYNATIVE_MODE). Call after the network is
-    sharded and marked, before it is compiled. Not collective."""
+def share_gather_graphs(callers) -> int:
+    """In GRAPH_MODE, make the ``callers`` (a network, or the callers ``finish_gathers`` found in it)
+    whose gathers read the same settings and are marked alike for recomputation call one gather
+    Cell ([Note: shared gather graphs]); returns how many callers were given another's gather (0 in
+    PYNATIVE_MODE). Call after the network is sharded and marked, before it is compiled. Not
+    collective."""
     if ms.get_context("mode") != ms.GRAPH_MODE:
         return 0
     first, shared = {}, 0
-    for caller in _callers(network):
+    for caller in _callers(callers) if isinstance(callers, nn.Cell) else callers:
         key = (type(caller.gather), caller.gather.graph_key(), _recompute_marks(caller.gather))
         gather = first.setdefault(key, caller.gather)
         if gather is not caller.gather:

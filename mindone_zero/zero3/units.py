@@ -208,19 +208,20 @@ class _UnitCasts(nn.Cell):
         super().__init__(auto_prefix=False)
         self.select = select
         self.every = every
-        self.compute_dtype = gathers[0].compute_dtype
-        self.param_names = tuple(g.param_name for g in gathers)
+        self.compute_dtype = gathers[0].record.compute_dtype
+        self.param_names = tuple(g.spec.name for g in gathers)
 
     def construct(self, xs, after):
         return hyper_map(ops.partial(_cast_to, self.compute_dtype), xs if self.every else take(xs, self.select))
 
 
 class _UnitSingle(nn.Cell):
-    """One large element gathered alone by its own ``_GatherShard`` (no copies into a buffer)."""
+    """One large element gathered alone by its own ``_GatherShard`` (no copies into a buffer), built
+    here from the element's ``ParamGather``."""
 
-    def __init__(self, gather, index: int):
+    def __init__(self, plan, index: int):
         super().__init__(auto_prefix=False)
-        self.gather = gather
+        self.gather = gather = plan.build()
         self.index = index
         self.param_names = (gather.param_name,)
         self.gather_record = replace(gather.record, kind="unit_single")  # [Note: comm records]
@@ -236,8 +237,8 @@ class ZeroUnitGather(nn.Cell):
     ``construct(xs, after=None)`` takes the tuple of the unit's shards, in element order (and the unit
     root's input as ``after``: every collective waits for it), and returns their full
     tensors (padding dropped, compute dtype) in the same order, bit for bit what per-parameter
-    gathers return. Collective over the parameters' group. ``gathers``: one ``_GatherShard`` per
-    element (``param_wrapper.py``), used for its settings only.
+    gathers return. Collective over the parameters' group. ``gathers``: one ``ParamGather`` per
+    element (``param_wrapper.py``): the parts' gather Cells are built from them.
     """
 
     def __init__(self, unit_path: str, gathers: List):
@@ -246,11 +247,11 @@ class ZeroUnitGather(nn.Cell):
         keyed: Dict[tuple, List[int]] = {}
         parts, flat = [], []
         for i, g in enumerate(gathers):
-            if g.gathers and gathered_nbytes(g) > COALESCE_MAX_BYTES:
+            if g.record.gathers and gathered_nbytes(g) > COALESCE_MAX_BYTES:
                 parts.append(_UnitSingle(g, i))
                 flat.append(i)
             else:
-                keyed.setdefault(gather_settings(g) + (g.gathers,), []).append(i)
+                keyed.setdefault(gather_settings(g) + (g.record.gathers,), []).append(i)
         everything = tuple(range(len(gathers)))
         for key, idx in keyed.items():
             members, every = [gathers[i] for i in idx], tuple(idx) == everything
@@ -264,7 +265,7 @@ class ZeroUnitGather(nn.Cell):
         self.in_order = self.order == everything  # no take ([Note: compile cost] in core/graph_tuples.py)
         self.one_part = len(parts) == 1  # its outputs are in order: no loop, no take
         self.shard_shapes = tuple(tuple(g.spec.shard_shape) for g in gathers)
-        self.param_names = tuple(g.param_name for g in gathers)
+        self.param_names = tuple(g.spec.name for g in gathers)
 
     def construct(self, xs, after=None):
         # [Note: unit shards]
@@ -304,7 +305,7 @@ class ZeroUnitGather(nn.Cell):
 def attach_unit_gathers(units: List[GatherUnit], make_gather) -> None:
     """Give each unit root with elements its ``ZeroUnitGather`` (attribute ``zero3_unit_gather``).
 
-    ``make_gather(param, compute_dtype)`` returns the ``_GatherShard`` of a sharded parameter. Call
+    ``make_gather(param, compute_dtype)`` returns the ``ParamGather`` of a sharded parameter. Call
     after the parameters are sharded. Not collective.
     """
     for unit in units:

@@ -27,12 +27,30 @@ def _wrapper(name="w", shape=(6, 4), gathers=True, dtype=ms.float32, zeropp=None
     [_wrapper()],  # a single parameter keeps the per-parameter path (no concat, no split)
     [_wrapper(), _wrapper("b", gathers=False)],
     [_wrapper(), _wrapper("b", zeropp=object())],
-    [_wrapper(), _wrapper("b", hpz=True)],
     [_wrapper(), _wrapper("b", dtype=ms.float16)],
     [_wrapper(), _wrapper("big", shape=(COALESCE_MAX_BYTES // 4 + 2, 1))],
 ])
 def test_wrappers_that_cannot_share_a_collective_are_not_coalesced(wrappers):
-    assert build_gather_group(wrappers) is None
+    # the layer decides from its parameters' gathers (ParamGather) before building any gather Cell
+    assert build_gather_group([w.gather for w in wrappers]) is None
+
+
+def test_a_coalescing_layer_builds_its_group_and_no_per_parameter_wrapper():
+    """No gather Cell is built and left idle: a layer that coalesces holds its group only; one
+    turned to per-parameter gathers (ZeRO++ on a layer built before shard_network) holds wrappers
+    only."""
+    from mindspore import nn
+    import parallel_modules as pm
+    from mindone_zero.zero3.param_wrapper import ParamGather
+    assert build_gather_group([_wrapper().gather, _wrapper("b", shape=(6,)).gather]) is not None
+    layer = pm.Dense(nn.Dense(4, 6), zero_stage=3)  # one process: nothing gathers, per parameter
+    assert not layer.zero_coalesce and layer.zero_gather_group is None
+    assert isinstance(layer.weight_zero_gather, ZeroParamWrapper)
+    specs = [ParamGather(ShardSpec(n, s, 2, 0, True), ms.float32, None, None) for n, s in (("w", (6, 4)), ("b", (6,)))]
+    layer.zero_gather_group, layer.zero_coalesce = build_gather_group(specs), True
+    layer.gather_per_parameter()
+    assert not layer.zero_coalesce and layer.zero_gather_group is None
+    assert isinstance(layer.bias_zero_gather, ZeroParamWrapper)
 
 
 def test_wrappers_read_the_zeropp_options_from_their_parameter_record():

@@ -93,9 +93,8 @@ def _param_report(param, size):
 def _uncoalesced_equal(net, batch, loss, grads):
     """Whether ``net`` sharded with every coalesced gather switched off gives ``loss`` and ``grads`` bit for bit."""
     net = shard_network(net, parallel_modules={zm.Shift: zm.ShiftZero3}, pad_uneven_params=True)
-    for _, cell in net.cells_and_names():
-        if getattr(cell, "zero_coalesce", False):
-            cell.zero_coalesce = False
+    for cell in [c for _, c in net.cells_and_names() if getattr(c, "zero_coalesce", False)]:
+        cell.gather_per_parameter()
     other_loss, _, other_grads = _grads(zm.Zero3LossNet(net), batch)
     return other_loss == loss and len(grads) == len(other_grads) and all(
         a.shape == b.shape and np.array_equal(a, b) for a, b in zip(grads, other_grads))
