@@ -16,7 +16,7 @@ from ..core.comm_records import BucketRecord, GatherRecord, TrainCommRecord
 from ..core.partition import zero_spec_of
 from ..zero3.state import gather_calls
 
-__all__ = ["step_plan", "network_gathers", "param_gathers", "add_gather", "add_hpz_secondary", "add_reduce_scatter", "add_buckets",
+__all__ = ["StepCommAccounting", "step_plan", "network_gathers", "param_gathers", "add_gather", "add_hpz_secondary", "add_reduce_scatter", "add_buckets",
            "add_overflow_flags", "add_clip_norm", "add_offload_agreement"]
 
 
@@ -120,3 +120,45 @@ def step_plan(step: Optional[TrainCommRecord], gathers: Iterable[GatherRecord], 
         add_hpz_secondary(plan, record, ctx)
         add_reduce_scatter(plan, record, ctx)
     return plan
+
+
+class StepCommAccounting:
+    """The communication plan of a train step (a base of ``TrainOneStepWrapper``): ``comm_plan``,
+    ``plan_comm``, ``param_gathers``. Reads the step's ``zero_plan``, ``optimizer_shards``,
+    ``clip_grad`` and the network's gather records (``_gathers``, from ``network_gathers``)."""
+
+    @property
+    def comm_plan(self) -> CommPlan:
+        """The collectives of one optimizer step on this rank, as the native path runs them
+        (``CommPlan``, built with the wrapper; [Note: comm plan] in core/comm_plan.py)."""
+        return self._comm_plan
+
+    def plan_comm(self, micro_steps: int) -> CommPlan:
+        """The collectives of one optimizer step of ``micro_steps`` micro-steps on this rank, counted
+        from the train records and the network's gathers (train/comm_accounting.py), with gradients
+        reduced as this stage reduces them at that accumulation. ``comm_plan`` is this at
+        ``gradient_accumulation_steps``. Not collective.
+
+        Args:
+            micro_steps (int): forward/backward passes per optimizer step, >= 1.
+
+        Returns:
+            CommPlan: one entry per collective.
+
+        Raises:
+            ValueError: ``micro_steps`` is not an integer >= 1.
+        """
+        if isinstance(micro_steps, bool) or not isinstance(micro_steps, int) or micro_steps < 1:
+            raise ValueError(f"For 'plan_comm', the argument 'micro_steps' must be an integer >= 1, but got "
+                             f"{micro_steps!r}.")
+        ctx = PlanContext(micro_steps, self.zero_plan.policy.reduce_each_micro_step(micro_steps), self.clip_grad)
+        return step_plan(self.zero_plan.comm_record, self._gathers, ctx)
+
+    def param_gathers(self) -> list:
+        """How ZeRO-3 gathers each parameter the optimizer updates, in ``optimizer_shards.params`` order:
+        ``{"name", "regathered", "coalesced"}``, ``regathered`` whether backward gathers it again
+        ([Note: reshard after forward] in zero3/reshard.py, [Note: dropped re-gathers] in
+        zero3/backward_reads.py) and ``coalesced`` the index of the coalesced gather it shares a
+        collective with ([Note: coalesced gathers] in zero3/coalesce.py), or None. Parameters the
+        network does not shard have False and None. Not collective."""
+        return param_gathers(self._gathers, self.optimizer_shards.params, self.zero_plan.specs)
