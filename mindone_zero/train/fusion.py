@@ -156,7 +156,94 @@ def bucket_record(kind: str, group: str, group_size: int, numels: Sequence[int],
                         tuple(names[b[0]] for b in buckets))
 
 
-class BucketedComm(nn.Cell):
+def _placed(bucket, shapes) -> tuple:
+    """``bucket`` by shape if its shapes make runs that pay (``runs_pay``), else as planned."""
+    if not runs_pay(len(bucket), len({shapes[i] for i in bucket})):
+        return tuple(bucket)
+    return tuple(sorted(bucket, key=lambda i: (shapes[i], i)))
+
+
+def _cuts(layouts, placed, shapes, axis: int) -> tuple:
+    """Per bucket (``placed``), the cuts (``cut_args``) of its result into its tensors of ``shapes``
+    (``narrow_cut``): along axis 0 of the flat buffer, or axis 1 of the (n, S) rows of an
+    all-gather; None for a tensor sent alone, whose result is the tensor. A layout with an empty
+    block has no runs: it belongs to a collective the bucket's tensors cannot take (a
+    reduce-scatter of a tensor with fewer elements than ranks), never unpacked, and its bucket
+    gets no pieces."""
+    out = []
+    for layout, bucket in zip(layouts, placed):
+        if len(bucket) == 1:
+            out.append(None)
+        elif not all(layout.blocks):
+            out.append(((), None))
+        else:
+            shape = (layout.n, layout.total) if axis == 1 else (layout.total,)
+            out.append(cut_args(shape, axis, layout.offsets, layout.blocks, [shapes[i] for i in bucket]))
+    return tuple(out)
+
+
+def _ring_slots(placed, chunks, shapes) -> tuple:
+    """Per tensor, for ``_ring_tensor`` ([Note: chunk-aligned all-reduce]): (its bucket, whether it is
+    alone in it, its first column, its ring chunk width and full rows, its shape). In ring rows, a
+    tensor's rows start at the column after the widths of those before it in its bucket."""
+    where = {i: k for k, b in enumerate(placed) for i in b}
+    bucket = tuple(where[i] for i in range(len(shapes)))
+    alone = tuple(len(placed[k]) == 1 for k in bucket)
+    columns = tuple(sum(chunks[m][0] for m in placed[k][:placed[k].index(i)]) for i, k in enumerate(bucket))
+    return bucket, alone, columns, tuple(c[0] for c in chunks), tuple(c[1] for c in chunks), tuple(shapes)
+
+
+class BucketLayout(nn.Cell):
+    """Where each tensor of a ``BucketedComm`` lies in its bucket's buffer, worked out once when it is
+    built: the buckets, their order of tensors, the packed layouts and the static cuts out of each
+    bucket's result ([Note: packed layout] in core/packing.py, [Note: one map out of the buckets]).
+    The base of ``BucketedComm``, whose docstring gives the arguments; nothing here communicates."""
+
+    def __init__(self, comm: GroupComm, shapes: Sequence[Tuple[int, ...]], templates=None,
+                 bucket_size: Optional[int] = None, kind: str = "all_reduce", *, record: Optional[BucketRecord] = None):
+        super().__init__(auto_prefix=False)
+        kind = record.kind if record is not None else kind
+        if kind not in _COLLECTIVES:
+            raise ValueError(f"For 'BucketedComm', the argument 'kind' must be one of {list(_COLLECTIVES)}, but got "
+                             f"{kind!r}.")
+        self.kind = kind
+        self.comm = comm
+        self.shapes = tuple(tuple(int(d) for d in s) for s in shapes)
+        self.numels = tuple(int(np.prod(s)) for s in self.shapes)
+        self.record = record if record is not None else \
+            bucket_record(kind, comm.group, comm.size, self.numels, [t.dtype for t in templates], bucket_size)
+        self.buckets = self.record.buckets
+        # the same buckets, each in the order its buffer holds its tensors: by shape where that makes runs
+        # of equal tensors that pay, each cut out at once ([Note: runs of pieces] in core/slicing.py)
+        self.placed = tuple(_placed(b, self.shapes) for b in self.buckets)
+        # [Note: chunk-aligned all-reduce]: (row width, rows of full width) of each tensor
+        self.chunks = tuple(ring_chunks(k, comm.size) for k in self.numels)
+        self.bucket_bytes = self.record.bucket_bytes
+        # [Note: packed layout] of each bucket: for reduce-scatter (the tensors are full, blocks of
+        # numel / n) and for all-gather (the tensors are shards; also a flat all-reduce bucket's, each
+        # tensor's numel a block).
+        n = comm.size
+        self.scatter_layouts = nn.CellList([PackedLayout([self.numels[i] // n for i in b], n, True)
+                                            for b in self.placed])
+        self.gather_layouts = nn.CellList([PackedLayout([self.numels[i] for i in b], n, True) for b in self.placed])
+        # all-reduce: [Note: chunk-aligned all-reduce] on CPU with more than two ranks, else flat
+        self.ring_aligned = backend.ring_aligned_buckets(n)
+        # static data for construct: each bucket's ring chunks ([Note: chunk-aligned all-reduce])
+        self.bucket_chunks = tuple((tuple(self.chunks[i][0] for i in b), tuple(self.chunks[i][1] for i in b))
+                                   for b in self.placed)
+        # each bucket's result cut into its tensors, and where each tensor lies among the pieces of
+        # all buckets ([Note: one map out of the buckets])
+        placed = self.placed
+        self.scatter_cuts = _cuts(self.scatter_layouts, placed, [_dim0_scaled(s, 1, n) for s in self.shapes], 0)
+        self.gather_cuts = _cuts(self.gather_layouts, placed, [_dim0_scaled(s, n, 1) for s in self.shapes], 1)
+        self.gather_row_cuts = _cuts(self.gather_layouts, placed, [(n, int(np.prod(s))) for s in self.shapes], 1)
+        self.reduce_cuts = _cuts(self.gather_layouts, placed, self.shapes, 0)
+        flat = [i for b in placed for i in b]
+        self.order = tuple(flat.index(i) for i in range(len(self.shapes)))
+        self.ring_slots = _ring_slots(placed, self.chunks, self.shapes)
+
+
+class BucketedComm(BucketLayout):
     """Fused collectives over one group for a fixed list of tensor shapes.
 
     Built once on every rank (not collective); its methods are collective over the group and
@@ -182,79 +269,6 @@ class BucketedComm(nn.Cell):
     Raises:
         ValueError: ``kind`` is not one of those three.
     """
-
-    def __init__(self, comm: GroupComm, shapes: Sequence[Tuple[int, ...]], templates=None,
-                 bucket_size: Optional[int] = None, kind: str = "all_reduce", *, record: Optional[BucketRecord] = None):
-        super().__init__(auto_prefix=False)
-        kind = record.kind if record is not None else kind
-        if kind not in _COLLECTIVES:
-            raise ValueError(f"For 'BucketedComm', the argument 'kind' must be one of {list(_COLLECTIVES)}, but got "
-                             f"{kind!r}.")
-        self.kind = kind
-        self.comm = comm
-        self.shapes = tuple(tuple(int(d) for d in s) for s in shapes)
-        self.numels = tuple(int(np.prod(s)) for s in self.shapes)
-        self.record = record if record is not None else \
-            bucket_record(kind, comm.group, comm.size, self.numels, [t.dtype for t in templates], bucket_size)
-        self.buckets = self.record.buckets
-        # the same buckets, each in the order its buffer holds its tensors: by shape where that makes runs
-        # of equal tensors that pay, each cut out at once ([Note: runs of pieces] in core/slicing.py)
-        self.placed = tuple(self._placed(b) for b in self.buckets)
-        # [Note: chunk-aligned all-reduce]: (row width, rows of full width) of each tensor
-        self.chunks = tuple(ring_chunks(k, comm.size) for k in self.numels)
-        self.bucket_bytes = self.record.bucket_bytes
-        # [Note: packed layout] of each bucket: for reduce-scatter (the tensors are full, blocks of
-        # numel / n) and for all-gather (the tensors are shards; also a flat all-reduce bucket's, each
-        # tensor's numel a block).
-        n = comm.size
-        self.scatter_layouts = nn.CellList([PackedLayout([self.numels[i] // n for i in b], n, True)
-                                            for b in self.placed])
-        self.gather_layouts = nn.CellList([PackedLayout([self.numels[i] for i in b], n, True) for b in self.placed])
-        # all-reduce: [Note: chunk-aligned all-reduce] on CPU with more than two ranks, else flat
-        self.ring_aligned = backend.ring_aligned_buckets(n)
-        # static data for construct: each bucket's ring chunks ([Note: chunk-aligned all-reduce])
-        self.bucket_chunks = tuple((tuple(self.chunks[i][0] for i in b), tuple(self.chunks[i][1] for i in b))
-                                   for b in self.placed)
-        # each bucket's result cut into its tensors, and where each tensor lies among the pieces of
-        # all buckets ([Note: one map out of the buckets])
-        self.scatter_cuts = self._cuts(self.scatter_layouts, [_dim0_scaled(s, 1, n) for s in self.shapes], 0)
-        self.gather_cuts = self._cuts(self.gather_layouts, [_dim0_scaled(s, n, 1) for s in self.shapes], 1)
-        self.gather_row_cuts = self._cuts(self.gather_layouts, [(n, int(np.prod(s))) for s in self.shapes], 1)
-        self.reduce_cuts = self._cuts(self.gather_layouts, self.shapes, 0)
-        flat = [i for b in self.placed for i in b]
-        self.order = tuple(flat.index(i) for i in range(len(self.shapes)))
-        # in ring rows, a tensor's rows start at the column after the widths of those before it in its bucket
-        where = {i: (k, j) for k, b in enumerate(self.placed) for j, i in enumerate(b)}
-        bucket = tuple(where[i][0] for i in range(len(self.shapes)))
-        alone = tuple(len(self.placed[k]) == 1 for k in bucket)
-        columns = tuple(sum(self.chunks[m][0] for m in self.placed[k][:self.placed[k].index(i)])
-                        for i, k in enumerate(bucket))
-        self.ring_slots = (bucket, alone, columns, tuple(c[0] for c in self.chunks), tuple(c[1] for c in self.chunks),
-                           self.shapes)
-
-    def _placed(self, bucket) -> tuple:
-        """``bucket`` by shape if its shapes make runs that pay (``runs_pay``), else as planned."""
-        if not runs_pay(len(bucket), len({self.shapes[i] for i in bucket})):
-            return tuple(bucket)
-        return tuple(sorted(bucket, key=lambda i: (self.shapes[i], i)))
-
-    def _cuts(self, layouts, shapes, axis: int) -> tuple:
-        """Per bucket, the cuts (``cut_args``) of its result into its tensors of ``shapes``
-        (``narrow_cut``): along axis 0 of the flat buffer, or axis 1 of the (n, S) rows of an
-        all-gather; None for a tensor sent alone, whose result is the tensor. A layout with an empty
-        block has no runs: it belongs to a collective the bucket's tensors cannot take (a
-        reduce-scatter of a tensor with fewer elements than ranks), never unpacked, and its bucket
-        gets no pieces."""
-        out = []
-        for layout, bucket in zip(layouts, self.placed):
-            if len(bucket) == 1:
-                out.append(None)
-            elif not all(layout.blocks):
-                out.append(((), None))
-            else:
-                shape = (layout.n, layout.total) if axis == 1 else (layout.total,)
-                out.append(cut_args(shape, axis, layout.offsets, layout.blocks, [shapes[i] for i in bucket]))
-        return tuple(out)
 
     def all_reduce_mean(self, tensors):
         """Mean over the group of every tensor, one all-reduce per bucket."""

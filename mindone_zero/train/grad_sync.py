@@ -112,10 +112,8 @@ class GradSync(nn.Cell):
         self.rs_index, self.ar_index, self.ag_index, self.routes = plan.rs_index, plan.ar_index, plan.ag_index, plan.routes
         self.ag_shards = ParameterTuple([shards.opt_params[i] for i in self.ag_index])
         self.ag_params = ParameterTuple([shards.params[i] for i in self.ag_index])
-        self.rs_pads = plan.rs_pads
+        self.rs_pads, self.rs_casts, self.ag_rows = plan.rs_pads, plan.rs_casts, plan.ag_rows
         self.rs_padded = any(self.rs_pads)
-        self.rs_casts = plan.rs_casts
-        self.ag_rows = plan.ag_rows
         n = len(specs)
         self.routes_replicated = self.ar_index == tuple(range(n))
         self.routes_sharded = self.rs_index == tuple(range(n))

@@ -28,17 +28,16 @@ from ..core.ms_internals import RECOMPUTE_WRAPPER, child_cells, mark_recomputed_
 from ..core.partition import zero_spec_of
 from ..core.stage import StagePolicy, check_stage
 
-from .coalesce import build_gather_group
 from .direct_reads import gather_attrs, source_indirect_reads
+from .layer_gathers import LayerGathers
 from .carry import carry_cell_state, check_carryable, is_recompute_scoped, reapply_recompute, recompute_options
-from .param_wrapper import (ZeroParamWrapper, check_compute_dtype, check_group, compute_dtype_of,
-                            gather_attr_name, param_gather, shard_parameter)
+from .param_wrapper import (check_compute_dtype, check_group, compute_dtype_of)
 
 __all__ = ["Dense", "Linear", "Conv1d", "Conv2d", "Conv3d", "Mint_Conv2d", "Mint_Conv3d", "Embedding", "ZeroCell",
            "PARALLEL_MODULES"]
 
 
-class ZeroCell(nn.Cell):
+class ZeroCell(LayerGathers, nn.Cell):
     """Base of the ZeRO-3 layer Cells, and the constructor contract of MindOne-style layers.
 
     Every class in ``PARALLEL_MODULES``, and every class you map in the ``parallel_modules`` or
@@ -158,48 +157,6 @@ class ZeroCell(nn.Cell):
         check_compute_dtype(name, "cell_type", cell_type)
         check_carryable(name, net)
         return group
-
-    def _build_gathers(self, group, cell_type):
-        # [Note: coalesced gathers] in coalesce.py: all the split parameters in one all-gather, or none
-        # (none with ZeRO++ options: [Note: ZeRO++ at build] in param_wrapper.py). Decided from the
-        # parameters' ``ParamGather``s, before any gather Cell is built: a coalescing layer builds its
-        # group and no per-parameter wrapper.
-        self.zero_gather_group = None
-        self.zero_coalesce = False
-        self.zero3_gather_dtype = cell_type
-        if self.coalesces and StagePolicy(self.zero_stage).shards_params:
-            params = self._gathered_params()
-            for _, param in params:
-                shard_parameter(param, group)
-            self.zero_gather_group = build_gather_group(
-                [param_gather(param, group, cell_type, zero_spec_of(param)) for _, param in params])
-            self.zero_coalesce = self.zero_gather_group is not None
-        if not self.zero_coalesce:
-            self.gather_per_parameter()
-
-    def _gathered_params(self) -> list:
-        return [(a, getattr(self, a)) for a in self.zero3_param_attrs if getattr(self, a, None) is not None]
-
-    def gather_per_parameter(self) -> None:
-        """Gather each parameter with its own ``ZeroParamWrapper`` (``<attr>_zero_gather``), not in
-        one coalesced group: what a layer that cannot coalesce builds, and what ``shard_network``
-        turns a layer built before it to when ZeRO++ options apply ([Note: ZeRO++ at build] in
-        ``param_wrapper.py``). Not collective."""
-        group = self.optimizer_parallel_group
-        for attr, param in self._gathered_params():
-            setattr(self, gather_attr_name(attr), ZeroParamWrapper(param, self.zero_stage, group,
-                                                                   self.zero3_gather_dtype))
-        self.zero_gather_group = None
-        self.zero_coalesce = False
-
-    def gather_cells(self) -> list:
-        """The gather Cells ``construct`` calls: the coalesced group when the Cell coalesces ([Note:
-        coalesced gathers]), else the per-parameter wrappers; the others are built and never called.
-        Not collective."""
-        if self.zero_coalesce:
-            return [self.zero_gather_group]
-        return [getattr(self, gather_attr_name(a)) for a in self.zero3_param_attrs
-                if getattr(self, a, None) is not None]
 
     def _build(self, net):
         """Subclass hook: set up the Cell's own primitives (after the parameters are taken over)."""

@@ -134,8 +134,10 @@ def _contains_split(obj, split_ids: Set[int]) -> bool:
     return False
 
 
-class _ChainRewriter(ast.NodeTransformer):
-    """Rewrites one method body of one Cell instance; see [Note: generic rewrite]."""
+class _ChainReads(ast.NodeTransformer):
+    """The reads of one method body of one Cell instance: each chain of attributes and constant
+    subscripts from ``self`` that ends on a split parameter becomes a gather (or, for ``.shape``,
+    the full shape); see [Note: generic rewrite]. ``_ChainRewriter`` adds the calls."""
 
     def __init__(self, planner, plan: RewritePlan, mplan: MethodPlan, self_name: str, after: Optional[str] = None):
         self.planner, self.plan, self.mplan, self.self_name = planner, plan, mplan, self_name
@@ -256,7 +258,13 @@ class _ChainRewriter(ast.NodeTransformer):
         steps[i + 1][0].value = new
         return node
 
-    # -- calls ---------------------------------------------------------------------------
+
+
+class _ChainRewriter(_ChainReads):
+    """Rewrites one method body of one Cell instance: its reads (``_ChainReads``) and its calls
+    (methods and ``super()`` calls followed into their code, gathers written by hand left alone,
+    in-place updates of a shard refused); see [Note: generic rewrite]."""
+
     def visit_Call(self, node):
         func = node.func
         if isinstance(func, ast.Name) and func.id == "getattr" and len(node.args) == 2 and not node.keywords:

@@ -1,0 +1,59 @@
+"""How a ZeRO-3 layer Cell gathers its parameters: one coalesced group, or a wrapper per parameter.
+
+``LayerGathers`` is a base of ``ZeroCell`` (``layers.py``). The choice is made from the parameters'
+``ParamGather`` records before any gather Cell is built ([Note: coalesced gathers] in
+``coalesce.py``), so a layer holds the gather Cells its ``construct`` calls and no others.
+"""
+from ..core.partition import zero_spec_of
+from ..core.stage import StagePolicy
+from .coalesce import build_gather_group
+from .param_wrapper import ZeroParamWrapper, gather_attr_name, param_gather, shard_parameter
+
+__all__ = ["LayerGathers"]
+
+
+class LayerGathers:
+    """The gathers of a layer Cell (a base of ``ZeroCell``). Reads the layer's ``coalesces``,
+    ``zero_stage``, ``optimizer_parallel_group`` and ``zero3_param_attrs``; sets
+    ``zero_gather_group``, ``zero_coalesce`` and the ``<attr>_zero_gather`` wrappers."""
+
+    def _build_gathers(self, group, cell_type):
+        # [Note: coalesced gathers] in coalesce.py: all the split parameters in one all-gather, or none
+        # (none with ZeRO++ options: [Note: ZeRO++ at build] in param_wrapper.py). Decided from the
+        # parameters' ``ParamGather``s, before any gather Cell is built: a coalescing layer builds its
+        # group and no per-parameter wrapper.
+        self.zero_gather_group = None
+        self.zero_coalesce = False
+        self.zero3_gather_dtype = cell_type
+        if self.coalesces and StagePolicy(self.zero_stage).shards_params:
+            params = self._gathered_params()
+            for _, param in params:
+                shard_parameter(param, group)
+            self.zero_gather_group = build_gather_group(
+                [param_gather(param, group, cell_type, zero_spec_of(param)) for _, param in params])
+            self.zero_coalesce = self.zero_gather_group is not None
+        if not self.zero_coalesce:
+            self.gather_per_parameter()
+
+    def _gathered_params(self) -> list:
+        return [(a, getattr(self, a)) for a in self.zero3_param_attrs if getattr(self, a, None) is not None]
+
+    def gather_per_parameter(self) -> None:
+        """Gather each parameter with its own ``ZeroParamWrapper`` (``<attr>_zero_gather``), not in
+        one coalesced group: what a layer that cannot coalesce builds, and what ``shard_network``
+        turns a layer built before it to when ZeRO++ options apply ([Note: ZeRO++ at build] in
+        ``param_wrapper.py``). Not collective."""
+        group = self.optimizer_parallel_group
+        for attr, param in self._gathered_params():
+            setattr(self, gather_attr_name(attr), ZeroParamWrapper(param, self.zero_stage, group,
+                                                                   self.zero3_gather_dtype))
+        self.zero_gather_group = None
+        self.zero_coalesce = False
+
+    def gather_cells(self) -> list:
+        """The gather Cells ``construct`` calls: the coalesced group when the Cell coalesces ([Note:
+        coalesced gathers]), else the per-parameter wrappers. Not collective."""
+        if self.zero_coalesce:
+            return [self.zero_gather_group]
+        return [getattr(self, gather_attr_name(a)) for a in self.zero3_param_attrs
+                if getattr(self, a, None) is not None]
