@@ -88,13 +88,13 @@ def test_one_gather_and_one_reduce_scatter_per_unit_and_micro_step(reports, name
 def test_identical_groups_call_one_gather_cell(reports):
     """[Note: shared gather graphs] in mindone_zero/zero3/shared_graphs.py: the demo LM's 7 coalesced
     groups (its Dense layers q, k, v, out, fc1, fc2, head) call 4 gather Cells, one for the four
-    64 x 64 projections; its 22 gathering wrappers (the LayerNorms' gamma and beta, the embeddings,
-    and the Dense layers' own, which their group stands in for) call 9. The run it is compared with
-    bit for bit (the test above) calls one per group and per wrapper. The unit cases' runs without
-    units share the same way."""
+    64 x 64 projections; its 8 gathering wrappers (the parameters gathered one by one, such as the
+    LayerNorms') call 3. A coalescing Dense holds its group and no per-parameter wrapper ([Note: coalesced
+    gathers]). The run it is compared with bit for bit (the test above) calls one per group and per
+    wrapper. The unit cases' runs without units share the same way."""
     for rep in reports("lm_graph_shared"):
-        assert (rep["gather_cells"], rep["base_gather_cells"]) == ([7, 4, 22, 9], [7, 7, 22, 22]), rep["rank"]
-    assert reports("lm_graph_reshard")[0]["base_gather_cells"] == [7, 4, 22, 9]
+        assert (rep["gather_cells"], rep["base_gather_cells"]) == ([7, 4, 8, 3], [7, 7, 8, 8]), rep["rank"]
+    assert reports("lm_graph_reshard")[0]["base_gather_cells"] == [7, 4, 8, 3]
 
 
 def test_a_weight_over_1_mib_is_gathered_alone(reports):
