@@ -56,6 +56,13 @@ HEAVY_GROUPS = (
     "tests/dist/test_profile_collectives.py",
 )
 
+# Modules that share a session fixture run in one group, so that it is made once (tests/unit/conftest.py).
+SHARED_GROUPS = {
+    "tests/unit/test_docs_build.py": "docs_site",  # docs_build: the mkdocs site, built once
+    "tests/unit/test_docs_site_offline.py": "docs_site",
+    "tests/unit/test_docs_width.py": "docs_site",
+}
+
 
 def _group_of(item) -> str:
     if "parity_jobs" in item.fixturenames:
@@ -68,7 +75,8 @@ def _group_of(item) -> str:
             raise pytest.UsageError(f"{item.nodeid} reads parity_jobs but says no world size: give it a 'world' "
                                     f"parameter or @pytest.mark.parity_world(N) ([Note: test scheduling]).")
         return f"parity_N{world}"
-    return Path(str(item.fspath)).resolve().relative_to(ROOT).as_posix()
+    path = Path(str(item.fspath)).resolve().relative_to(ROOT).as_posix()
+    return SHARED_GROUPS.get(path, path)
 
 
 @pytest.hookimpl(tryfirst=True)
