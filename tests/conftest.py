@@ -54,7 +54,22 @@ HEAVY_GROUPS = (
     "tests/dist/test_multinode.py",
     "tests/dist/test_train_tool.py",
     "tests/dist/test_profile_collectives.py",
+    # the quick tier's longest groups (2026-12-05, their tests' --durations summed, nearly idle machine: about
+    # 38, 28, 18, 14, 12 and 10 s)
+    "tests/unit/test_offload.py",
+    "tests/unit/test_mindone_compat.py",
+    "tests/unit/test_docs_examples.py",
+    "docs_site",
+    "tests/unit/test_wheel.py",
+    "tests/unit/test_gather_units_options.py",
 )
+
+# Modules that share a session fixture run in one group, so that it is made once (tests/unit/conftest.py).
+SHARED_GROUPS = {
+    "tests/unit/test_docs_build.py": "docs_site",  # docs_build: the mkdocs site, built once
+    "tests/unit/test_docs_site_offline.py": "docs_site",
+    "tests/unit/test_docs_width.py": "docs_site",
+}
 
 
 def _group_of(item) -> str:
@@ -68,7 +83,8 @@ def _group_of(item) -> str:
             raise pytest.UsageError(f"{item.nodeid} reads parity_jobs but says no world size: give it a 'world' "
                                     f"parameter or @pytest.mark.parity_world(N) ([Note: test scheduling]).")
         return f"parity_N{world}"
-    return Path(str(item.fspath)).resolve().relative_to(ROOT).as_posix()
+    path = Path(str(item.fspath)).resolve().relative_to(ROOT).as_posix()
+    return SHARED_GROUPS.get(path, path)
 
 
 @pytest.hookimpl(tryfirst=True)

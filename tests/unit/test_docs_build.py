@@ -47,14 +47,14 @@ def _warnings(proc) -> str:
     return "\n".join(line for line in (proc.stdout + proc.stderr).splitlines() if "WARNING" in line or "ERROR" in line)
 
 
-def test_site_builds_strictly_without_a_warning(tmp_path):
-    proc = _build(ROOT / "mkdocs.yml", tmp_path / "site", ROOT)
+def test_site_builds_strictly_without_a_warning(docs_build):
+    site, proc = docs_build
     assert proc.returncode == 0 and not _warnings(proc), proc.stdout + proc.stderr
     # use_directory_urls: false, so that the site also works opened from disk (test_docs_site_offline.py)
     for page in ("index.html", "reference/mindone_zero.html", "design.html", "changelog.html"):
-        assert (tmp_path / "site" / page).is_file(), page
+        assert (site / page).is_file(), page
     # the changelog page includes CHANGELOG.md (pymdownx.snippets), not a copy of it
-    assert "What changed per release" in (tmp_path / "site" / "changelog.html").read_text(encoding="utf-8")
+    assert "What changed per release" in (site / "changelog.html").read_text(encoding="utf-8")
 
 
 def _copy_of_site(tmp_path: Path) -> Path:

@@ -15,7 +15,7 @@ from urllib.parse import unquote, urlsplit
 
 import pytest
 
-from test_docs_build import ROOT, _build, _missing_tools, _warnings
+from test_docs_build import ROOT, _missing_tools, _warnings
 
 pytestmark = pytest.mark.skipif(bool(_missing_tools()), reason="the docs tools are not installed")
 
@@ -42,9 +42,8 @@ def _links(page: Path):
 
 
 @pytest.fixture(scope="module")
-def site(tmp_path_factory):
-    out = tmp_path_factory.mktemp("site") / "site"
-    proc = _build(ROOT / "mkdocs.yml", out, ROOT)
+def site(docs_build):
+    out, proc = docs_build
     assert proc.returncode == 0 and not _warnings(proc), proc.stdout + proc.stderr
     return out
 

@@ -95,8 +95,10 @@ def pages_of(site: Path) -> list:
 
 
 @pytest.fixture(scope="module")
-def site(tmp_path_factory):
-    return build_site(tmp_path_factory.mktemp("site") / "site")
+def site(docs_build):
+    folder, proc = docs_build  # the same command as build_site, run once for the session
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    return folder
 
 
 # ----------------------------------------------------------------------------- the built HTML

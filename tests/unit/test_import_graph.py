@@ -166,7 +166,14 @@ def test_no_module_level_getattr():
 def import_each_first() -> List[str]:
     """Import every module first, each in a forked child of this process, which must hold none of
     ours yet (MindSpore takes seconds to import: forking after it is what makes one process per
-    module cheap). Returns "module: error" for each that fails."""
+    module cheap). Returns "module: error" for each that fails.
+
+    Python imports ``a.b.c`` by importing ``a`` first, then ``a.b``, then ``a.b.c``, whatever
+    asked for it. So a process that has imported ``a`` and nothing else of ours is exactly the
+    state in which a fresh process's ``import a.b.c`` reaches ``a.b``: each module's child is
+    forked from one that imported its top package alone (``mindone_zero`` imports most modules,
+    so the children have little left to do), and when the top package fails, every module under
+    it fails with that error, as it would in a fresh process."""
     import mindspore  # noqa: F401
     import numpy  # noqa: F401
     import yaml  # noqa: F401
@@ -174,6 +181,46 @@ def import_each_first() -> List[str]:
     held = [m for m in sys.modules if m.split(".")[0] in PACKAGES]
     if held:
         raise RuntimeError(f"the parent already holds {held[:3]}")
+    failed = []
+    for top in PACKAGES:
+        names = [name for name in sorted(MODULES) if name.split(".")[0] == top]
+        pid, read = _fork(lambda: _import_each_under(top, names), limit=None)
+        with os.fdopen(read, "rb") as f:  # read it all before the wait: it can outgrow a pipe
+            message = f.read().decode(errors="replace")
+        _, status = os.waitpid(pid, 0)
+        if os.waitstatus_to_exitcode(status) != 0:
+            failed.extend(message.split("\0"))
+    return failed
+
+
+def _fork(work, limit=2000):
+    """Run ``work`` (returning "" or a report) in a forked child that leaves without running any exit
+    handlers, exiting 1 with the report (its first ``limit`` bytes) on the pipe when there is one, or
+    when ``work`` raises. Returns (pid, read end of the pipe)."""
+    read, write = os.pipe()
+    pid = os.fork()
+    if pid == 0:
+        os.close(read)
+        try:
+            message = work()
+        except BaseException as err:  # noqa: BLE001 - reported to the parent
+            message = f"{type(err).__name__}: {err}"
+        data = message.encode()
+        data = data if limit is None else data[:limit]
+        while data:
+            data = data[os.write(write, data):]
+        os._exit(1 if message else 0)
+    os.close(write)
+    return pid, read
+
+
+def _import_each_under(top: str, names: List[str]) -> str:
+    """In a child: import ``top``, then each of ``names`` first in a child of this one, two at a
+    time (the machine's cores). Returns the failures, "module: error" joined by NUL."""
+    try:
+        __import__(top)
+    except BaseException as err:  # noqa: BLE001 - what a fresh process importing any of them meets
+        return "\0".join(f"{name}: {type(err).__name__}: {err}"[:2000] for name in names)
     failed, running = [], {}  # pid -> (module, read end of its pipe)
 
     def reap():
@@ -184,25 +231,18 @@ def import_each_first() -> List[str]:
         if os.waitstatus_to_exitcode(status) != 0:
             failed.append(f"{name}: {message}")
 
-    for name in sorted(MODULES):
-        if len(running) >= 2:  # two at a time: the machine's cores
+    def import_one(name):
+        __import__(name)
+        return ""
+
+    for name in names:
+        if len(running) >= 2:
             reap()
-        read, write = os.pipe()
-        pid = os.fork()
-        if pid == 0:  # the child: import, report, leave without running any exit handlers
-            os.close(read)
-            code = 0
-            try:
-                __import__(name)
-            except BaseException as err:  # noqa: BLE001 - reported to the parent
-                os.write(write, f"{type(err).__name__}: {err}".encode()[:2000])
-                code = 1
-            os._exit(code)
-        os.close(write)
+        pid, read = _fork(lambda name=name: import_one(name))
         running[pid] = (name, read)
     while running:
         reap()
-    return failed
+    return "\0".join(failed)
 
 
 def test_every_module_imports_alone_and_first():

@@ -1,4 +1,5 @@
-"""tools/convert_checkpoints.py, run as a user would: a subprocess with command-line arguments."""
+"""tools/convert_checkpoints.py, run as a user would: a subprocess with command-line arguments (the bad
+input cases call its ``main(argv)`` in this process: their subject is the message and the exit status)."""
 import os
 import re
 import subprocess
@@ -10,6 +11,7 @@ import numpy as np
 from msrun_harness import REPO as ROOT
 from mindone_zero.checkpoint import atomic_save_checkpoint, write_split_info
 from mindone_zero.core.partition import ShardSpec, split_all
+from tools.convert_checkpoints import main
 
 TOOL = str(ROOT / "tools" / "convert_checkpoints.py")
 N = 2
@@ -23,6 +25,16 @@ TENSORS = {
 
 def _run(*args):
     return subprocess.run([sys.executable, TOOL, *args], capture_output=True, text=True, timeout=120)
+
+
+def _main(capsys, *args):
+    """``main(args)`` in this process: (exit status, stdout, stderr), as ``_run`` gives them."""
+    try:
+        code = main(list(args))
+    except SystemExit as exit_:
+        code = exit_.code
+    out, err = capsys.readouterr()
+    return subprocess.CompletedProcess(list(args), code, out, err)
 
 
 def _write_group(folder):
@@ -55,16 +67,16 @@ def test_conversion_prints_output_path_and_progress(tmp_path):
     assert np.array_equal(loaded["dense.weight"].asnumpy(), TENSORS["dense.weight"][0])
 
 
-def test_bad_input_exits_2_with_message_and_no_output(tmp_path):
+def test_bad_input_exits_2_with_message_and_no_output(tmp_path, capsys):
     src, info = _write_group(str(tmp_path))
-    res = _run("--src_checkpoint", src, "--src_param_split_info_json", info, "--group_size", "3")
+    res = _main(capsys, "--src_checkpoint", src, "--src_param_split_info_json", info, "--group_size", "3")
     assert res.returncode == 2
     assert src.format(2) in res.stderr and "does not exist" in res.stderr
     assert res.stdout == ""
-    res = _run("--src_checkpoint", src.replace("{}", "0"), "--src_param_split_info_json", info,
+    res = _main(capsys, "--src_checkpoint", src.replace("{}", "0"), "--src_param_split_info_json", info,
                "--group_size", str(N))
     assert res.returncode == 2 and "'src_checkpoint'" in res.stderr
-    res = _run("--src_checkpoint", src, "--src_param_split_info_json", info, "--group_size", "2",
-               "--output_format", "pt")
+    res = _main(capsys, "--src_checkpoint", src, "--src_param_split_info_json", info, "--group_size", "2",
+                "--output_format", "pt")
     assert res.returncode == 2 and "invalid choice" in res.stderr
     assert not [f for f in os.listdir(tmp_path) if "all" in f]

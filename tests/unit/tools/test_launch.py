@@ -64,8 +64,9 @@ def test_a_failed_job_raises_with_the_log_tails_without_mindspore_logging(fake_m
 def test_at_the_time_limit_the_whole_process_group_is_killed(fake_msrun, tmp_path):
     fake_msrun("hang")
     start = time.monotonic()
-    with pytest.raises(MsrunError, match="timed out after 8s") as err:
-        run_msrun("tools/train.py", 1, tmp_path, timeout=8, check=False)
+    # 2 s is ample for the fake msrun (no MindSpore) to start its worker: the limit only has to pass
+    with pytest.raises(MsrunError, match="timed out after 2s") as err:
+        run_msrun("tools/train.py", 1, tmp_path, timeout=2, check=False)
     assert time.monotonic() - start < 60 and err.value.result.returncode is None
     _assert_dies(tmp_path, "the time limit")
 
@@ -73,7 +74,7 @@ def test_at_the_time_limit_the_whole_process_group_is_killed(fake_msrun, tmp_pat
 def test_an_interrupted_wait_kills_the_whole_process_group(fake_msrun, tmp_path):
     # pytest-timeout's limit on the calling test, or Ctrl-C, arrives as an exception in the wait
     fake_msrun("hang")
-    interrupt = threading.Timer(4, lambda: signal.pthread_kill(threading.main_thread().ident, signal.SIGUSR1))
+    interrupt = threading.Thread(target=_interrupt_once_the_worker_runs, args=(tmp_path,), daemon=True)
 
     def raise_interrupt(signum, frame):
         raise KeyboardInterrupt("interrupted")
@@ -84,9 +85,18 @@ def test_an_interrupted_wait_kills_the_whole_process_group(fake_msrun, tmp_path)
         with pytest.raises(KeyboardInterrupt):
             run_msrun("tools/train.py", 1, tmp_path, timeout=120, check=False)
     finally:
-        interrupt.cancel()
+        interrupt.join()
         signal.signal(signal.SIGUSR1, previous)
     _assert_dies(tmp_path, "the interrupted wait")
+
+
+def _interrupt_once_the_worker_runs(tmp_path) -> None:
+    """SIGUSR1 to the main thread as soon as the fake msrun has started its worker (at most 60 s on)."""
+    deadline = time.monotonic() + 60
+    while not (tmp_path / "child.pid").exists() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    time.sleep(0.2)  # child.pid is written before it is closed: let the write land
+    signal.pthread_kill(threading.main_thread().ident, signal.SIGUSR1)
 
 
 def _assert_dies(tmp_path, when: str) -> None:

@@ -70,15 +70,16 @@ def test_kernel_types_per_step_and_the_report(tmp_path):
 
 
 def test_a_rank_is_pinned_to_one_core_with_all_its_threads():
-    code = ("import os, threading, time\n"
+    code = ("import os, threading\n"
             "from tools.bench.benchmark_worker import pin_to_core\n"
             "cores = sorted(os.sched_getaffinity(0))\n"
-            "t = threading.Thread(target=time.sleep, args=(2,)); t.start()\n"
+            "done = threading.Event()\n"  # a second thread, alive until the checks are over
+            "t = threading.Thread(target=done.wait, args=(60,), daemon=True); t.start()\n"
             "core = pin_to_core(3)\n"
             "assert core == cores[3 % len(cores)], core\n"
             "for tid in os.listdir('/proc/self/task'):\n"
             "    assert os.sched_getaffinity(int(tid)) == {core}, tid\n"
-            "t.join()\n")
+            "done.set(); t.join()\n")
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]))
     proc = subprocess.run([sys.executable, "-c", code], cwd=str(ROOT), env=env, capture_output=True, text=True,
                           timeout=300)
