@@ -4,7 +4,6 @@
 ``ParamGather`` records before any gather Cell is built ([Note: coalesced gathers] in
 ``coalesce.py``), so a layer holds the gather Cells its ``construct`` calls and no others.
 """
-from ..core.partition import zero_spec_of
 from ..core.stage import StagePolicy
 from .coalesce import build_gather_group
 from .param_wrapper import ZeroParamWrapper, gather_attr_name, param_gather, shard_parameter
@@ -26,11 +25,10 @@ class LayerGathers:
         self.zero_coalesce = False
         self.zero3_gather_dtype = cell_type
         if self.coalesces and StagePolicy(self.zero_stage).shards_params:
-            params = self._gathered_params()
-            for _, param in params:
-                shard_parameter(param, group)
+            params = [param for _, param in self._gathered_params()]
+            specs = [shard_parameter(param, group) for param in params]  # a frozen one's too (no record)
             self.zero_gather_group = build_gather_group(
-                [param_gather(param, group, cell_type, zero_spec_of(param)) for _, param in params])
+                [param_gather(param, group, cell_type, spec) for param, spec in zip(params, specs)])
             self.zero_coalesce = self.zero_gather_group is not None
         if not self.zero_coalesce:
             self.gather_per_parameter()

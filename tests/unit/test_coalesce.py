@@ -62,3 +62,19 @@ def test_wrappers_read_the_zeropp_options_from_their_parameter_record():
     assert with_options.zero_param.zeropp is config and without.__dict__.get("zero_param") is None
     assert ZeroParamWrapper(with_options).gather.zeropp is config
     assert ZeroParamWrapper(without).gather.zeropp is None
+
+
+def test_a_layer_with_a_frozen_parameter_decides_its_gathers_from_the_parameter_layout():
+    """A frozen parameter has no record (``shard_parameter`` leaves it whole, no ``zero_spec``): the
+    layer decides from the layout ``shard_parameter`` returns, gathers per parameter, and computes
+    what the layer it took over computes."""
+    from mindspore import nn
+    import parallel_modules as pm
+    dense = nn.Dense(4, 3)
+    dense.weight.requires_grad = False
+    x = Tensor(np.arange(8, dtype=np.float32).reshape(2, 4))
+    expected = dense(x).asnumpy()
+    layer = pm.Dense(dense, zero_stage=3)
+    assert not layer.zero_coalesce and not hasattr(layer.weight, "zero_spec") and layer.bias.zero_spec.split
+    np.testing.assert_allclose(layer(x).asnumpy(), expected, rtol=1e-6)
+
