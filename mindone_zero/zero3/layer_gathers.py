@@ -53,5 +53,4 @@ class LayerGathers:
         coalesced gathers]), else the per-parameter wrappers. Not collective."""
         if self.zero_coalesce:
             return [self.zero_gather_group]
-        return [getattr(self, gather_attr_name(a)) for a in self.zero3_param_attrs
-                if getattr(self, a, None) is not None]
+        return [getattr(self, gather_attr_name(a)) for a, _ in self._gathered_params()]
