@@ -291,6 +291,7 @@ def prepare_train_network(network, optimizer, scale_sense=1.0, ema=None, updates
     elif not policy.shards_params:  # full on every rank; in the network's order ([Note: delayed initialisation])
         for _, param in network.parameters_and_names():
             materialize(param)
+            mark_shard_flag(param, False)  # at stage 3 the pass that shards marks them
     parts = build_zero(zero, optimizer, states)  # [Note: train records] in train_plan.py
     helper = ZeroHelper.from_parts(parts, params_split_info)
     _warn_padded(parts.plan)
@@ -329,7 +330,8 @@ def _check_shardable_optimizer(optimizer) -> dict:
 
 
 def _mark_shard_flags(train) -> None:
-    """``parallel_optimizer`` of every Parameter the train network holds: whether it is a shard."""
+    """``parallel_optimizer`` of every Parameter the train network built (masters, states,
+    accumulators, EMA): whether it is a shard. The network's own were marked when it was laid out."""
     plan, shards = train.zero_plan, train.optimizer_shards
     sharded = set()
     for spec, q in zip(plan.specs, shards.opt_params):
@@ -341,9 +343,7 @@ def _mark_shard_flags(train) -> None:
         sharded.update(id(a) for a, spec in zip(train.accum_grads, plan.specs) if spec.split)
     if train.ema is not None:
         sharded.update(id(e) for _, e, split in ema_entries(train.ema) if split)
-    for p in train.network.get_parameters():
-        spec = zero_spec_of(p)
-        if spec is not None and spec.split and plan.policy.shards_params:
-            sharded.add(id(p))
+    network = {id(p) for p in train.network.get_parameters()}
     for _, p in train.parameters_and_names():
-        mark_shard_flag(p, id(p) in sharded)
+        if id(p) not in network:
+            mark_shard_flag(p, id(p) in sharded)

@@ -9,7 +9,8 @@ from mindspore.communication import GlobalComm
 from ..core.comm import group_size_and_rank, world_group
 from ..core.ms_internals import child_cells, has_config_recompute, set_child
 from ..core.packing import itemsize_of
-from ..core.partition import WHOLE_WARN_SHARE, is_split_candidate, splits_over, whole_candidates, zero_spec_of
+from ..core.partition import WHOLE_WARN_SHARE, is_split_candidate, mark_shard_flag, splits_over, whole_candidates, \
+    zero_spec_of
 
 from .carry import carry_hooks, check_carryable, is_recompute_scoped, reapply_recompute, recompute_options
 from .layers import PARALLEL_MODULES, ZeroCell
@@ -75,7 +76,10 @@ def recomputed_cells(network: nn.Cell) -> tuple:
 #   ``new = cls(cell, 3, group)`` (positional: MindOne's ``(net, zero_stage,
 #   optimizer_parallel_group)``), then ``new.to_float(dtype)`` if ``cell`` had a ``to_float`` dtype
 #   that ``new`` does not carry. This happens wherever the Cell sits (attributes,
-#   ``SequentialCell``, ``CellList``, ``CellDict``, the top Cell). The library's layer Cells keep
+#   ``SequentialCell``, ``CellList``, ``CellDict``, the top Cell). The places are read from the
+#   network as the user built it, before anything changes; matched Cells inside a matched Cell are
+#   replaced first, so its replacement is built from (and may take over) replaced children. A Cell
+#   that a replacement builds is the replacement's own and is not replaced. The library's layer Cells keep
 #   the Parameter objects and their attribute names, so names and checkpoints match. A replacement
 #   class must gather every split parameter it holds (``ZeroParamWrapper``, either constructor
 #   form; its ``need_rewrite`` is False, so a MindOne-style class does not cut the parameter a
@@ -114,7 +118,9 @@ def shard_network(network: nn.Cell, group: Optional[str] = None, parallel_module
     same Parameter object with the same name, and has ``param.zero_spec`` (a ``ShardSpec`` with
     ``split=True``). The other trainable parameters (0-d, opted out, dim 0 not dividing) stay
     whole with ``zero_spec.split == False``; their gradients stay local (a train wrapper
-    all-reduces them). Non-trainable parameters are untouched (no ``zero_spec``).
+    all-reduces them). Non-trainable parameters keep their data (no ``zero_spec``). Every
+    Parameter's ``parallel_optimizer`` then says whether this rank holds a shard of it, as after
+    ``prepare_train_network`` (the user's opt-out is kept: [Note: split rule] in partition.py).
 
     A Cell whose exact type is a key of ``PARALLEL_MODULES`` (updated with ``parallel_modules``),
     or failing that an instance of a key of ``special_cases_parallel_module``, is replaced by its
@@ -216,7 +222,8 @@ def _shard(network, group, match, options: Stage3Options):
     units = find_units(network, options.gather_units) if options.gather_units else {}
     if units:
         match = _outside_units(match, units)
-    replaced = {id(c) for _, c in network.cells_and_names() if match(c) is not None}
+    slots = _replacement_slots(network, match)
+    replaced = {id(child) for _, _, child in slots}
     recomputed = _recompute_records(network, replaced)
     trainable = [p for _, p in network.parameters_and_names() if p.requires_grad]
     size = group_size_and_rank(group)[0]
@@ -230,7 +237,7 @@ def _shard(network, group, match, options: Stage3Options):
     # before any layer Cell is built ([Note: ZeRO++ at build] in param_wrapper.py).
     for _, param in network.parameters_and_names():
         shard_parameter(param, group, options.pad_uneven_params, options.zeropp)
-    network, new_cells = _replace_cells(network, match, group)
+    network, new_cells = _replace_cells(network, slots, match, group)
     _warn_whole(trainable, size)
     wrappers = {}
 
@@ -250,6 +257,9 @@ def _shard(network, group, match, options: Stage3Options):
     found, callers = finish_gathers(network, options)  # the one pass over what was attached
     _warn_recomputed(found)
     share_gather_graphs(callers)  # last: after marking ([Note: shared gather graphs] in shared_graphs.py)
+    for _, param in network.parameters_and_names():  # the replacements' own parameters too
+        spec = zero_spec_of(param)
+        mark_shard_flag(param, spec is not None and spec.split)  # [Note: split rule]
     state = ZeroState(options, tuple(gather_calls(network)), tuple(describe_recomputed(found)))
     object.__setattr__(network, STATE_ATTR, state)  # [Note: zero3 state] in state.py
     return network
@@ -335,8 +345,34 @@ def _check_args(network, group, options: Stage3Options):
     return match
 
 
-def _replace_cells(network: nn.Cell, match, group: Optional[str]):
-    """Replace every matched Cell, at any depth; shared Cells stay shared.
+def _replacement_slots(network: nn.Cell, match) -> list:
+    """Where the matched Cells sit: ``(parent, attribute name, Cell)`` for each place, read from the
+    network as the user built it, a Cell's matched descendants before it (so a replacement is built
+    from a Cell whose children are replaced already), siblings in order; the top Cell, if matched,
+    last with parent None. A Cell in several places has one entry per place. Reads only."""
+    slots, seen = [], set()
+
+    def walk(parent):
+        if id(parent) in seen:
+            return
+        seen.add(id(parent))
+        for name, child in child_cells(parent).items():
+            if child is None:
+                continue
+            walk(child)
+            if match(child) is not None:
+                slots.append((parent, name, child))
+
+    walk(network)
+    if match(network) is not None:
+        slots.append((None, None, network))
+    return slots
+
+
+def _replace_cells(network: nn.Cell, slots: list, match, group: Optional[str]):
+    """Replace the Cells at ``slots`` (``_replacement_slots``), in that order; a Cell in several
+    places gets one replacement. Only the planned Cells are replaced: a Cell a replacement builds is
+    that class's own.
 
     Returns:
         (the network, {id(original Cell): its replacement}).
@@ -354,27 +390,17 @@ def _replace_cells(network: nn.Cell, match, group: Optional[str]):
             if not isinstance(new, ZeroCell):  # the library's Cells carry the rest themselves
                 carry_hooks(cell, new)
             # The original stays referenced (outside the Cell tree) for as long as its replacement
-            # lives. A freed original's id can be reused: mid-walk by a Cell built later (a
-            # replacement's GroupComm), which the walk would then replace; and MindSpore 2.10 keeps
-            # what it parsed of a Cell keyed by the object's id, so a later Cell with that id
-            # compiled with the stale entry (a recomputed ZeRO-3 Dense compiled without its gather).
+            # lives. MindSpore 2.10 keeps what it parsed of a Cell keyed by the object's id: a freed
+            # original's id reused by a Cell built later compiled with the stale entry (a recomputed
+            # ZeRO-3 Dense compiled without its gather).
             object.__setattr__(new, "_zero3_original", cell)
             new_cells[id(cell)] = new
         return new_cells[id(cell)]
 
-    seen = set()
-
-    def walk(parent):
-        if id(parent) in seen:
-            return
-        seen.add(id(parent))
-        for name, child in list(child_cells(parent).items()):
-            if child is None or new_cells.get(id(child)) is parent:
-                continue  # a MindOne-style replacement holding its original (`self.net = net`)
-            if id(child) in new_cells or match(child) is not None:
-                set_child(parent, name, convert(child))  # not Cell.__setattr__: it would rename the parameters
-            walk(child_cells(parent)[name])
-
-    top = convert(network) if match(network) is not None else network
-    walk(top)
+    top = network
+    for parent, name, cell in slots:
+        if parent is None:
+            top = convert(cell)
+        else:
+            set_child(parent, name, convert(cell))  # not Cell.__setattr__: it would rename the parameters
     return top, new_cells

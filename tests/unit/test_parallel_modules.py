@@ -517,6 +517,63 @@ def test_shard_network_calls_replacements_as_mindone(mode):
         pm.shard_network(_Holder(), special_cases_parallel_module=[zm.Scale])
 
 
+class _Pair(nn.Cell):
+    """A Scale and a Dense: mapped whole to a MindOne-style class that holds it."""
+
+    def __init__(self):
+        super().__init__()
+        self.scale = zm.Scale(3)
+        self.inner = nn.Dense(3, 3)
+
+    def construct(self, x):
+        return self.inner(self.scale(x))
+
+
+class _PairZero(nn.Cell):
+    """Holds its original (``self.net = net``), gathers only the Scale it reads itself, and builds a
+    Dense of its own."""
+
+    built = []
+
+    def __init__(self, net, zero_stage=0, optimizer_parallel_group=None, cell_type=None):
+        super().__init__(auto_prefix=False)
+        type(self).built.append(type(net.inner))
+        self.net = net
+        self.w_gather = pm.ZeroParamWrapper(net.scale.scale, zero_stage, optimizer_parallel_group, cell_type)
+        self.own = nn.Dense(3, 3)
+
+    def construct(self, x):
+        return self.net.inner(x * self.w_gather(self.net.scale.scale)) + 0 * self.own(x)
+
+
+@PYNATIVE
+def test_matched_cells_inside_a_replaced_cell_are_replaced_first(mode):
+    """The places to replace are read from the network as built: a Dense inside a mapped Cell is
+    replaced before the Cell's replacement is built (which holds its original), and a Dense the
+    replacement builds is its own (MindOne does not descend into a replacement)."""
+    _PairZero.built = []
+    ref, net = _Pair(), _Pair()
+    _copy_weights(ref, net)
+    net = pm.shard_network(nn.SequentialCell([net]), special_cases_parallel_module={_Pair: _PairZero})
+    assert _PairZero.built == [pm.Dense]  # built from a Cell whose Dense was replaced already
+    assert isinstance(net[0], _PairZero) and isinstance(net[0].net.inner, pm.Dense)
+    assert type(net[0].own) is nn.Dense and getattr(net[0].own.weight, "zero_spec", None) is None
+    x = Tensor(np.arange(6, dtype=np.float32).reshape(2, 3))
+    np.testing.assert_allclose(net(x).asnumpy(), ref(x).asnumpy(), rtol=1e-6)
+
+
+def test_shard_network_marks_which_parameters_are_shards():
+    """After ``shard_network`` (as after ``prepare_train_network``) ``parallel_optimizer`` says
+    whether the parameter holds a shard; the user's opt-out is kept for a later preparation."""
+    net = nn.SequentialCell([nn.Dense(4, 4), zm.Scale(4), nn.Dense(4, 2)])
+    net[1].scale.parallel_optimizer = False
+    net[2].bias.requires_grad = False
+    net = pm.shard_network(net)
+    flags = {p.name: p.parallel_optimizer for p in net.get_parameters()}
+    assert flags == {"0.weight": True, "0.bias": True, "1.scale": False, "2.weight": True, "2.bias": False}
+    assert net[1].scale.zero_opt_out is True and net[0].weight.zero_opt_out is False
+
+
 @PYNATIVE
 def test_mindone_style_user_class(mode):
     """``ShiftZero3`` is MindOne's Dense pattern (cuts when ``need_rewrite``); the parameter is cut
