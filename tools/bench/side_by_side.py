@@ -1,5 +1,6 @@
 """Two commits of the library, timed side by side: the median step (``benchmark.py``) and the first
-call of the train step (``benchmark_compile.py``) at every ZeRO stage, with their ratios.
+call of the train step (``benchmark_compile.py``) at every ZeRO stage, with their ratios, and the
+size of the compiled graphs (counted, so exact where the times are noisy).
 
     python tools/bench/side_by_side.py --before 60feb2e --after HEAD --rounds 2
 
@@ -58,15 +59,38 @@ def step_times(tree: Path, out: Path, args) -> dict:
             if r.get("model", "lm") == "lm" and r["label"] == str(r["stage"])}
 
 
-def first_calls(tree: Path, out: Path, args) -> dict:
-    """``{stage: (first call wall s, median step s)}`` of ``benchmark_compile.py``, one round."""
+def first_calls(tree: Path, out: Path, args, graphs: bool = False) -> tuple:
+    """``({stage: (first call wall s, median step s)}, {stage: graph sizes} or None)`` of
+    ``benchmark_compile.py``, one round; the graph sizes (its graph-size job, counted from the IR
+    files, the same in every round) when ``graphs``."""
     _run(tree, ["tools/bench/benchmark_compile.py", "--world_size", str(args.world_size), "--depths",
                 str(args.depth), "--stages", *[str(s) for s in args.stages], "--rounds", "1", "--steps",
-                str(args.steps), "--no_units", "--no_graphs", "--cache_rounds", "0", "--out", str(out),
-                "--docs_dir", str(out / "page")], out.with_suffix(".log"))
-    timing = json.loads((out / "compile.json").read_text())["timing"]
-    return {e["row"].split()[-1]: (e["first_wall_s"], median(e["step_s"])) for e in timing
-            if e["row"].startswith("stage ")}
+                str(args.steps), "--no_units", *([] if graphs else ["--no_graphs"]), "--cache_rounds", "0",
+                "--out", str(out), "--docs_dir", str(out / "page")], out.with_suffix(".log"))
+    report = json.loads((out / "compile.json").read_text())
+    first = {e["row"].split()[-1]: (e["first_wall_s"], median(e["step_s"])) for e in report["timing"]
+             if e["row"].startswith("stage ")}
+    sizes = {e["row"].split()[-1]: {k: e[k] for k in GRAPH_FIGURES} for e in report.get("graphs", [])
+             if e["row"].startswith("stage ")} if graphs else None
+    return first, sizes
+
+
+# benchmark_compile's graph sizes ([Note: compile cost] in mindone_zero/core/graph_tuples.py): the
+# nodes after type inference (where most compile time goes) and of the kernel graphs (what runs).
+GRAPH_FIGURES = ("type_inference_nodes", "kernel_nodes")
+
+
+def graphs_table(before: dict, after: dict, stages) -> str:
+    """Rank 0's graph sizes before and after: counted, so a ratio here is exact, unlike the times."""
+    lines = ["| stage | nodes after type inference, before | after | ratio | kernel-graph nodes, before | after | "
+             "ratio |", "|---|---:|---:|---:|---:|---:|---:|"]
+    for s in map(str, stages):
+        cells = []
+        for key in GRAPH_FIGURES:
+            b, a = before[s][key], after[s][key]
+            cells.append(f"{b} | {a} | {a / b:.3f}" if a and b else f"{b} | {a} | -")
+        lines.append(f"| {s} | {' | '.join(cells)} |")
+    return "\n".join(lines)
 
 
 def table(before: dict, after: dict, stages) -> str:
@@ -97,20 +121,24 @@ def main(argv=None) -> int:
     out = Path(args.out).resolve()
     out.mkdir(parents=True, exist_ok=True)
     trees = {"before": tree_at(args.before, out), "after": tree_at(args.after, out)}
-    measured = {"before": [], "after": []}
+    measured, sizes = {"before": [], "after": []}, {}
     for k in range(args.rounds):
         for side in (("before", "after") if k % 2 == 0 else ("after", "before")):
             run = out / f"r{k}_{side}"
             run.mkdir(exist_ok=True)
-            figures = {"step": step_times(trees[side], run / "step", args),
-                       "first": first_calls(trees[side], run / "compile", args)}
+            first, graph = first_calls(trees[side], run / "compile", args, graphs=k == 0)
+            figures = {"step": step_times(trees[side], run / "step", args), "first": first}
             measured[side].append(figures)
+            sizes[side] = graph if graph is not None else sizes[side]
             print(f"round {k} {side}: {json.dumps(figures)}", flush=True)
     command = ["python", "tools/bench/side_by_side.py", *(argv if argv is not None else sys.argv[1:])]
     body = (f"{stamp(command)}\n\nbefore: {args.before} ({trees['before'].name}), after: {args.after} "
             f"({trees['after'].name}); N={args.world_size}, {args.rounds} rounds, medians over rounds.\n\n"
-            f"{table(measured['before'], measured['after'], args.stages)}\n")
-    write_text_atomic(out / "side_by_side.json", json.dumps({"args": vars(args), "measured": measured}, indent=1))
+            f"{table(measured['before'], measured['after'], args.stages)}\n\n"
+            f"The compiled graphs of the first-call job (rank 0, counted from round 0's IR files):\n\n"
+            f"{graphs_table(sizes['before'], sizes['after'], args.stages)}\n")
+    write_text_atomic(out / "side_by_side.json", json.dumps({"args": vars(args), "measured": measured,
+                                                             "graph_sizes": sizes}, indent=1))
     write_text_atomic(out / "side_by_side.md", body)
     print(body)
     return 0

@@ -22,3 +22,12 @@ def test_bad_arguments_stop_before_any_run(argv, tmp_path):
     with pytest.raises(SystemExit):
         side_by_side.main(argv + ["--out", str(tmp_path / "out")])
     assert not (tmp_path / "out").exists()
+
+
+def test_the_graph_table_gives_counted_sizes_and_their_ratios():
+    before = {"0": {"type_inference_nodes": 400, "kernel_nodes": 100}, "3": {"type_inference_nodes": 900,
+                                                                            "kernel_nodes": 300}}
+    after = {"0": {"type_inference_nodes": 400, "kernel_nodes": 100}, "3": {"type_inference_nodes": 810,
+                                                                           "kernel_nodes": None}}
+    rows = side_by_side.graphs_table(before, after, [0, 3]).splitlines()[2:]
+    assert rows == ["| 0 | 400 | 400 | 1.000 | 100 | 100 | 1.000 |", "| 3 | 900 | 810 | 0.900 | 300 | None | - |"]
