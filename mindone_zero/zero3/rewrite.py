@@ -57,11 +57,12 @@ import shutil
 import tempfile
 import textwrap
 import types
-from typing import Callable, Dict, List, Optional, Set, Tuple
+from typing import Dict, List, Optional, Set, Tuple
 
 from mindspore import Parameter, ParameterTuple, nn
 
 from ..core.ms_internals import cell_member, lazy_inline_key, own_params
+from .carry import is_recompute_scoped
 from .param_wrapper import GATHER_SUFFIX, ZeroParamWrapper, compute_dtype_of
 from .rewrite_plan import MethodPlan, ParamRead, RewriteAnalysis, RewritePlan
 from .unit_threading import thread_units, unreached_note
@@ -396,9 +397,9 @@ def _find_method(cls, method, start=None):
 class _Planner:
     """Step 1 and 2 of [Note: generic rewrite]: analyse every Cell, modify nothing."""
 
-    def __init__(self, network: nn.Cell, split_ids: Set[int], skip: Callable[[nn.Cell], bool], units=None):
+    def __init__(self, network: nn.Cell, split_ids: Set[int], replaced: Set[int], units=None):
         self.split_ids = split_ids
-        self.skip = skip
+        self.replaced = replaced
         self.units = units or {}  # id(cell) -> GatherUnit ([Note: gather units])
         self.paths = {id(c): name for name, c in network.cells_and_names()}
         self.plans: Dict[int, RewritePlan] = {}
@@ -409,6 +410,11 @@ class _Planner:
             name for _, c in network.cells_and_names() for name, p in own_params(c).items()
             if p is not None and id(p) in split_ids
         }
+
+    def skip(self, cell) -> bool:
+        """A Cell that gathers its own parameters: about to be replaced by a layer Cell, or of a
+        class that says so (``zero3_gathers_itself = True``)."""
+        return id(cell) in self.replaced or getattr(cell, "zero3_gathers_itself", False)
 
     def schedule(self, cell, key, start=None, method=None):
         if self.skip(cell):
@@ -476,15 +482,16 @@ class _Planner:
                     )
 
 
-def plan_rewrites(network: nn.Cell, split_ids: Set[int], skip: Callable[[nn.Cell], bool],
+def plan_rewrites(network: nn.Cell, split_ids: Set[int], replaced: Set[int],
                   units=None) -> List[RewritePlan]:
     """Analyse ``network`` (step 1 and 2 of [Note: generic rewrite]); nothing is modified.
 
     Args:
         network: the network, before any parameter is sharded.
         split_ids: ``id()`` of every Parameter that will be split.
-        skip: Cells whose own code is not analysed because they gather their parameters
-            themselves (ZeRO-3 layer Cells, and Cells about to be replaced by one).
+        replaced: ``id()`` of every Cell about to be replaced by a layer Cell. Their code is not
+            analysed, nor that of a class with ``zero3_gathers_itself = True``: they gather their
+            parameters themselves.
         units: ``{id(cell): GatherUnit}`` from ``units.find_units`` for the Cells of gather units,
             whose code is rewritten in unit mode ([Note: gather units] in ``units.py``); None: none.
 
@@ -495,7 +502,7 @@ def plan_rewrites(network: nn.Cell, split_ids: Set[int], skip: Callable[[nn.Cell
         ValueError: for an unsupported use of a sharded parameter, or a sharded parameter that
             no analysed code reads (the message names the Cell, method and parameter).
     """
-    planner = _Planner(network, split_ids, skip, units)
+    planner = _Planner(network, split_ids, replaced, units)
     plans = planner.run(network)
     missing = [p for p in _unique_params(network) if id(p) in split_ids and id(p) not in planner.referenced]
     if missing:
@@ -559,14 +566,25 @@ def _compile(plan: RewritePlan, mplan: MethodPlan) -> types.FunctionType:
     return new
 
 
-def apply_rewrites(plans: List[RewritePlan], make_wrapper: Callable[[Parameter, object, nn.Cell], nn.Cell]) -> None:
+def apply_rewrites(plans: List[RewritePlan], group: Optional[str], reshard_after_forward: bool) -> None:
     """Step 3 of [Note: generic rewrite]: add the gather wrappers and swap each Cell's class.
+
+    A wrapper is shared between the readers of one parameter in one dtype that are recomputed alike;
+    with ``reshard_after_forward`` each reader may be marked on its own, so each gets its own.
 
     Args:
         plans: from ``plan_rewrites``.
-        make_wrapper: ``(param, compute_dtype, reading Cell) -> Cell`` building (or reusing) the
-            gather wrapper.
+        group: the group the parameters are sharded over.
+        reshard_after_forward: the stage-3 option.
     """
+    wrappers = {}
+
+    def make_wrapper(param, compute_dtype, reader):
+        key = (id(param), compute_dtype, id(reader) if reshard_after_forward else is_recompute_scoped(reader))
+        if key not in wrappers:
+            wrappers[key] = ZeroParamWrapper(param, group, compute_dtype)
+        return wrappers[key]
+
     for plan in plans:
         methods = {}
         for m in plan.emitted():

@@ -12,10 +12,10 @@ from ..core.packing import itemsize_of
 from ..core.partition import WHOLE_WARN_SHARE, is_split_candidate, mark_shard_flag, splits_over, whole_candidates, \
     zero_spec_of
 
-from .carry import carry_hooks, check_carryable, is_recompute_scoped, reapply_recompute, recompute_options
+from .carry import carry_hooks, check_carryable, reapply_recompute, recompute_options
 from .layers import PARALLEL_MODULES, ZeroCell
 from .options import Stage3Options
-from .param_wrapper import ZeroParamWrapper, compute_dtype_of, param_gather, shard_parameter
+from .param_wrapper import compute_dtype_of, shard_parameter
 from .direct_reads import record_rewritten_reads
 from .reshard import describe_recomputed, finish_gathers
 from .rewrite import apply_rewrites, plan_rewrites
@@ -218,7 +218,6 @@ def shard_with_options(network: nn.Cell, group: Optional[str], options: Stage3Op
 
 def _shard(network, group, match, options: Stage3Options):
     """``shard_network`` after its checks."""
-    reshard_after_forward = options.reshard_after_forward
     units = find_units(network, options.gather_units) if options.gather_units else {}
     if units:
         match = _outside_units(match, units)
@@ -228,31 +227,16 @@ def _shard(network, group, match, options: Stage3Options):
     trainable = [p for _, p in network.parameters_and_names() if p.requires_grad]
     size = group_size_and_rank(group)[0]
     split_ids = {id(p) for p in trainable if splits_over(p, size, options.pad_uneven_params)}
-
-    def skip(cell):
-        return id(cell) in replaced or getattr(cell, "zero3_gathers_itself", False)
-
-    plans = plan_rewrites(network, split_ids, skip, units)
+    plans = plan_rewrites(network, split_ids, replaced, units)
     # Every parameter first, in the network's order ([Note: delayed initialisation]), with its record,
     # before any layer Cell is built ([Note: ZeRO++ at build] in param_wrapper.py).
     for _, param in network.parameters_and_names():
         shard_parameter(param, group, options.pad_uneven_params, options.zeropp)
     network, new_cells = _replace_cells(network, slots, match, group)
     _warn_whole(trainable, size)
-    wrappers = {}
-
-    def make_wrapper(param, compute_dtype, reader):
-        # A wrapper is shared only between readers recomputed alike; with resharding each reader
-        # may be marked on its own, so each gets its own wrapper.
-        key = (id(param), compute_dtype, id(reader) if reshard_after_forward else is_recompute_scoped(reader))
-        if key not in wrappers:
-            wrappers[key] = ZeroParamWrapper(param, group, compute_dtype)
-        return wrappers[key]
-
-    apply_rewrites(plans, make_wrapper)
+    apply_rewrites(plans, group, options.reshard_after_forward)
     record_rewritten_reads(plans, units)
-    attach_unit_gathers(list({id(u): u for u in units.values()}.values()),
-                        lambda param, dtype: param_gather(param, group, dtype))
+    attach_unit_gathers(list({id(u): u for u in units.values()}.values()), group)
     _restore_recompute(recomputed, new_cells)
     found, callers = finish_gathers(network, options)  # the one pass over what was attached
     _warn_recomputed(found)

@@ -77,6 +77,7 @@ from mindspore import Parameter, nn, ops
 from ..core.graph_tuples import each, hyper_map, take
 from ..core.ms_internals import RECOMPUTE_WRAPPER, child_cells, own_params
 from .coalesce import COALESCE_MAX_BYTES, ZeroGatherGroup, gather_settings, gathered_nbytes
+from .param_wrapper import param_gather
 
 __all__ = ["GatherUnit", "ZeroUnitGather", "UNIT_ARG", "UNIT_GATHER_ATTR", "find_units",
            "attach_unit_gathers"]
@@ -302,13 +303,12 @@ class ZeroUnitGather(nn.Cell):
         return [n for p in self.parts if isinstance(p, (_UnitPart, _UnitSingle)) for n in p.param_names]
 
 
-def attach_unit_gathers(units: List[GatherUnit], make_gather) -> None:
-    """Give each unit root with elements its ``ZeroUnitGather`` (attribute ``zero3_unit_gather``).
-
-    ``make_gather(param, compute_dtype)`` returns the ``ParamGather`` of a sharded parameter. Call
-    after the parameters are sharded. Not collective.
+def attach_unit_gathers(units: List[GatherUnit], group: Optional[str]) -> None:
+    """Give each unit root with elements its ``ZeroUnitGather`` (attribute ``zero3_unit_gather``),
+    built from its elements' ``ParamGather``s over ``group``. Call after the parameters are sharded.
+    Not collective.
     """
     for unit in units:
         if unit.elements:
-            gathers = [make_gather(p, dtype) for p, dtype in unit.elements]
+            gathers = [param_gather(p, group, dtype) for p, dtype in unit.elements]
             setattr(unit.root, UNIT_GATHER_ATTR, ZeroUnitGather(unit.path, gathers))
