@@ -444,7 +444,8 @@ def _follow_figures(wheres):
     files = [w.split(":")[0] for w in wheres]
     distinct, again = reentries(files)
     return {"length": len(files), "files": distinct, "reentries": sum(again.values()),
-            "per_file": dict(sorted(again.items(), key=lambda kv: (-kv[1], kv[0]))), "sequence": _runs(files)}
+            "per_file": dict(sorted(again.items(), key=lambda kv: (-kv[1], kv[0]))), "sequence": _runs(files),
+            "order": list(wheres) if len(wheres) <= 200 else None}
 
 
 def _runs(sequence):
