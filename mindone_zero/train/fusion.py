@@ -274,10 +274,6 @@ class BucketedComm(BucketLayout):
         """Mean over the group of every tensor, one all-reduce per bucket."""
         return self.all_reduce_buffers(tensors, True)[0]
 
-    def all_reduce_sum(self, tensors):
-        """Sum over the group of every tensor, one all-reduce per bucket."""
-        return self.all_reduce_buffers(tensors, False)[0]
-
     def _reduce(self, x, mean: bool):
         if mean:
             return self.comm.all_reduce_mean(x)

@@ -298,10 +298,6 @@ class ZeroUnitGather(nn.Cell):
         core/comm_records.py)."""
         return tuple(p.gather_record for p in self.parts if isinstance(p, (_UnitPart, _UnitSingle)))
 
-    def gathered_names(self) -> List[str]:
-        """Names of every element that is all-gathered (coalesced or alone)."""
-        return [n for p in self.parts if isinstance(p, (_UnitPart, _UnitSingle)) for n in p.param_names]
-
 
 def attach_unit_gathers(units: List[GatherUnit], group: Optional[str]) -> None:
     """Give each unit root with elements its ``ZeroUnitGather`` (attribute ``zero3_unit_gather``),
