@@ -343,7 +343,7 @@ def _mark_shard_flags(train) -> None:
         sharded.update(id(a) for a, spec in zip(train.accum_grads, plan.specs) if spec.split)
     if train.ema is not None:
         sharded.update(id(e) for _, e, split in ema_entries(train.ema) if split)
-    network = {id(p) for p in train.network.get_parameters()}
+    network_params = {id(p) for p in train.network.get_parameters()}
     for _, p in train.parameters_and_names():
-        if id(p) not in network:
+        if id(p) not in network_params:
             mark_shard_flag(p, id(p) in sharded)
