@@ -129,7 +129,8 @@ def main(argv=None) -> int:
             first, graph = first_calls(trees[side], run / "compile", args, graphs=k == 0)
             figures = {"step": step_times(trees[side], run / "step", args), "first": first}
             measured[side].append(figures)
-            sizes[side] = graph if graph is not None else sizes[side]
+            if graph is not None:  # round 0's
+                sizes[side] = graph
             print(f"round {k} {side}: {json.dumps(figures)}", flush=True)
     command = ["python", "tools/bench/side_by_side.py", *(argv if argv is not None else sys.argv[1:])]
     body = (f"{stamp(command)}\n\nbefore: {args.before} ({trees['before'].name}), after: {args.after} "
