@@ -5,20 +5,13 @@
 the full tensor in forward and, in its custom ``bprop``, reduce-scatters the gradient back to the
 shard's shape (mean over the group). All communication goes through ``mindone_zero.core.comm``.
 
-Which parameters are sharded ([Note: split rule] in ``mindone_zero/core/partition.py``):
-
-* trainable (``requires_grad``), ``ndim >= 1``, not opted out with ``param.parallel_optimizer =
-  False``, and dim 0 divisible by the group size (MindOne's rule; with the padded rule,
-  ``pad_uneven=True``, every such parameter, zero-padded per [Note: padding]): split along dim 0;
-  ``param.zero_spec`` is a ``ShardSpec`` with ``split=True``;
-* trainable but 0-d, opted out, or (MindOne's rule) with a dim 0 that does not divide: kept whole;
-  ``param.zero_spec`` has ``split=False`` and the gradient the network produces for it is local
-  (the train wrapper all-reduces it);
-* not trainable (``requires_grad=False``, e.g. BatchNorm moving statistics, which the forward
-  pass updates in place and so cannot live as shards): untouched, no ``zero_spec``.
-
-A trainable parameter also carries ``param.zero_param``, its ``ZeroParam`` record: the spec and the
-ZeRO++ options its gathers use ([Note: ZeRO++ at build]).
+Which parameters are split is [Note: split rule] in ``mindone_zero/core/partition.py``. A split
+parameter's ``param.zero_spec`` is a ``ShardSpec`` with ``split=True``; a trainable one kept whole
+has ``split=False``, and the gradient the network produces for it is local (the train wrapper
+all-reduces it); a non-trainable one (BatchNorm moving statistics, which the forward pass updates in
+place and so cannot live as shards) is untouched, with no ``zero_spec``. A trainable parameter also
+carries ``param.zero_param``, its ``ZeroParam`` record: the spec and the ZeRO++ options its gathers
+use ([Note: ZeRO++ at build]).
 
 [Note: gather order]
 A stage-3 gather depends only on its shard Parameter, so a device scheduler may start every gather
@@ -33,14 +26,10 @@ The tie is a Depend inside a Cell with a custom bprop, on the tensor the collect
 gather Cell's ``waiting`` (``_ShardWaiting`` of a ``_GatherShard``, ``_CoalescedWaiting`` of a
 ``_CoalescedGather``; base class ``Waiting``), called as ``waiting(x, after)``, whose bprop returns
 the gather's gradient and zeros for ``after`` (``after_grad``): no number changes. Autodiff does not
-look inside a custom-bprop Cell, so the Depend gets no gradient graph of its own. Outside it (a
-Depend in the wrapper, before the call), each gather cost a Depend's J graph, its bprop graph and a
-``zeros_like`` graph for the input: in the 24-block model of tools/bench/benchmark_compile.py the
-stage-3 graph that autodiff hands to type inference (the first ``renormalize``) went from 1381
-subgraphs and 7568 nodes to 998 and 6053, and with ``gather_units=(Block,)``, where each shard had
-its Depend, from 2372 and 11670 to 2108 and 10389. The forward is written in the ``waiting`` Cell
-and the gather Cell's ``construct`` calls it, so a call compiles one graph, not two; a test of the
-mode inside ``construct`` cost two subgraphs per call.
+look inside a custom-bprop Cell, so the Depend gets no gradient graph of its own; a Depend outside it
+(in the wrapper, before the call) cost each gather a J graph, a bprop graph and a ``zeros_like``
+graph. The forward is written in the ``waiting`` Cell and the gather Cell's ``construct`` calls it,
+so a call compiles one graph, not two, as a test of the mode inside ``construct`` would.
 
 PYNATIVE_MODE calls the gather Cell itself, one input (``Waiting.__call__``; a graph compiles
 ``construct`` and never runs it): MindSpore 2.10's PYNATIVE grad of a recomputed Cell fails on a
@@ -52,16 +41,14 @@ tests/dist/test_gather_units.py the all-gathers' inputs at N=2).
 [Note: ZeRO++ at build]
 ZeRO++'s qwZ and qgZ are options of each parameter's gather (``_GatherShard``), so a wrapper is
 built with them, from the parameter's record: ``shard_network`` shards every parameter first, in
-the network's order, and stamps its ``ZeroParam`` (spec and ZeRO++ options) on it before any layer
-Cell is built, so the wrappers of the layer Cells it builds, of the generic rewrite and of a user's
-MindOne-style class calling ``ZeroParamWrapper`` without knowing of ZeRO++ all read the options
-there. A gather with ZeRO++ options is never coalesced (``build_gather_group`` in ``coalesce.py``),
-so a layer Cell decides at build time to gather per parameter. hpZ is added afterwards
-(``enable_zeropp``), to the wrappers that end up in a recomputed region. A layer the user built
-before calling ``shard_network`` was built without the options: ``finish_gathers`` (``reshard.py``)
-turns its coalescing off (``ZeroCell.gather_per_parameter`` builds its wrappers then, before its
-gathers are marked) and gives its wrappers their ZeRO++ gather: the one gather Cell built and then
-replaced, because the user built it before the options existed.
+the network's order, and stamps its ``ZeroParam`` on it before any layer Cell is built, so every
+wrapper (of the layer Cells it builds, of the generic rewrite, of a user's MindOne-style class that
+knows nothing of ZeRO++) reads the options there. A gather with ZeRO++ options is never coalesced
+(``build_gather_group`` in ``coalesce.py``), so a layer Cell decides at build time to gather per
+parameter. hpZ is added afterwards (``enable_zeropp``), to the wrappers that end up in a recomputed
+region. A layer the user built before calling ``shard_network`` was built without the options:
+``finish_gathers`` (``reshard.py``) turns its coalescing off (``ZeroCell.gather_per_parameter``,
+before its gathers are marked) and replaces its wrappers' gather Cells with ZeRO++ ones.
 """
 from dataclasses import dataclass, replace
 from functools import cached_property
@@ -116,13 +103,11 @@ def _after_grad_other(after):
 
 
 class Waiting(nn.Cell):
-    """Base of the Cells that run a gather Cell's collective once an input exists ([Note: gather
-    order]): ``cell(x, after)``, held as ``base.waiting`` of the gather Cell ``base`` (its parent,
-    not its child). A subclass writes the forward (``Depend(x, after)`` first) and a custom bprop
-    that returns zeros for ``after``. GRAPH_MODE only: MindSpore 2.10's PYNATIVE grad of a
-    recomputed Cell fails on a custom bprop with two inputs, so in PYNATIVE_MODE a call runs
-    ``base(x)`` (eager ops run in program order: there is nothing to wait for). A graph never runs
-    ``__call__``: it compiles ``construct``."""
+    """Base of the Cells that run a gather Cell's collective once an input exists: ``cell(x, after)``,
+    held as ``base.waiting`` of the gather Cell ``base`` (its parent, not its child). A subclass
+    writes the forward (``Depend(x, after)`` first) and a custom bprop that returns zeros for
+    ``after``. In PYNATIVE_MODE a call runs ``base(x)`` instead ([Note: gather order] says why); a
+    graph never runs ``__call__``: it compiles ``construct``."""
 
     def __init__(self, base: nn.Cell):
         super().__init__(auto_prefix=False)
@@ -421,8 +406,8 @@ class ZeroParamWrapper(nn.Cell):
         # PYNATIVE keeps the autograd leaf a Parameter got at creation, with its full shape;
         # a custom bprop whose input is that leaf is checked against the stale shape. A same-shape
         # reshape (a view, no copy) gives the custom bprop an input with the shard's real shape.
-        # The primitive, with the static shape. ``after`` goes to the gather ([Note: gather order]),
-        # None or not (no ``if after is not None``, whose branches were subgraphs of their own).
+        # ``after`` goes to the gather ([Note: gather order]) even when None: an ``if after is not
+        # None`` would compile each branch as a subgraph of its own.
         x = _RESHAPE(x, self.shard_shape)
         if self.hpz:
             x = _DEPEND(x, after)
@@ -445,7 +430,6 @@ class ZeroParamWrapper(nn.Cell):
             self.hpz_primary = _HpzPrimary(self.gather, self.gather_record, rank)
             self.hpz_secondary = _HpzSecondary(self.gather, self.gather_record.hpz_group)
             self.hpz = True
-
 
 
 @dataclass(frozen=True)
@@ -572,7 +556,6 @@ class _GatherShard(nn.Cell):
         return grad
 
     def bprop(self, x, out, dout):
-        """Gradient of the shard: this rank's block of the group mean, in the parameter's dtype."""
         return (self.shard_grad(dout),)
 
     def graph_key(self) -> tuple:
@@ -611,9 +594,8 @@ class _GatherShard(nn.Cell):
 
 
 class _HpzPrimary(nn.Cell):
-    """hpZ, first half: the primary all-gather, then this rank's secondary shard (1/K of the padded
-    tensor, K the secondary group's size). Its gradient is zero: ``_HpzSecondary`` returns the
-    shard's whole gradient. See [Note: hpZ]."""
+    """hpZ, first half: the primary all-gather, then this rank's secondary shard; zero gradient
+    ([Note: hpZ])."""
 
     def __init__(self, base: _GatherShard, record: GatherRecord, sec_rank: int):
         super().__init__(auto_prefix=False)
@@ -638,8 +620,7 @@ class _HpzPrimary(nn.Cell):
 
 
 class _HpzSecondary(nn.Cell):
-    """hpZ, second half: all-gather the secondary shards in the secondary group (again in backward,
-    when recomputed); the custom bprop gives the primary shard its full gradient ([Note: hpZ])."""
+    """hpZ, second half: the secondary all-gather; the shard's whole gradient ([Note: hpZ])."""
 
     def __init__(self, base: _GatherShard, sec_group: str):
         super().__init__(auto_prefix=False)
