@@ -18,11 +18,8 @@ backward user of the gather's output a second copy of the gather, placed just be
 and frees the forward copy after its last forward use; the readers' own ops (the LayerNorm, the
 MLP's matmuls, the GELU) run once, and their saved activations are used as without ZeRO. (Plain
 ``recompute()`` would not do: it excludes a Cell's outputs, and the gather's output is exactly
-what must not be kept.) Evidence: on blocks of LayerNorm + Dense + GELU + Dense, MindSpore's
-profiler counts as many MatMul, LayerNorm and GeLU kernels per step as at stage 0, with units and
-per layer, and the AllGather count shows the backward re-gathers
-(tests/dist/test_profile_collectives.py); the peak-memory benchmark's freeing row stays where
-recomputing the readers put it (docs/benchmarks/peak.md).
+what must not be kept.) tests/dist/test_profile_collectives.py checks it with MindSpore's profiler:
+as many MatMul, LayerNorm and GeLU kernels per step as at stage 0, and the backward re-gathers.
 
 A reader is recomputed whole instead (the fallback: ``Cell.recompute()`` as before, which holds the
 re-gathered tensor inside the recomputed region) when re-gathering alone would not free the
@@ -108,18 +105,13 @@ def _holds_readers(cell: nn.Cell) -> bool:
 
 # [Note: the collective alone is recomputed]
 # To re-gather a parameter in backward, GRAPH_MODE marks the Cell that runs the collective, not the
-# gather Cell the reader calls: a wrapper's ``_GatherShard``, a coalesced group's ``_CoalescedGather``.
+# gather Cell the reader calls: a wrapper's ``_GatherShard``, a coalesced group's ``_CoalescedGather``,
+# and with it its ``waiting`` Cell, which GRAPH_MODE calls ([Note: gather order] in param_wrapper.py).
 # Those take tensors and return tensors. The wrapper and the group around them take the shard
 # Parameters themselves: their graphs load each shard with the graph's memory state (a Load, then an
-# UpdateState). Marked, the wrapper had those ops copied into the recomputed region, and autodiff
-# built a small bprop graph for each of them there: two UpdateStates and a Depend per parameter (the
-# Depend that ties the gather to the reader's input, then in the wrapper; it is now in the
-# collective Cell's ``waiting``, which GRAPH_MODE calls and which is marked with it, recomputed with
-# it and with no bprop graph: [Note: gather order] in param_wrapper.py).
-# What runs is the same either way: the wrapper returns its gather's output unchanged, so that output
-# is what backward reads, and the AllGathers are the same (171 in the kernel graph of the 24-block model of
-# tools/bench/benchmark_compile.py). The graph the compiler infers again after autodiff shrank from
-# 1967 graphs and 9717 nodes to 1381 and 7568 there.
+# UpdateState); a marked wrapper had those ops copied into the recomputed region, each with a small
+# bprop graph of its own. What runs is the same either way: the wrapper returns its gather's output
+# unchanged, so that output is what backward reads, and the AllGathers are the same.
 # Kept as they were: wrappers in a network sharded with ZeRO++ options, whose gather ``finish_gathers``
 # replaces afterwards (a wrapper built without the options) or splits into two Cells that must both be
 # inside the recomputed region (hpZ, [Note: hpZ] in param_wrapper.py); a unit's

@@ -21,10 +21,6 @@ Limits:
 * Not shared: hpZ wrappers (their two Cells hold the gather, [Note: hpZ] in ``param_wrapper.py``)
   and the elements a gather unit gathers alone (``_UnitSingle``: the CommPlan counts each of those
   gathers once per gather Cell).
-Measured at stage 3, N=2, rank 0 (nodes after type inference, from ``save_graphs``; first call in
-CPU seconds from ``tools/bench/compile_cost.py``): 16 x Dense(64), 15629 -> 8129 nodes and 8.1-8.4 ->
-4.1-4.2 s; the demo LM (2 blocks), 16384 -> 11965 nodes with one micro-step, 20318 -> 15899 with two
-and clipping; the parity tests' TinyNet (no two layers alike), 3940 -> 3863.
 """
 import mindspore as ms
 from mindspore import nn
