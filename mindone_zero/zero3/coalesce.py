@@ -1,8 +1,8 @@
 """Coalesced ZeRO-3 gathers: the split parameters one Cell reads, in one all-gather and one reduce-scatter.
 
 [Note: coalesced gathers]
-On the CPU backend each collective costs about 0.3 ms of synchronisation whatever its size, so a
-Cell that gathers its weight and bias separately pays twice. ``ZeroGatherGroup`` gathers them in
+Each collective costs a synchronisation whatever its size, so a Cell that gathers its weight and
+bias separately pays twice. ``ZeroGatherGroup`` gathers them in
 one collective (DeepSpeed's ``all_gather_coalesced`` per module, FSDP's per unit): the padded
 shards are packed into one buffer, all-gathered and unpacked into the padded full tensors; in
 backward the padded gradients are packed rank-major and reduce-scattered once, then divided by the
@@ -34,12 +34,11 @@ from ..core.packing import LARGE_TENSOR_BYTES, PackedLayout
 from ..core.slicing import copy_slice
 from .param_wrapper import Waiting, after_grad
 
-__all__ = ["ZeroGatherGroup", "COALESCE_MAX_BYTES", "build_gather_group", "gather_settings", "gathered_nbytes",
-           "coalesced_record"]
+__all__ = ["ZeroGatherGroup", "COALESCE_MAX_BYTES", "build_gather_group", "gather_settings", "coalesced_record"]
 
 COALESCE_MAX_BYTES = LARGE_TENSOR_BYTES
-"""Largest padded parameter (bytes, in the gathered dtype) that ``ZeroGatherGroup`` coalesces."""
-
+"""Largest padded parameter (bytes, in the dtype it is all-gathered in: [Note: wire dtype] in
+core/comm_records.py) that ``ZeroGatherGroup`` coalesces."""
 
 _RESHAPE, _DEPEND = ops.Reshape(), ops.Depend()
 
@@ -149,12 +148,6 @@ def gather_settings(gather) -> tuple:
     return (record.group, record.group_size, record.param_dtype, record.compute_dtype, gather.zeropp)
 
 
-def gathered_nbytes(gather) -> int:
-    """Bytes of one parameter's gathered (padded) tensor, in the dtype it is all-gathered in ([Note:
-    wire dtype] in core/comm_records.py)."""
-    return gather.record.gathered_nbytes
-
-
 def coalesced_record(gathers: Sequence, kind: str = "coalesced") -> GatherRecord:
     """The record of one collective over ``gathers`` (``_GatherShard``s of one gather setting), in
     their order ([Note: comm records] in core/comm_records.py)."""
@@ -172,7 +165,7 @@ def build_gather_group(gathers: Sequence) -> Optional[ZeroGatherGroup]:
     if len(gathers) < 2:
         return None
     for gather in gathers:
-        if not gather.record.gathers or gather.zeropp is not None or gathered_nbytes(gather) > COALESCE_MAX_BYTES:
+        if not gather.record.gathers or gather.zeropp is not None or gather.record.gathered_nbytes > COALESCE_MAX_BYTES:
             return None
     if len({gather_settings(g) for g in gathers}) != 1:
         return None

@@ -7,10 +7,9 @@ subtree (nested units excepted) are all-gathered in ONE collective when the unit
 and their gradients are reduce-scattered in ONE collective (one of each per distinct gather
 setting: group, parameter dtype, compute dtype). As in [Note: coalesced gathers], a parameter whose
 padded tensor exceeds ``COALESCE_MAX_BYTES`` (1 MiB) is gathered alone, by its own ``_GatherShard``:
-it gains nothing from sharing a launch and would pay a copy into and out of the buffer (the
-benchmark's Dense(1024, 1024) stack measured 1.35x stage 0 with such copies, against 1.28x without
-units); so is an element alone in its setting. Without units, each reading Cell gathers its own
-(a Dense its weight and bias, coalesced; a LayerNorm gamma and beta, one each).
+it gains nothing from sharing a launch and would pay a copy into and out of the buffer; so is an
+element alone in its setting. Without units, each reading Cell gathers its own (a Dense its weight
+and bias, coalesced; a LayerNorm gamma and beta, one each).
 
 Why the gathered tensors are threaded as an argument: MindSpore's graph CSE merges identical
 all-gathers after inlining, but autodiff expands each call site's custom ``bprop`` before that, so
@@ -58,16 +57,12 @@ Memory: a unit's parameters are all full at once (in forward, and again when bac
 Compile time: a unit's code reads its k gathered tensors out of one tuple, the output of a Cell with
 a custom bprop. MindSpore's autodiff gives each read (a TupleGetItem) the gradient of the whole tuple,
 zeros but one (``bprop_tuple_getitem``); each zero is a small graph to infer, so a unit adds about
-k * k of them. In the 24-block model of ``tools/bench/benchmark_compile.py`` (k = 4) the graph after
-autodiff (the first ``renormalize``) had 2108 subgraphs and 10389 nodes with units, 998 and 6053
-without: 120 TupleGetItem gradients against 24, and 336 ``zeros_like`` graphs against 48
-(2026-12-04). Ways around it that were measured or worked through, none better: without
-``reshard_after_forward`` the graph is about 5% smaller (the recomputation is not what costs);
-loading the shards in a Cell of their own before the gather, so that no UpdateState takes the
-gathered tuple, moved that cost to the tuple of loaded shards and compiled no faster; one flat
-buffer cut per reader, or a chain of two-way splits, would trade the zeros for copies of the unit's
-gradient at every step. So units compile slower than per-layer gathers (the benchmark's page shows
-by how much), and their step is faster (fewer, larger collectives).
+k * k of them. None of the ways around it is better: the recomputation is not what costs; loading
+the shards in a Cell of their own before the gather (so that no UpdateState takes the gathered
+tuple) moves the cost to the tuple of loaded shards; one flat buffer cut per reader, or a chain of
+two-way splits, would trade the zeros for copies of the unit's gradient at every step. So units
+compile slower than per-layer gathers (the benchmark's page shows by how much), and their step is
+faster (fewer, larger collectives).
 """
 from dataclasses import replace
 from typing import Dict, List, Optional, Tuple
@@ -76,7 +71,7 @@ from mindspore import Parameter, nn, ops
 
 from ..core.graph_tuples import each, hyper_map, take
 from ..core.ms_internals import RECOMPUTE_WRAPPER, child_cells, own_params
-from .coalesce import COALESCE_MAX_BYTES, ZeroGatherGroup, gather_settings, gathered_nbytes
+from .coalesce import COALESCE_MAX_BYTES, ZeroGatherGroup, gather_settings
 from .param_wrapper import param_gather
 
 __all__ = ["GatherUnit", "ZeroUnitGather", "UNIT_ARG", "UNIT_GATHER_ATTR", "find_units",
@@ -173,9 +168,8 @@ def param_path(root: nn.Cell, param: Parameter) -> Optional[List]:
     return search(root, [])
 
 
-# Per-element work of a unit runs through hyper_map and take ([Note: per-tensor maps] in
-# core/graph_tuples.py): the loops that grew tuples here made a third of the nodes type inference
-# visits in a 24-block model's stage-3 step with gather units (tools/bench/benchmark_compile.py).
+# Per-element work of a unit runs through hyper_map and take, not loops that grow tuples ([Note:
+# per-tensor maps] in core/graph_tuples.py).
 _cast_to = ops.MultitypeFuncGraph("cast_to")
 
 
@@ -248,7 +242,7 @@ class ZeroUnitGather(nn.Cell):
         keyed: Dict[tuple, List[int]] = {}
         parts, flat = [], []
         for i, g in enumerate(gathers):
-            if g.record.gathers and gathered_nbytes(g) > COALESCE_MAX_BYTES:
+            if g.record.gathers and g.record.gathered_nbytes > COALESCE_MAX_BYTES:
                 parts.append(_UnitSingle(g, i))
                 flat.append(i)
             else:
@@ -275,9 +269,8 @@ class ZeroUnitGather(nn.Cell):
         # on as they are, the shards gave another first loss (tests/dist/test_gather_units.py). One
         # ``each`` (Map, with the Reshape primitive and static shapes: [Note: constants in a map] in
         # core/graph_tuples.py). Each part's collective waits for ``after`` inside its custom-bprop
-        # Cell ([Note: gather order] in param_wrapper.py). A Depend per shard in this map, before
-        # that, cost 1283 more nodes in the graph autodiff hands to type inference (11670 against
-        # 10389) in the 24-block model of tools/bench/benchmark_compile.py.
+        # Cell ([Note: gather order] in param_wrapper.py), not through a Depend per shard in this
+        # map, which would cost autodiff graphs per shard.
         xs = each(_RESHAPE, xs, self.shard_shapes)
         if self.one_part:
             return self.parts[0](xs, after)
