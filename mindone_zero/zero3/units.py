@@ -6,53 +6,47 @@
 subtree (nested units excepted) are all-gathered in ONE collective when the unit's forward starts,
 and their gradients are reduce-scattered in ONE collective (one of each per distinct gather
 setting: group, parameter dtype, compute dtype). As in [Note: coalesced gathers], a parameter whose
-padded tensor exceeds ``COALESCE_MAX_BYTES`` (1 MiB) is gathered alone, by its own ``_GatherShard``:
-it gains nothing from sharing a launch and would pay a copy into and out of the buffer; so is an
-element alone in its setting. Without units, each reading Cell gathers its own (a Dense its weight
-and bias, coalesced; a LayerNorm gamma and beta, one each).
+padded tensor exceeds ``COALESCE_MAX_BYTES`` (1 MiB) is gathered alone, by its own ``_GatherShard``,
+and so is an element alone in its setting. Without units, each reading Cell gathers its own.
 
 Why the gathered tensors are threaded as an argument: MindSpore's graph CSE merges identical
 all-gathers after inlining, but autodiff expands each call site's custom ``bprop`` before that, so
 a unit's gather called once per reading Cell would still reduce-scatter once per Cell (each moving
-the whole unit). A coalesced backward needs exactly one call of the unit's gather in the code that
-autodiff sees, its outputs handed to the readers. (A shared mailbox object does not carry values in
-GRAPH_MODE.) So the generic rewrite ([Note: generic rewrite] in ``rewrite.py``) runs in *unit mode*
-for the Cells of a unit:
+the whole unit); a shared mailbox object does not carry values in GRAPH_MODE. So the generic
+rewrite ([Note: generic rewrite] in ``rewrite.py``) runs in *unit mode* for the Cells of a unit:
 
 * the unit root's ``construct`` starts with ``zero3_unit = self.zero3_unit_gather((self.<path to
   p0>, self.<path to p1>, ...), x)``, a ``ZeroUnitGather`` over the unit's shards that waits for the
   construct's first input ``x`` ([Note: gather order] in param_wrapper.py);
 * every read of a unit parameter in the unit's code becomes ``zero3_unit[k]``;
 * every method that reads one (directly or through the methods and child Cells it calls) gets a
-  parameter ``zero3_unit``, and every call of it from the unit's code (``self.child(...)``,
-  ``self.child.m(...)``, ``self.m(...)``, ``super().m(...)``) passes it: positionally, last, where
-  the method has no ``*args`` or defaults and the call passes every other parameter positionally,
-  else as ``zero3_unit=zero3_unit`` ([Note: unit argument] in ``unit_threading.py``). The code is
-  plain Python: GRAPH_MODE and PYNATIVE_MODE both run it.
+  parameter ``zero3_unit``, and every call of it from the unit's code passes it ([Note: unit
+  argument] in ``unit_threading.py``). The code is plain Python: GRAPH_MODE and PYNATIVE_MODE both
+  run it.
 
 Cells inside a unit are not replaced by ``parallel_modules`` classes (their own ``construct`` runs,
-rewritten as above): the unit gathers their parameters. With ``reshard_after_forward=True`` the unit's
-``ZeroUnitGather`` is recomputed, not the unit's code ([Note: reshard after forward]): backward
-gathers each unit once more, in one collective, and the unit's layers run once (a unit whose code
-transforms a gathered tensor, or any unit in PYNATIVE_MODE, has its root recomputed instead).
+rewritten as above). With ``reshard_after_forward=True`` the unit's ``ZeroUnitGather`` is
+recomputed, not the unit's code ([Note: reshard after forward]): backward gathers each unit once
+more, in one collective, and the unit's layers run once (a unit whose code transforms a gathered
+tensor, or any unit in PYNATIVE_MODE, has its root recomputed instead).
 
 Bit-identical to per-parameter gathers: each part's buffer has [Note: packed layout]
-(``mindone_zero/core/packing.py``; block r of the buffer is block r of every parameter), so every
-element is summed with the same partners. One exception: a parameter read at several places of one unit with
-``reshard_after_forward=True`` gets one gradient (summed by autodiff) reduce-scattered once, where
-per-reader wrappers reduce-scatter each reader's part and sum the shards: equal up to rounding.
+(``mindone_zero/core/packing.py``), so every element is summed with the same partners. One
+exception: a parameter read at several places of one unit with ``reshard_after_forward=True`` gets
+one gradient (summed by autodiff) reduce-scattered once, where per-reader wrappers reduce-scatter
+each reader's part and sum the shards: equal up to rounding.
 
 What raises (before anything is modified), naming the Cell and method: a Cell of a unit that reads
 split parameters but is not called as ``self.<attribute>(...)`` from the unit's code (a loop over a
-CellList or SequentialCell, ``getattr`` with a computed name): its reads cannot be given the unit's
-tensors; a method of a unit that reads them called from outside the unit; a Cell shared by two units
-or by a unit and the rest; a Cell that gathers its own parameters (a ``parallel_modules`` layer built
-by the user, ``zero3_gathers_itself``) inside a unit. Put such Cells outside the unit, or make the
-loop's Cells units themselves (``gather_units=(Block, Model)``: the Model's loop calls unit roots,
-which gather for themselves).
+CellList or SequentialCell, ``getattr`` with a computed name), as its reads cannot be given the
+unit's tensors; a method of a unit that reads them called from outside the unit; a Cell shared by
+two units or by a unit and the rest; a Cell that gathers its own parameters (a ``parallel_modules``
+layer built by the user) inside a unit. Put such Cells outside the unit, or make the loop's Cells
+units themselves (``gather_units=(Block, Model)``: the Model's loop calls unit roots, which gather
+for themselves).
 
-Memory: a unit's parameters are all full at once (in forward, and again when backward re-gathers them), so
-``estimate_peak_memory``'s largest-layer term ``L`` is the largest unit's parameter count.
+Memory: a unit's parameters are all full at once (in forward, and again when backward re-gathers
+them), so ``estimate_peak_memory``'s largest-layer term ``L`` is the largest unit's parameter count.
 
 Compile time: a unit's code reads its k gathered tensors out of one tuple, the output of a Cell with
 a custom bprop. MindSpore's autodiff gives each read (a TupleGetItem) the gradient of the whole tuple,
@@ -82,11 +76,8 @@ UNIT_GATHER_ATTR = "zero3_unit_gather"
 
 
 class GatherUnit:
-    """One unit found by ``find_units``: its root Cell and, once planned, its elements.
-
-    An element is a (split parameter, compute dtype) pair that the unit's code reads; ``index``
-    gives its position in the gathered tuple ``zero3_unit``.
-    """
+    """One unit found by ``find_units``: its root Cell and, once planned, its elements, the (split
+    parameter, compute dtype) pairs its code reads, in the order of the gathered tuple ``zero3_unit``."""
 
     def __init__(self, root: nn.Cell, path: str):
         self.root, self.path = root, path
