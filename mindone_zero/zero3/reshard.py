@@ -8,18 +8,18 @@ until its backward: during backward each rank holds the whole model's weights ag
 per step: one all-gather, one reduce-scatter).
 
 With ``reshard_after_forward=True`` (the default, as in DeepSpeed and FSDP2) the gathered tensor is
-dropped after forward and gathered again for backward (3Φ: two all-gathers and one
-reduce-scatter, as the ZeRO paper counts). As FSDP2 and DeepSpeed do it, only the gather runs
-again, not the layers that read it: ``shard_network`` marks each gather Cell a reader calls (its
-per-parameter wrappers, its coalesced group, a gather unit's ``ZeroUnitGather``) with
-``recompute(output_recompute=True)``; in GRAPH_MODE a wrapper's or a group's collective Cell inside
-it ([Note: the collective alone is recomputed]). In GRAPH_MODE MindSpore's recompute pass then gives every
-backward user of the gather's output a second copy of the gather, placed just before that user,
-and frees the forward copy after its last forward use; the readers' own ops (the LayerNorm, the
-MLP's matmuls, the GELU) run once, and their saved activations are used as without ZeRO. (Plain
-``recompute()`` would not do: it excludes a Cell's outputs, and the gather's output is exactly
-what must not be kept.) tests/dist/test_profile_collectives.py checks it with MindSpore's profiler:
-as many MatMul, LayerNorm and GeLU kernels per step as at stage 0, and the backward re-gathers.
+dropped after forward and gathered again for backward (3Φ: two all-gathers and one reduce-scatter,
+as the ZeRO paper counts). As in FSDP2 and DeepSpeed, only the gather runs again, not the layers
+that read it: ``shard_network`` marks each gather Cell a reader calls (its per-parameter wrappers,
+its coalesced group, a gather unit's ``ZeroUnitGather``) with ``recompute(output_recompute=True)``;
+in GRAPH_MODE a wrapper's or a group's collective Cell inside it ([Note: the collective alone is
+recomputed]). In GRAPH_MODE MindSpore's recompute pass then gives every backward user of the
+gather's output a second copy of the gather, placed just before that user, and frees the forward
+copy after its last forward use; the readers' own ops run once, and their saved activations are
+used as without ZeRO. (Plain ``recompute()`` would not do: it excludes a Cell's outputs, and the
+gather's output is exactly what must not be kept.) tests/dist/test_profile_collectives.py checks
+it with MindSpore's profiler: as many MatMul, LayerNorm and GeLU kernels per step as at stage 0,
+and the backward re-gathers.
 
 A reader is recomputed whole instead (the fallback: ``Cell.recompute()`` as before, which holds the
 re-gathered tensor inside the recomputed region) when re-gathering alone would not free the
@@ -137,26 +137,18 @@ def _regather_only(cell: nn.Cell, whole: bool) -> None:
 
 
 def finish_gathers(network: nn.Cell, options) -> Tuple[List[Tuple[str, nn.Cell, List[str], bool]], List[nn.Cell]]:
-    """The build's one pass over the gathers it attached, in the network's order (after the Cells are
-    replaced and rewritten, the units attached and the user's ``recompute()`` re-applied). On each Cell:
-
-    * the children of a recompute-scoped Cell that ``recompute()`` did not mark (gather wrappers, layer
-      Cells added after the call) get its scope, as ``recompute()`` marks children;
-    * with ZeRO++, a layer the user built before ``shard_network`` gathers per parameter
-      ([Note: ZeRO++ at build] in param_wrapper.py);
-    * with ``reshard_after_forward``, the readers chosen by [Note: reshard after forward] get their
-      gathers marked for recomputation, or are recomputed whole where their code is not direct
-      ([Note: direct reads]);
-    * the Cells whose ``gather`` may be shared are collected ([Note: shared gather graphs]).
-
-    Then, with ZeRO++, every gathering wrapper gets its ZeRO++ gather, split for hpZ inside a
-    recomputed region ([Note: hpZ] in ``param_wrapper.py``).
+    """The build's one pass over the gathers it attached, in the network's order, after the Cells are
+    replaced and rewritten, the units attached and the user's ``recompute()`` re-applied. It spreads
+    each recompute scope to the children added since (gather wrappers, layers); with ZeRO++, it turns
+    a layer the user built before ``shard_network`` to per-parameter gathers, then gives every
+    gathering wrapper its ZeRO++ gather, split for hpZ inside a recomputed region ([Note: ZeRO++ at
+    build], [Note: hpZ] in param_wrapper.py); with ``reshard_after_forward``, it marks the readers
+    that [Note: reshard after forward] chooses. Not collective.
 
     Returns:
-        (readers whose code is not direct: ``(path, Cell, reasons, whole)``, ``whole`` True when the
-        reader is recomputed whole, False when it holds other readers and is re-gathered only;
-        the callers whose gather ``share_gather_graphs`` may share, in the network's order).
-        Not collective.
+        (readers whose code is not direct: ``(path, Cell, reasons, whole)``, ``whole`` False for one
+        that holds other readers and is re-gathered only; the callers whose gather
+        ``share_gather_graphs`` may share, in the network's order).
     """
     zeropp = options.zeropp
     pynative = ms.get_context("mode") == ms.PYNATIVE_MODE
