@@ -2,24 +2,22 @@
 
 [Note: coalesced gathers]
 Each collective costs a synchronisation whatever its size, so a Cell that gathers its weight and
-bias separately pays twice. ``ZeroGatherGroup`` gathers them in
-one collective (DeepSpeed's ``all_gather_coalesced`` per module, FSDP's per unit): the padded
-shards are packed into one buffer, all-gathered and unpacked into the padded full tensors; in
-backward the padded gradients are packed rank-major and reduce-scattered once, then divided by the
-group size. The buffer layout is [Note: packed layout] in ``mindone_zero/core/packing.py``; it sums
-every element with the partners of the per-parameter reduce-scatter, so gradients are
-bit-identical (tests/dist/test_zero3_network.py checks it). Padding rows are dropped only where
-there are some ([Note: slices] in ``mindone_zero/core/slicing.py``), with a copying slice as the
-per-parameter gather does ([Note: a view keeps its base]).
+bias separately pays twice. ``ZeroGatherGroup`` gathers them in one collective (DeepSpeed's
+``all_gather_coalesced`` per module, FSDP's per unit): the padded shards are packed into one
+buffer, all-gathered and unpacked into the padded full tensors; in backward the padded gradients
+are packed rank-major and reduce-scattered once, then divided by the group size. The buffer layout
+is [Note: packed layout] in ``mindone_zero/core/packing.py``; it sums every element with the
+partners of the per-parameter reduce-scatter, so gradients are bit-identical
+(tests/dist/test_zero3_network.py checks it). Padding rows are dropped only where there are some
+([Note: slices] in ``mindone_zero/core/slicing.py``), with a copying slice as the per-parameter
+gather does ([Note: a view keeps its base]).
 
 Which parameters are coalesced: the split ones a ZeRO-3 layer Cell gathers (``layers.py``), when
 at least two have identical gather settings (group, parameter dtype, compute dtype) and each
 padded tensor is at most ``COALESCE_MAX_BYTES``, the size from which buckets send a tensor alone
-too (``mindone_zero.core.packing.LARGE_TENSOR_BYTES``): a large tensor gains nothing from sharing a
-launch and would pay a copy into and out of the buffer. ZeRO++ (qwZ, qgZ, hpZ) gathers are not
-coalesced: they are per parameter, and the wrappers ``shard_network`` builds carry the ZeRO++
-options from the start ([Note: ZeRO++ at build] in ``param_wrapper.py``), so ``build_gather_group``
-builds no group for them.
+too: a large tensor gains nothing from sharing a launch and would pay a copy into and out of the
+buffer. Gathers with ZeRO++ options are per parameter, never coalesced ([Note: ZeRO++ at build] in
+``param_wrapper.py``).
 """
 from dataclasses import replace
 from typing import List, Optional, Sequence

@@ -15,21 +15,21 @@ use ([Note: ZeRO++ at build]).
 
 [Note: gather order]
 A stage-3 gather depends only on its shard Parameter, so a device scheduler may start every gather
-at the top of the graph and hold the whole model gathered at once. The ``parallel_modules`` layers
-therefore pass their input as ``after`` (``ZeroParamWrapper``; ``ZeroGatherGroup.waiting_for`` for
-a coalesced gather): the gather waits until the layer's input exists. The generic rewrite
-(rewrite.py) passes a ``construct``'s first input the same way, and a gather unit's
-``ZeroUnitGather`` (units.py) the unit root's first input. Not tied: gathers the rewrite puts in
-methods other than ``construct`` (a helper's inputs are not known to be the layer's).
+at the top of the graph and hold the whole model gathered at once. So a gather waits for an input,
+``after``: the ``parallel_modules`` layers pass their input (``ZeroParamWrapper``;
+``ZeroGatherGroup.waiting_for`` for a coalesced gather), the generic rewrite (rewrite.py) a
+``construct``'s first input, and a gather unit's ``ZeroUnitGather`` (units.py) the unit root's
+first input. Not tied: gathers the rewrite puts in methods other than ``construct`` (a helper's
+inputs are not known to be the layer's).
 
-The tie is a Depend inside a Cell with a custom bprop, on the tensor the collective sends: the
-gather Cell's ``waiting`` (``_ShardWaiting`` of a ``_GatherShard``, ``_CoalescedWaiting`` of a
-``_CoalescedGather``; base class ``Waiting``), called as ``waiting(x, after)``, whose bprop returns
-the gather's gradient and zeros for ``after`` (``after_grad``): no number changes. Autodiff does not
-look inside a custom-bprop Cell, so the Depend gets no gradient graph of its own; a Depend outside it
-(in the wrapper, before the call) cost each gather a J graph, a bprop graph and a ``zeros_like``
-graph. The forward is written in the ``waiting`` Cell and the gather Cell's ``construct`` calls it,
-so a call compiles one graph, not two, as a test of the mode inside ``construct`` would.
+The tie is a Depend, on the tensor the collective sends, inside a Cell with a custom bprop: the
+gather Cell's ``waiting`` (a ``Waiting``: ``_ShardWaiting``, ``_CoalescedWaiting``), called as
+``waiting(x, after)``, whose bprop returns the gather's gradient and zeros for ``after``
+(``after_grad``): no number changes. Autodiff does not look inside a custom-bprop Cell, so the
+Depend gets no gradient graph of its own; a Depend outside it (in the wrapper, before the call)
+cost each gather a J graph, a bprop graph and a ``zeros_like`` graph. The forward is written in the
+``waiting`` Cell and the gather Cell's ``construct`` calls it, so a call compiles one graph, not
+two, as a test of the mode inside ``construct`` would.
 
 PYNATIVE_MODE calls the gather Cell itself, one input (``Waiting.__call__``; a graph compiles
 ``construct`` and never runs it): MindSpore 2.10's PYNATIVE grad of a recomputed Cell fails on a
@@ -487,18 +487,16 @@ def _gather_record(spec: ShardSpec, param_dtype, group: Optional[str], compute_d
 class _GatherShard(nn.Cell):
     """The custom-bprop half of ``ZeroParamWrapper``: all-gather forward, reduce-scatter backward.
 
-    With ZeRO++ (``zeropp``, a ``ZeroPPConfig``), for a parameter it quantizes (``zeropp.quantizes``:
-    not a vector nor below ``min_quantize_numel``): qwZ all-gathers the shard as int8 blocks and
-    dequantizes (``GroupComm.all_gather_quantized``, from the parameter's dtype, so a narrower
-    compute dtype is cast after the gather); qgZ reduce-scatters the gradient quantized
-    (``GroupComm.reduce_scatter_quantized``, summed in float32).
+    With ZeRO++, for a parameter it quantizes ([Note: full-precision tensors] in zeropp.py): qwZ
+    all-gathers the shard as int8 blocks and dequantizes (from the parameter's dtype, so a narrower
+    compute dtype is cast after the gather); qgZ reduce-scatters the gradient quantized, summed in
+    float32.
     """
 
     def __init__(self, spec: ShardSpec, param_dtype, group: Optional[str], compute_dtype, zeropp=None):
         super().__init__(auto_prefix=False)
         self.spec, self.group_name, self.zeropp = spec, group, zeropp
-        # Built from its record ([Note: comm records] in core/comm_records.py): what it sends is what
-        # the CommPlan counts.
+        # Built from its record, so what it sends is what the CommPlan counts ([Note: comm records]).
         self.record = record = _gather_record(spec, param_dtype, group, compute_dtype, zeropp)
         self.param_name = spec.name
         self.full_shape = spec.shape
@@ -572,25 +570,23 @@ class _GatherShard(nn.Cell):
 
 
 # [Note: hpZ]
-# ZeRO++'s hierarchical partitioning, built on [Note: reshard after forward] (mindone_zero/zero3/
-# reshard.py): a gather wrapper inside a recomputed region (its collective marked for
-# recomputation, or its reader recomputed whole) gathers again in backward. With hpZ the gather is
-# split in two Cells inside that region:
+# ZeRO++'s hierarchical partitioning, built on [Note: reshard after forward] (reshard.py): a gather
+# wrapper inside a recomputed region (its collective marked, or its reader recomputed whole) gathers
+# again in backward. With hpZ the gather is split in two Cells inside that region:
 #   _HpzPrimary(shard) -> secondary shard: the all-gather over the shard group (quantized with
 #       qwZ), then a cut of rows [j R2, (j+1) R2) of the padded tensor, j this rank's index in the
 #       secondary group of K ranks and R2 = padded rows / K. The cut is a Slice primitive marked
-#       `recompute(False)`, so GRAPH_MODE keeps its output, the secondary shard (1/K of the
-#       parameter, compute dtype), until backward instead of recomputing it: backward does not
-#       touch the primary group.
+#       `recompute(False)`, so GRAPH_MODE keeps its output (1/K of the parameter, compute dtype)
+#       until backward instead of recomputing it: backward does not touch the primary group.
 #   _HpzSecondary(secondary shard, shard) -> full tensor: an all-gather in the secondary group,
 #       which the recomputation runs again in backward: the re-gather stays inside the group.
 # Gradients: _HpzSecondary's bprop returns zeros for the secondary shard and, for the shard, the
-# same reduce-scatter as without hpZ (_GatherShard.shard_grad, on the same incoming gradient);
-# _HpzPrimary's bprop returns zeros, so autodiff adds an exact zero. The forward values are copies
-# of the same gathered tensor, so losses and updates are bit-identical to those without hpZ.
-# Cost: one more all-gather in forward (in the secondary group), and the secondary shards of all
-# recomputed Cells held from forward to backward (estimate_peak_memory's hpZ term). PYNATIVE's
-# recompute re-runs a Cell's whole construct (the primary gather too), so hpZ needs GRAPH_MODE.
+# same reduce-scatter as without hpZ (_GatherShard.shard_grad); _HpzPrimary's bprop returns zeros,
+# so autodiff adds an exact zero. The forward values are copies of the same gathered tensor, so
+# losses and updates are bit-identical to those without hpZ. Cost: one more all-gather in forward
+# (in the secondary group), and the secondary shards of all recomputed Cells held from forward to
+# backward (estimate_peak_memory's hpZ term). PYNATIVE's recompute re-runs a Cell's whole construct
+# (the primary gather too), so hpZ needs GRAPH_MODE.
 
 
 class _HpzPrimary(nn.Cell):

@@ -139,7 +139,6 @@ class _ChainReads(ast.NodeTransformer):
         self.unit = planner.units.get(id(plan.cell))
         self.where = plan.where(mplan)
 
-    # -- chains --------------------------------------------------------------------------
     def _chain(self, node):
         """[(node, step)] from ``self`` outwards, or None when not rooted at ``self``."""
         steps = []

@@ -1,9 +1,8 @@
 """ZeRO++ options (Wang et al., 2023): qwZ, hpZ, qgZ, as one typed config.
 
-``prepare_network(..., zeropp=ZeroPPConfig(...))`` and ``prepare_train_network(..., zeropp=...)``
-take it (or a dict of its fields, as a YAML config gives); ``Stage3Options.build`` checks it with the
-other stage-3 options ([Note: stage-3 options] in ``options.py``). All three act on ZeRO-3's
-collectives only; the fp32 master shards and the optimizer step are exact whatever is chosen.
+``Stage3Options.build`` checks it with the other stage-3 options ([Note: stage-3 options] in
+``options.py``). All three act on ZeRO-3's collectives only; the fp32 master shards and the
+optimizer step are exact whatever is chosen.
 
 * ``quantize_weights`` (qwZ): the forward all-gather moves each rank's shard as int8 blocks with a
   float32 scale per block ([Note: block quantization] in ``quantize.py``), dequantized after the
