@@ -100,10 +100,7 @@ def gathered_values(tree: ast.FunctionDef, is_gathered: Callable[[ast.AST], bool
 def indirect_uses(tree: ast.FunctionDef, is_gathered: Callable[[ast.AST], bool]) -> List[str]:
     """The indirect uses ([Note: direct reads]) of the gathered values in ``tree``, each as the
     source text of the expression that uses it; empty when every use is direct."""
-    parents = {}
-    for node in ast.walk(tree):
-        for child in ast.iter_child_nodes(node):
-            parents[child] = node
+    parents = {child: node for node in ast.walk(tree) for child in ast.iter_child_nodes(node)}
     values = gathered_values(tree, is_gathered, parents)
     found = []
     while values:
@@ -179,11 +176,7 @@ def gather_call_test(self_name: str, attrs) -> Callable[[ast.AST], bool]:
     """Recognises ``self.<attr>(...)`` (and ``self.<attr>.waiting_for(...)``) for ``attr`` in ``attrs``:
     a call of a gather Cell."""
     attrs = frozenset(attrs)
-
-    def test(node):
-        return _gather_called(node, self_name) in attrs
-
-    return test
+    return lambda node: _gather_called(node, self_name) in attrs
 
 
 def unit_read_test(node: ast.AST) -> bool:

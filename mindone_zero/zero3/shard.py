@@ -87,12 +87,8 @@ def recomputed_cells(network: nn.Cell) -> tuple:
 # * What the user set on the Cells is kept ([Note: carried state] in ``carry.py``), hooks also on
 #   user replacement classes; ``recompute()`` is re-applied with the same options around the new
 #   ``construct``, so the gathers are recomputed in backward rather than their full tensors kept.
-# * Gather wrappers are shared between the Cells reading one parameter in one dtype when
-#   ``reshard_after_forward`` is False, except between recomputed and other Cells.
-# * With ``reshard_after_forward=True`` the gather Cells each reader calls are marked with
-#   ``recompute(output_recompute=True)``, or the reader itself with ``recompute()`` where that alone
-#   frees the tensor (indirect reads, PYNATIVE_MODE); never the top Cell, nor a Cell already in a
-#   recomputed region ([Note: reshard after forward] in ``reshard.py``).
+# * Which readers share a gather wrapper: ``apply_rewrites`` in ``rewrite.py``; what
+#   ``reshard_after_forward`` marks for recomputation: [Note: reshard after forward] in ``reshard.py``.
 
 
 def shard_network(network: nn.Cell, group: Optional[str] = None, parallel_modules: Optional[Dict] = None,
@@ -265,11 +261,7 @@ def _warn_recomputed(found) -> None:
 
 def _outside_units(match, units: dict):
     """``match`` that leaves the Cells of gather units alone: the unit gathers their parameters."""
-
-    def outside(cell):
-        return None if id(cell) in units else match(cell)
-
-    return outside
+    return lambda cell: None if id(cell) in units else match(cell)
 
 
 def _recompute_records(network: nn.Cell, replaced: set) -> list:
