@@ -220,11 +220,10 @@ class _UnitSingle(nn.Cell):
 class ZeroUnitGather(nn.Cell):
     """All-gather a unit's shards: one collective per gather setting ([Note: gather units]).
 
-    ``construct(xs, after=None)`` takes the tuple of the unit's shards, in element order (and the unit
-    root's input as ``after``: every collective waits for it), and returns their full
-    tensors (padding dropped, compute dtype) in the same order, bit for bit what per-parameter
-    gathers return. Collective over the parameters' group. ``gathers``: one ``ParamGather`` per
-    element (``param_wrapper.py``): the parts' gather Cells are built from them.
+    ``construct(xs, after=None)`` takes the unit's shards in element order (and the unit root's input
+    as ``after``, which every collective waits for) and returns their full tensors (padding dropped,
+    compute dtype) in the same order, bit for bit what per-parameter gathers return. Collective over
+    the parameters' group. ``gathers``: one ``ParamGather`` per element, the parts are built from them.
     """
 
     def __init__(self, unit_path: str, gathers: List):
