@@ -5,13 +5,10 @@
 the full tensor in forward and, in its custom ``bprop``, reduce-scatters the gradient back to the
 shard's shape (mean over the group). All communication goes through ``mindone_zero.core.comm``.
 
-Which parameters are split is [Note: split rule] in ``mindone_zero/core/partition.py``. A split
-parameter's ``param.zero_spec`` is a ``ShardSpec`` with ``split=True``; a trainable one kept whole
-has ``split=False``, and the gradient the network produces for it is local (the train wrapper
-all-reduces it); a non-trainable one (BatchNorm moving statistics, which the forward pass updates in
-place and so cannot live as shards) is untouched, with no ``zero_spec``. A trainable parameter also
-carries ``param.zero_param``, its ``ZeroParam`` record: the spec and the ZeRO++ options its gathers
-use ([Note: ZeRO++ at build]).
+Which parameters are split is [Note: split rule] in ``mindone_zero/core/partition.py``. The
+gradient of a trainable one kept whole is local (the train wrapper all-reduces it); a non-trainable
+one (BatchNorm moving statistics, which the forward pass updates in place and so cannot live as
+shards) is left untouched. ``shard_parameter`` says what each gets (``zero_spec``, ``zero_param``).
 
 [Note: gather order]
 A stage-3 gather depends only on its shard Parameter, so a device scheduler may start every gather
@@ -254,7 +251,7 @@ _ALIASES = (("group", "optimizer_parallel_group"), ("compute_dtype", "cell_type"
 
 
 def _wrapper_args(args: tuple, kwargs: dict):
-    """(zero_stage, group, compute_dtype, names used) from either constructor form of ``ZeroParamWrapper``."""
+    """``zero_stage, (name, group), (name, compute_dtype)`` from either form of ``ZeroParamWrapper``'s arguments."""
     mindone_form = bool(args) and isinstance(args[0], int) and not isinstance(args[0], bool)
     names = _MINDONE_FORM if mindone_form else _OUR_FORM
     if len(args) > len(names):

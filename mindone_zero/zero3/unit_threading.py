@@ -3,8 +3,7 @@
 See [Note: gather units] in ``units.py``. The analysis of ``rewrite.py`` hands over a
 ``RewriteAnalysis`` (``rewrite_plan.py``): every method reached from the unit roots' ``construct``,
 each read of a unit parameter already rewritten to ``zero3_unit[k]``, every call of a method or Cell
-recorded. Here the methods that need the tuple get it as a parameter, their calls pass it, and each
-root's ``construct`` gathers it. Nothing is modified outside the planned syntax trees.
+recorded; ``thread_units`` does the rest.
 
 [Note: unit argument]
 A method that needs the unit's tuple gets ``zero3_unit`` as its last positional parameter when it has
