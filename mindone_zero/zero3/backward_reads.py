@@ -6,12 +6,11 @@ reshard.py). MindSpore's recompute pass (GRAPH_MODE, 2.10) then gives a second c
 each backward op that reads the gathered tensor, and to none other: a gather whose tensor no backward
 op reads runs once. Whether a backward op reads an input is the primitive's: its bprop registration
 (MindSpore's C++ ``REG_BPROP_BUILDER(...).SetUnusedInputs``) declares the inputs its gradient does
-not need. Seen in the compiled graph (``graph_build_*.ir``, tests/dist/test_comm_graph.py): the demo
-LM at stage 3 runs 83 collectives per optimizer step, not the 93 that re-gathering every gather would
-give; the 10 missing are the re-gathers of its 3 LayerNorm betas (``LayerNorm``'s input 2), its token
-embedding table (``Gather``'s input 0) and its positional embedding (``self.pos_embedding[:n]``, a
-``StridedSlice``'s input 0), at each of 2 micro-steps. A Dense's bias gathered alone is a
-``BiasAdd``'s input 1, whose bprop reads only the incoming gradient.
+not need. In the compiled graph of the demo LM at stage 3 (``graph_build_*.ir``,
+tests/dist/test_comm_graph.py) no re-gather runs for its LayerNorm betas (``LayerNorm``'s input 2),
+its token embedding table (``Gather``'s input 0) or its positional embedding
+(``self.pos_embedding[:n]``, a ``StridedSlice``'s input 0). Nor would one for a Dense's bias
+gathered alone, a ``BiasAdd``'s input 1, whose bprop reads only the incoming gradient.
 
 The rule (``backward_reads``), for a gather Cell held as ``attr`` by the Cell that calls it: backward
 reads what it gathers unless every use of its result in that Cell's ``construct``, and in the methods

@@ -3,26 +3,22 @@
 [Note: carried state]
 ``shard_network`` replaces layers (``nn.Dense`` -> ``parallel_modules.Dense``) and rewrites the
 ``construct`` of other Cells (a dynamic subclass, same instance). What a user configured on the
-original Cell before that must still hold afterwards:
+original Cell must still hold afterwards:
 
 * ``to_float`` and other graph flags, ``set_train``, ``set_grad``, ``set_inputs``, the jit
   config, saved-tensor hooks and any plain attribute the user added: copied to the replacement
   (``carry_cell_state``);
-* forward pre-hooks, forward hooks, backward hooks and backward pre-hooks: the replacement
-  shares the original's hook dictionaries, so a handle the user holds still removes the hook;
-  backward hooks get a ``CellBackwardHook`` primitive of their own, bound to the replacement
-  (``carry_hooks``);
-* ``Cell.recompute(...)``. MindSpore stores two things: a PYNATIVE wrapper around the bound
-  ``construct`` of the Cell *at the time of the call* (``_recompute_cell``), and a recompute
-  scope plus flags on the Cell and its descendants for GRAPH_MODE. Both would keep pointing at
-  the old code (the original layer's ``construct``, reading a shard) or miss the new children
-  (the gather wrappers). ``recompute_options`` reads the options back before anything changes;
-  ``reapply_recompute`` calls ``recompute`` again with the same options on the Cell as it is
-  now, so the recomputed region is the new ``construct``, gathers included: the all-gathered
-  full weight is not kept for backward but gathered again; ``spread_recompute_scope`` extends
-  a recompute scope to children added after it was set (MindSpore sets it on the descendants
-  that exist at call time only). One exception, for a MindSpore 2.10 bug: see
-  [Note: non-reentrant recompute].
+* forward (pre-)hooks and backward (pre-)hooks: the replacement shares the original's hook
+  dictionaries, so a handle the user holds still removes the hook; backward hooks get a
+  ``CellBackwardHook`` primitive of their own, bound to the replacement (``carry_hooks``);
+* ``Cell.recompute(...)``. MindSpore stores a PYNATIVE wrapper around the bound ``construct`` of
+  the Cell *at the time of the call* (``_recompute_cell``), and for GRAPH_MODE a recompute scope
+  plus flags on the Cell and the descendants it has then. Both would keep pointing at the old code
+  (reading a shard) or miss the new children (the gather wrappers). So ``recompute_options`` reads
+  the options back before anything changes, ``reapply_recompute`` calls ``recompute`` again with
+  them on the Cell as it is now (the recomputed region is the new ``construct``, gathers included),
+  and ``spread_recompute_scope`` extends a scope to children added later. One exception, for a
+  MindSpore 2.10 bug: [Note: non-reentrant recompute].
 
 ``Cell.shard`` (auto-parallel) cannot be carried: its function wraps the original Cell; a Cell
 with it raises.

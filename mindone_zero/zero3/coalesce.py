@@ -1,25 +1,23 @@
 """Coalesced ZeRO-3 gathers: the split parameters one Cell reads, in one all-gather and one reduce-scatter.
 
 [Note: coalesced gathers]
-On the CPU backend each collective costs about 0.3 ms of synchronisation whatever its size, so a
-Cell that gathers its weight and bias separately pays twice. ``ZeroGatherGroup`` gathers them in
-one collective (DeepSpeed's ``all_gather_coalesced`` per module, FSDP's per unit): the padded
-shards are packed into one buffer, all-gathered and unpacked into the padded full tensors; in
-backward the padded gradients are packed rank-major and reduce-scattered once, then divided by the
-group size. The buffer layout is [Note: packed layout] in ``mindone_zero/core/packing.py``; it sums
-every element with the partners of the per-parameter reduce-scatter, so gradients are
-bit-identical (tests/dist/test_zero3_network.py checks it). Padding rows are dropped only where
-there are some ([Note: slices] in ``mindone_zero/core/slicing.py``), with a copying slice as the
-per-parameter gather does ([Note: a view keeps its base]).
+Each collective costs a synchronisation whatever its size, so a Cell that gathers its weight and
+bias separately pays twice. ``ZeroGatherGroup`` gathers them in one collective (DeepSpeed's
+``all_gather_coalesced`` per module, FSDP's per unit): the padded shards are packed into one
+buffer, all-gathered and unpacked into the padded full tensors; in backward the padded gradients
+are packed rank-major and reduce-scattered once, then divided by the group size. The buffer layout
+is [Note: packed layout] in ``mindone_zero/core/packing.py``; it sums every element with the
+partners of the per-parameter reduce-scatter, so gradients are bit-identical
+(tests/dist/test_zero3_network.py checks it). Padding rows are dropped only where there are some
+([Note: slices] in ``mindone_zero/core/slicing.py``), with a copying slice as the per-parameter
+gather does ([Note: a view keeps its base]).
 
 Which parameters are coalesced: the split ones a ZeRO-3 layer Cell gathers (``layers.py``), when
 at least two have identical gather settings (group, parameter dtype, compute dtype) and each
 padded tensor is at most ``COALESCE_MAX_BYTES``, the size from which buckets send a tensor alone
-too (``mindone_zero.core.packing.LARGE_TENSOR_BYTES``): a large tensor gains nothing from sharing a
-launch and would pay a copy into and out of the buffer. ZeRO++ (qwZ, qgZ, hpZ) gathers are not
-coalesced: they are per parameter, and the wrappers ``shard_network`` builds carry the ZeRO++
-options from the start ([Note: ZeRO++ at build] in ``param_wrapper.py``), so ``build_gather_group``
-builds no group for them.
+too: a large tensor gains nothing from sharing a launch and would pay a copy into and out of the
+buffer. Gathers with ZeRO++ options are per parameter, never coalesced ([Note: ZeRO++ at build] in
+``param_wrapper.py``).
 """
 from dataclasses import replace
 from typing import List, Optional, Sequence
@@ -34,12 +32,11 @@ from ..core.packing import LARGE_TENSOR_BYTES, PackedLayout
 from ..core.slicing import copy_slice
 from .param_wrapper import Waiting, after_grad
 
-__all__ = ["ZeroGatherGroup", "COALESCE_MAX_BYTES", "build_gather_group", "gather_settings", "gathered_nbytes",
-           "coalesced_record"]
+__all__ = ["ZeroGatherGroup", "COALESCE_MAX_BYTES", "build_gather_group", "gather_settings", "coalesced_record"]
 
 COALESCE_MAX_BYTES = LARGE_TENSOR_BYTES
-"""Largest padded parameter (bytes, in the gathered dtype) that ``ZeroGatherGroup`` coalesces."""
-
+"""Largest padded parameter (bytes, in the dtype it is all-gathered in: [Note: wire dtype] in
+core/comm_records.py) that ``ZeroGatherGroup`` coalesces."""
 
 _RESHAPE, _DEPEND = ops.Reshape(), ops.Depend()
 
@@ -149,12 +146,6 @@ def gather_settings(gather) -> tuple:
     return (record.group, record.group_size, record.param_dtype, record.compute_dtype, gather.zeropp)
 
 
-def gathered_nbytes(gather) -> int:
-    """Bytes of one parameter's gathered (padded) tensor, in the dtype it is all-gathered in ([Note:
-    wire dtype] in core/comm_records.py)."""
-    return gather.record.gathered_nbytes
-
-
 def coalesced_record(gathers: Sequence, kind: str = "coalesced") -> GatherRecord:
     """The record of one collective over ``gathers`` (``_GatherShard``s of one gather setting), in
     their order ([Note: comm records] in core/comm_records.py)."""
@@ -172,7 +163,7 @@ def build_gather_group(gathers: Sequence) -> Optional[ZeroGatherGroup]:
     if len(gathers) < 2:
         return None
     for gather in gathers:
-        if not gather.record.gathers or gather.zeropp is not None or gathered_nbytes(gather) > COALESCE_MAX_BYTES:
+        if not gather.record.gathers or gather.zeropp is not None or gather.record.gathered_nbytes > COALESCE_MAX_BYTES:
             return None
     if len({gather_settings(g) for g in gathers}) != 1:
         return None

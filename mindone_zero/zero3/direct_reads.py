@@ -2,30 +2,27 @@
 
 [Note: direct reads]
 ``reshard_after_forward`` frees a gathered tensor by recomputing only its gather in backward
-([Note: reshard after forward] in ``reshard.py``). That frees the memory only if the op that
-keeps the tensor for its backward (a MatMul keeps its weight input) receives the gathered tensor
-itself. When the code first transforms it (``self.weight.T``, ``w.reshape(...)``, ``w * scale``,
-``ops.transpose(w, ...)``), the transformed tensor is what backward keeps, a full-size copy the
-gather's recompute does not free; such a Cell is recomputed as a whole instead (the fallback),
-and ``shard_network`` names it.
+([Note: reshard after forward] in ``reshard.py``). That frees the memory only if the op that keeps
+the tensor for its backward (a MatMul keeps its weight input) receives the gathered tensor itself.
+When the code first transforms it (``self.weight.T``, ``w.reshape(...)``, ``w * scale``,
+``ops.transpose(w, ...)``), backward keeps the transformed tensor, a full-size copy the gather's
+recompute does not free; such a Cell is recomputed whole instead, and ``shard_network`` names it.
 
 A read is *direct* when the gathered value is a positional or keyword argument of a call whose
 callee is not a layout or dtype transform (``TRANSFORMS``), either as the gathering expression
-itself or through a local name bound to it (``w = self.w_zero_gather(...)``, or the tuple
-unpacking of a coalesced group ``w, b = self.zero_gather_group(...)`` or
-``w, b = self.zero_gather_group.waiting_for(x, ...)``). Any other use (an
-attribute, a subscript, an operand, a return, a container, a transform's argument) is
-*indirect*. A dtype cast (``self.gamma.astype(x.dtype)``, as ``nn.LayerNorm`` writes it; ``ops.cast``)
-is followed to the op that consumes its result: a cast to the same dtype is removed by the graph
-compiler, and one to a narrower dtype leaves backward holding that copy (set the compute dtype with
-``to_float`` instead: the gather then casts). The rule looks at syntax only: it is conservative for transforms whose backward
-keeps nothing (an ``Add`` of a reshaped bias), and it trusts a callee it does not know, such as a
-child Cell handed a gathered weight.
+itself or through a local name bound or unpacked from it (``w = self.w_zero_gather(...)``,
+``w, b = self.zero_gather_group.waiting_for(x, ...)``). Any other use (an attribute, a subscript,
+an operand, a return, a container, a transform's argument) is *indirect*. A dtype cast
+(``self.gamma.astype(x.dtype)``, as ``nn.LayerNorm`` writes it; ``ops.cast``) is followed to the op
+that consumes its result: a cast to the same dtype is removed by the graph compiler, and one to a
+narrower dtype leaves backward holding that copy (set the compute dtype with ``to_float`` instead:
+the gather then casts). The rule looks at syntax only: it is conservative for transforms whose
+backward keeps nothing (an ``Add`` of a reshaped bias), and it trusts a callee it does not know,
+such as a child Cell handed a gathered weight.
 
-Inside a gather unit ([Note: gather units] in ``units.py``) the gathered values are the
-subscripts ``zero3_unit[k]``; passing the tuple on to a method or Cell of ``self``, as
-``zero3_unit=zero3_unit`` or as the call's last positional argument ([Note: unit argument] in
-``unit_threading.py``), is direct (the callee's own reads are checked), any other use of the tuple
+Inside a gather unit ([Note: gather units] in ``units.py``) the gathered values are the subscripts
+``zero3_unit[k]``; passing the tuple on to a method or Cell of ``self`` ([Note: unit argument] in
+``unit_threading.py``) is direct (the callee's own reads are checked), any other use of the tuple
 is not.
 """
 import ast
@@ -103,10 +100,7 @@ def gathered_values(tree: ast.FunctionDef, is_gathered: Callable[[ast.AST], bool
 def indirect_uses(tree: ast.FunctionDef, is_gathered: Callable[[ast.AST], bool]) -> List[str]:
     """The indirect uses ([Note: direct reads]) of the gathered values in ``tree``, each as the
     source text of the expression that uses it; empty when every use is direct."""
-    parents = {}
-    for node in ast.walk(tree):
-        for child in ast.iter_child_nodes(node):
-            parents[child] = node
+    parents = {child: node for node in ast.walk(tree) for child in ast.iter_child_nodes(node)}
     values = gathered_values(tree, is_gathered, parents)
     found = []
     while values:
@@ -182,11 +176,7 @@ def gather_call_test(self_name: str, attrs) -> Callable[[ast.AST], bool]:
     """Recognises ``self.<attr>(...)`` (and ``self.<attr>.waiting_for(...)``) for ``attr`` in ``attrs``:
     a call of a gather Cell."""
     attrs = frozenset(attrs)
-
-    def test(node):
-        return _gather_called(node, self_name) in attrs
-
-    return test
+    return lambda node: _gather_called(node, self_name) in attrs
 
 
 def unit_read_test(node: ast.AST) -> bool:

@@ -17,10 +17,7 @@ class LayerGathers:
     ``zero_gather_group``, ``zero_coalesce`` and the ``<attr>_zero_gather`` wrappers."""
 
     def _build_gathers(self, group, cell_type):
-        # [Note: coalesced gathers] in coalesce.py: all the split parameters in one all-gather, or none
-        # (none with ZeRO++ options: [Note: ZeRO++ at build] in param_wrapper.py). Decided from the
-        # parameters' ``ParamGather``s, before any gather Cell is built: a coalescing layer builds its
-        # group and no per-parameter wrapper.
+        # All the split parameters in one all-gather, or none ([Note: coalesced gathers] in coalesce.py).
         self.zero_gather_group = None
         self.zero_coalesce = False
         self.zero3_gather_dtype = cell_type

@@ -1,22 +1,12 @@
 """ZeRO-3 Cells for the common layers, and ``PARALLEL_MODULES`` mapping originals to them.
 
-Each ZeRO-3 Cell is built from an existing layer (``Dense(net)``) and takes over its Parameters:
-the same Parameter objects under the same attribute names (``weight``/``bias``, or
-``embedding_table`` for ``nn.Embedding``), so parameter names, and therefore checkpoints, are the
-same before and after wrapping. Its ``construct`` gathers every parameter through a
-``ZeroParamWrapper`` (attribute ``<name>_zero_gather``) and computes what the original layer
-computes. Child Cells of the original (``nn.Dense``'s activation) are kept as children.
-
-The constructor signature follows MindOne's ``mindone.models.modules.parallel`` Cells:
-``Cls(net, zero_stage=0, optimizer_parallel_group=None, cell_type=None)`` (``op_group=`` is a
-keyword alias of the group); below stage 3 the Cell is a no-op wrapper computing what ``net``
-computes. ``cell_type`` is the compute dtype (None: taken from ``net.to_float(...)``, else the
-parameter dtype). ``to_float`` flags of ``net`` are copied onto the new Cell (not onto its
-gather wrappers, which cast explicitly), so inputs are cast as before. At stage 3 building one
-shards its parameters in place (``shard_parameter``) and calling it is collective over the group.
-
-mint Conv and Embedding kernels do not exist on MindSpore's CPU backend (2.10); their ZeRO-3
-Cells are built and checked structurally there and run on Ascend/GPU.
+Each Cell is built from an existing layer (``Dense(net)``) and takes over its Parameters and child
+Cells; ``ZeroCell`` gives the constructor contract (MindOne's) and what is kept. Its ``construct``
+gathers every parameter (``<name>_zero_gather``, or one coalesced group) and computes what the
+original layer computes. ``to_float`` flags of ``net`` are copied onto the new Cell, not onto its
+gather wrappers, which cast explicitly. mint Conv and Embedding kernels do not exist on MindSpore's
+CPU backend (2.10); their ZeRO-3 Cells are built and checked structurally there and run on
+Ascend/GPU.
 """
 from typing import Optional
 

@@ -5,13 +5,12 @@ The keywords that say how a network is sharded (``reshard_after_forward``, ``zer
 ``gather_units``, ``parallel_modules``, ``special_cases_parallel_module``, ``pad_uneven_params``) are
 checked in one place, ``Stage3Options.build``, called once by each public entry point that takes
 them (``shard_network``, ``prepare_network``, ``prepare_train_network``), whose name the errors
-carry. The layers below take the built object and do not check again. The network that
-``shard_network`` returns carries the options it was sharded with (in its ``ZeroState``, [Note:
-zero3 state] in ``state.py``; ``options_of``), so that
+carry; the layers below do not check again. The network ``shard_network`` returns carries its
+options (``ZeroState``, [Note: zero3 state] in ``state.py``; ``options_of``), so that
 ``prepare_train_network`` on an already-sharded network knows them: a keyword left at its default
-means the network's value, and a keyword given with another value than the network's raises
-(``check_same_as``) instead of being checked and then ignored (the network cannot be sharded twice). Below stage 3 only ``pad_uneven_params``
-acts (the optimizer's shards follow the same split rule); ``zeropp`` and ``gather_units`` then raise.
+means the network's value, and one given with another value raises (``check_same_as``) instead of
+being ignored (the network cannot be sharded twice). Below stage 3 only ``pad_uneven_params`` acts
+(the optimizer's shards follow the same split rule); ``zeropp`` and ``gather_units`` then raise.
 """
 from dataclasses import dataclass, fields
 from types import MappingProxyType

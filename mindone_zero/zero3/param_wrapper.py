@@ -5,42 +5,28 @@
 the full tensor in forward and, in its custom ``bprop``, reduce-scatters the gradient back to the
 shard's shape (mean over the group). All communication goes through ``mindone_zero.core.comm``.
 
-Which parameters are sharded ([Note: split rule] in ``mindone_zero/core/partition.py``):
-
-* trainable (``requires_grad``), ``ndim >= 1``, not opted out with ``param.parallel_optimizer =
-  False``, and dim 0 divisible by the group size (MindOne's rule; with the padded rule,
-  ``pad_uneven=True``, every such parameter, zero-padded per [Note: padding]): split along dim 0;
-  ``param.zero_spec`` is a ``ShardSpec`` with ``split=True``;
-* trainable but 0-d, opted out, or (MindOne's rule) with a dim 0 that does not divide: kept whole;
-  ``param.zero_spec`` has ``split=False`` and the gradient the network produces for it is local
-  (the train wrapper all-reduces it);
-* not trainable (``requires_grad=False``, e.g. BatchNorm moving statistics, which the forward
-  pass updates in place and so cannot live as shards): untouched, no ``zero_spec``.
-
-A trainable parameter also carries ``param.zero_param``, its ``ZeroParam`` record: the spec and the
-ZeRO++ options its gathers use ([Note: ZeRO++ at build]).
+Which parameters are split is [Note: split rule] in ``mindone_zero/core/partition.py``. The
+gradient of a trainable one kept whole is local (the train wrapper all-reduces it); a non-trainable
+one (BatchNorm moving statistics, which the forward pass updates in place and so cannot live as
+shards) is left untouched. ``shard_parameter`` says what each gets (``zero_spec``, ``zero_param``).
 
 [Note: gather order]
 A stage-3 gather depends only on its shard Parameter, so a device scheduler may start every gather
-at the top of the graph and hold the whole model gathered at once. The ``parallel_modules`` layers
-therefore pass their input as ``after`` (``ZeroParamWrapper``; ``ZeroGatherGroup.waiting_for`` for
-a coalesced gather): the gather waits until the layer's input exists. The generic rewrite
-(rewrite.py) passes a ``construct``'s first input the same way, and a gather unit's
-``ZeroUnitGather`` (units.py) the unit root's first input. Not tied: gathers the rewrite puts in
-methods other than ``construct`` (a helper's inputs are not known to be the layer's).
+at the top of the graph and hold the whole model gathered at once. So a gather waits for an input,
+``after``: the ``parallel_modules`` layers pass their input (``ZeroParamWrapper``;
+``ZeroGatherGroup.waiting_for`` for a coalesced gather), the generic rewrite (rewrite.py) a
+``construct``'s first input, and a gather unit's ``ZeroUnitGather`` (units.py) the unit root's
+first input. Not tied: gathers the rewrite puts in methods other than ``construct`` (a helper's
+inputs are not known to be the layer's).
 
-The tie is a Depend inside a Cell with a custom bprop, on the tensor the collective sends: the
-gather Cell's ``waiting`` (``_ShardWaiting`` of a ``_GatherShard``, ``_CoalescedWaiting`` of a
-``_CoalescedGather``; base class ``Waiting``), called as ``waiting(x, after)``, whose bprop returns
-the gather's gradient and zeros for ``after`` (``after_grad``): no number changes. Autodiff does not
-look inside a custom-bprop Cell, so the Depend gets no gradient graph of its own. Outside it (a
-Depend in the wrapper, before the call), each gather cost a Depend's J graph, its bprop graph and a
-``zeros_like`` graph for the input: in the 24-block model of tools/bench/benchmark_compile.py the
-stage-3 graph that autodiff hands to type inference (the first ``renormalize``) went from 1381
-subgraphs and 7568 nodes to 998 and 6053, and with ``gather_units=(Block,)``, where each shard had
-its Depend, from 2372 and 11670 to 2108 and 10389. The forward is written in the ``waiting`` Cell
-and the gather Cell's ``construct`` calls it, so a call compiles one graph, not two; a test of the
-mode inside ``construct`` cost two subgraphs per call.
+The tie is a Depend, on the tensor the collective sends, inside a Cell with a custom bprop: the
+gather Cell's ``waiting`` (a ``Waiting``: ``_ShardWaiting``, ``_CoalescedWaiting``), called as
+``waiting(x, after)``, whose bprop returns the gather's gradient and zeros for ``after``
+(``after_grad``): no number changes. Autodiff does not look inside a custom-bprop Cell, so the
+Depend gets no gradient graph of its own; a Depend outside it (in the wrapper, before the call)
+cost each gather a J graph, a bprop graph and a ``zeros_like`` graph. The forward is written in the
+``waiting`` Cell and the gather Cell's ``construct`` calls it, so a call compiles one graph, not
+two, as a test of the mode inside ``construct`` would.
 
 PYNATIVE_MODE calls the gather Cell itself, one input (``Waiting.__call__``; a graph compiles
 ``construct`` and never runs it): MindSpore 2.10's PYNATIVE grad of a recomputed Cell fails on a
@@ -52,16 +38,14 @@ tests/dist/test_gather_units.py the all-gathers' inputs at N=2).
 [Note: ZeRO++ at build]
 ZeRO++'s qwZ and qgZ are options of each parameter's gather (``_GatherShard``), so a wrapper is
 built with them, from the parameter's record: ``shard_network`` shards every parameter first, in
-the network's order, and stamps its ``ZeroParam`` (spec and ZeRO++ options) on it before any layer
-Cell is built, so the wrappers of the layer Cells it builds, of the generic rewrite and of a user's
-MindOne-style class calling ``ZeroParamWrapper`` without knowing of ZeRO++ all read the options
-there. A gather with ZeRO++ options is never coalesced (``build_gather_group`` in ``coalesce.py``),
-so a layer Cell decides at build time to gather per parameter. hpZ is added afterwards
-(``enable_zeropp``), to the wrappers that end up in a recomputed region. A layer the user built
-before calling ``shard_network`` was built without the options: ``finish_gathers`` (``reshard.py``)
-turns its coalescing off (``ZeroCell.gather_per_parameter`` builds its wrappers then, before its
-gathers are marked) and gives its wrappers their ZeRO++ gather: the one gather Cell built and then
-replaced, because the user built it before the options existed.
+the network's order, and stamps its ``ZeroParam`` on it before any layer Cell is built, so every
+wrapper (of the layer Cells it builds, of the generic rewrite, of a user's MindOne-style class that
+knows nothing of ZeRO++) reads the options there. A gather with ZeRO++ options is never coalesced
+(``build_gather_group`` in ``coalesce.py``), so a layer Cell decides at build time to gather per
+parameter. hpZ is added afterwards (``enable_zeropp``), to the wrappers that end up in a recomputed
+region. A layer the user built before calling ``shard_network`` was built without the options:
+``finish_gathers`` (``reshard.py``) turns its coalescing off (``ZeroCell.gather_per_parameter``,
+before its gathers are marked) and replaces its wrappers' gather Cells with ZeRO++ ones.
 """
 from dataclasses import dataclass, replace
 from functools import cached_property
@@ -116,13 +100,11 @@ def _after_grad_other(after):
 
 
 class Waiting(nn.Cell):
-    """Base of the Cells that run a gather Cell's collective once an input exists ([Note: gather
-    order]): ``cell(x, after)``, held as ``base.waiting`` of the gather Cell ``base`` (its parent,
-    not its child). A subclass writes the forward (``Depend(x, after)`` first) and a custom bprop
-    that returns zeros for ``after``. GRAPH_MODE only: MindSpore 2.10's PYNATIVE grad of a
-    recomputed Cell fails on a custom bprop with two inputs, so in PYNATIVE_MODE a call runs
-    ``base(x)`` (eager ops run in program order: there is nothing to wait for). A graph never runs
-    ``__call__``: it compiles ``construct``."""
+    """Base of the Cells that run a gather Cell's collective once an input exists: ``cell(x, after)``,
+    held as ``base.waiting`` of the gather Cell ``base`` (its parent, not its child). A subclass
+    writes the forward (``Depend(x, after)`` first) and a custom bprop that returns zeros for
+    ``after``. In PYNATIVE_MODE a call runs ``base(x)`` instead ([Note: gather order] says why); a
+    graph never runs ``__call__``: it compiles ``construct``."""
 
     def __init__(self, base: nn.Cell):
         super().__init__(auto_prefix=False)
@@ -269,7 +251,7 @@ _ALIASES = (("group", "optimizer_parallel_group"), ("compute_dtype", "cell_type"
 
 
 def _wrapper_args(args: tuple, kwargs: dict):
-    """(zero_stage, group, compute_dtype, names used) from either constructor form of ``ZeroParamWrapper``."""
+    """``zero_stage, (name, group), (name, compute_dtype)`` from either form of ``ZeroParamWrapper``'s arguments."""
     mindone_form = bool(args) and isinstance(args[0], int) and not isinstance(args[0], bool)
     names = _MINDONE_FORM if mindone_form else _OUR_FORM
     if len(args) > len(names):
@@ -421,8 +403,8 @@ class ZeroParamWrapper(nn.Cell):
         # PYNATIVE keeps the autograd leaf a Parameter got at creation, with its full shape;
         # a custom bprop whose input is that leaf is checked against the stale shape. A same-shape
         # reshape (a view, no copy) gives the custom bprop an input with the shard's real shape.
-        # The primitive, with the static shape. ``after`` goes to the gather ([Note: gather order]),
-        # None or not (no ``if after is not None``, whose branches were subgraphs of their own).
+        # ``after`` goes to the gather ([Note: gather order]) even when None: an ``if after is not
+        # None`` would compile each branch as a subgraph of its own.
         x = _RESHAPE(x, self.shard_shape)
         if self.hpz:
             x = _DEPEND(x, after)
@@ -445,7 +427,6 @@ class ZeroParamWrapper(nn.Cell):
             self.hpz_primary = _HpzPrimary(self.gather, self.gather_record, rank)
             self.hpz_secondary = _HpzSecondary(self.gather, self.gather_record.hpz_group)
             self.hpz = True
-
 
 
 @dataclass(frozen=True)
@@ -503,18 +484,16 @@ def _gather_record(spec: ShardSpec, param_dtype, group: Optional[str], compute_d
 class _GatherShard(nn.Cell):
     """The custom-bprop half of ``ZeroParamWrapper``: all-gather forward, reduce-scatter backward.
 
-    With ZeRO++ (``zeropp``, a ``ZeroPPConfig``), for a parameter it quantizes (``zeropp.quantizes``:
-    not a vector nor below ``min_quantize_numel``): qwZ all-gathers the shard as int8 blocks and
-    dequantizes (``GroupComm.all_gather_quantized``, from the parameter's dtype, so a narrower
-    compute dtype is cast after the gather); qgZ reduce-scatters the gradient quantized
-    (``GroupComm.reduce_scatter_quantized``, summed in float32).
+    With ZeRO++, for a parameter it quantizes ([Note: full-precision tensors] in zeropp.py): qwZ
+    all-gathers the shard as int8 blocks and dequantizes (from the parameter's dtype, so a narrower
+    compute dtype is cast after the gather); qgZ reduce-scatters the gradient quantized, summed in
+    float32.
     """
 
     def __init__(self, spec: ShardSpec, param_dtype, group: Optional[str], compute_dtype, zeropp=None):
         super().__init__(auto_prefix=False)
         self.spec, self.group_name, self.zeropp = spec, group, zeropp
-        # Built from its record ([Note: comm records] in core/comm_records.py): what it sends is what
-        # the CommPlan counts.
+        # Built from its record, so what it sends is what the CommPlan counts ([Note: comm records]).
         self.record = record = _gather_record(spec, param_dtype, group, compute_dtype, zeropp)
         self.param_name = spec.name
         self.full_shape = spec.shape
@@ -572,7 +551,6 @@ class _GatherShard(nn.Cell):
         return grad
 
     def bprop(self, x, out, dout):
-        """Gradient of the shard: this rank's block of the group mean, in the parameter's dtype."""
         return (self.shard_grad(dout),)
 
     def graph_key(self) -> tuple:
@@ -589,31 +567,28 @@ class _GatherShard(nn.Cell):
 
 
 # [Note: hpZ]
-# ZeRO++'s hierarchical partitioning, built on [Note: reshard after forward] (mindone_zero/zero3/
-# reshard.py): a gather wrapper inside a recomputed region (its collective marked for
-# recomputation, or its reader recomputed whole) gathers again in backward. With hpZ the gather is
-# split in two Cells inside that region:
+# ZeRO++'s hierarchical partitioning, built on [Note: reshard after forward] (reshard.py): a gather
+# wrapper inside a recomputed region (its collective marked, or its reader recomputed whole) gathers
+# again in backward. With hpZ the gather is split in two Cells inside that region:
 #   _HpzPrimary(shard) -> secondary shard: the all-gather over the shard group (quantized with
 #       qwZ), then a cut of rows [j R2, (j+1) R2) of the padded tensor, j this rank's index in the
 #       secondary group of K ranks and R2 = padded rows / K. The cut is a Slice primitive marked
-#       `recompute(False)`, so GRAPH_MODE keeps its output, the secondary shard (1/K of the
-#       parameter, compute dtype), until backward instead of recomputing it: backward does not
-#       touch the primary group.
+#       `recompute(False)`, so GRAPH_MODE keeps its output (1/K of the parameter, compute dtype)
+#       until backward instead of recomputing it: backward does not touch the primary group.
 #   _HpzSecondary(secondary shard, shard) -> full tensor: an all-gather in the secondary group,
 #       which the recomputation runs again in backward: the re-gather stays inside the group.
 # Gradients: _HpzSecondary's bprop returns zeros for the secondary shard and, for the shard, the
-# same reduce-scatter as without hpZ (_GatherShard.shard_grad, on the same incoming gradient);
-# _HpzPrimary's bprop returns zeros, so autodiff adds an exact zero. The forward values are copies
-# of the same gathered tensor, so losses and updates are bit-identical to those without hpZ.
-# Cost: one more all-gather in forward (in the secondary group), and the secondary shards of all
-# recomputed Cells held from forward to backward (estimate_peak_memory's hpZ term). PYNATIVE's
-# recompute re-runs a Cell's whole construct (the primary gather too), so hpZ needs GRAPH_MODE.
+# same reduce-scatter as without hpZ (_GatherShard.shard_grad); _HpzPrimary's bprop returns zeros,
+# so autodiff adds an exact zero. The forward values are copies of the same gathered tensor, so
+# losses and updates are bit-identical to those without hpZ. Cost: one more all-gather in forward
+# (in the secondary group), and the secondary shards of all recomputed Cells held from forward to
+# backward (estimate_peak_memory's hpZ term). PYNATIVE's recompute re-runs a Cell's whole construct
+# (the primary gather too), so hpZ needs GRAPH_MODE.
 
 
 class _HpzPrimary(nn.Cell):
-    """hpZ, first half: the primary all-gather, then this rank's secondary shard (1/K of the padded
-    tensor, K the secondary group's size). Its gradient is zero: ``_HpzSecondary`` returns the
-    shard's whole gradient. See [Note: hpZ]."""
+    """hpZ, first half: the primary all-gather, then this rank's secondary shard; zero gradient
+    ([Note: hpZ])."""
 
     def __init__(self, base: _GatherShard, record: GatherRecord, sec_rank: int):
         super().__init__(auto_prefix=False)
@@ -638,8 +613,7 @@ class _HpzPrimary(nn.Cell):
 
 
 class _HpzSecondary(nn.Cell):
-    """hpZ, second half: all-gather the secondary shards in the secondary group (again in backward,
-    when recomputed); the custom bprop gives the primary shard its full gradient ([Note: hpZ])."""
+    """hpZ, second half: the secondary all-gather; the shard's whole gradient ([Note: hpZ])."""
 
     def __init__(self, base: _GatherShard, sec_group: str):
         super().__init__(auto_prefix=False)

@@ -8,21 +8,18 @@ until its backward: during backward each rank holds the whole model's weights ag
 per step: one all-gather, one reduce-scatter).
 
 With ``reshard_after_forward=True`` (the default, as in DeepSpeed and FSDP2) the gathered tensor is
-dropped after forward and gathered again for backward (3Φ: two all-gathers and one
-reduce-scatter, as the ZeRO paper counts). As FSDP2 and DeepSpeed do it, only the gather runs
-again, not the layers that read it: ``shard_network`` marks each gather Cell a reader calls (its
-per-parameter wrappers, its coalesced group, a gather unit's ``ZeroUnitGather``) with
-``recompute(output_recompute=True)``; in GRAPH_MODE a wrapper's or a group's collective Cell inside
-it ([Note: the collective alone is recomputed]). In GRAPH_MODE MindSpore's recompute pass then gives every
-backward user of the gather's output a second copy of the gather, placed just before that user,
-and frees the forward copy after its last forward use; the readers' own ops (the LayerNorm, the
-MLP's matmuls, the GELU) run once, and their saved activations are used as without ZeRO. (Plain
-``recompute()`` would not do: it excludes a Cell's outputs, and the gather's output is exactly
-what must not be kept.) Evidence: on blocks of LayerNorm + Dense + GELU + Dense, MindSpore's
-profiler counts as many MatMul, LayerNorm and GeLU kernels per step as at stage 0, with units and
-per layer, and the AllGather count shows the backward re-gathers
-(tests/dist/test_profile_collectives.py); the peak-memory benchmark's freeing row stays where
-recomputing the readers put it (docs/benchmarks/peak.md).
+dropped after forward and gathered again for backward (3Φ: two all-gathers and one reduce-scatter,
+as the ZeRO paper counts). As in FSDP2 and DeepSpeed, only the gather runs again, not the layers
+that read it: ``shard_network`` marks each gather Cell a reader calls (its per-parameter wrappers,
+its coalesced group, a gather unit's ``ZeroUnitGather``) with ``recompute(output_recompute=True)``;
+in GRAPH_MODE a wrapper's or a group's collective Cell inside it ([Note: the collective alone is
+recomputed]). In GRAPH_MODE MindSpore's recompute pass then gives every backward user of the
+gather's output a second copy of the gather, placed just before that user, and frees the forward
+copy after its last forward use; the readers' own ops run once, and their saved activations are
+used as without ZeRO. (Plain ``recompute()`` would not do: it excludes a Cell's outputs, and the
+gather's output is exactly what must not be kept.) tests/dist/test_profile_collectives.py checks
+it with MindSpore's profiler: as many MatMul, LayerNorm and GeLU kernels per step as at stage 0,
+and the backward re-gathers.
 
 A reader is recomputed whole instead (the fallback: ``Cell.recompute()`` as before, which holds the
 re-gathered tensor inside the recomputed region) when re-gathering alone would not free the
@@ -108,18 +105,13 @@ def _holds_readers(cell: nn.Cell) -> bool:
 
 # [Note: the collective alone is recomputed]
 # To re-gather a parameter in backward, GRAPH_MODE marks the Cell that runs the collective, not the
-# gather Cell the reader calls: a wrapper's ``_GatherShard``, a coalesced group's ``_CoalescedGather``.
+# gather Cell the reader calls: a wrapper's ``_GatherShard``, a coalesced group's ``_CoalescedGather``,
+# and with it its ``waiting`` Cell, which GRAPH_MODE calls ([Note: gather order] in param_wrapper.py).
 # Those take tensors and return tensors. The wrapper and the group around them take the shard
 # Parameters themselves: their graphs load each shard with the graph's memory state (a Load, then an
-# UpdateState). Marked, the wrapper had those ops copied into the recomputed region, and autodiff
-# built a small bprop graph for each of them there: two UpdateStates and a Depend per parameter (the
-# Depend that ties the gather to the reader's input, then in the wrapper; it is now in the
-# collective Cell's ``waiting``, which GRAPH_MODE calls and which is marked with it, recomputed with
-# it and with no bprop graph: [Note: gather order] in param_wrapper.py).
-# What runs is the same either way: the wrapper returns its gather's output unchanged, so that output
-# is what backward reads, and the AllGathers are the same (171 in the kernel graph of the 24-block model of
-# tools/bench/benchmark_compile.py). The graph the compiler infers again after autodiff shrank from
-# 1967 graphs and 9717 nodes to 1381 and 7568 there.
+# UpdateState); a marked wrapper had those ops copied into the recomputed region, each with a small
+# bprop graph of its own. What runs is the same either way: the wrapper returns its gather's output
+# unchanged, so that output is what backward reads, and the AllGathers are the same.
 # Kept as they were: wrappers in a network sharded with ZeRO++ options, whose gather ``finish_gathers``
 # replaces afterwards (a wrapper built without the options) or splits into two Cells that must both be
 # inside the recomputed region (hpZ, [Note: hpZ] in param_wrapper.py); a unit's
@@ -145,26 +137,18 @@ def _regather_only(cell: nn.Cell, whole: bool) -> None:
 
 
 def finish_gathers(network: nn.Cell, options) -> Tuple[List[Tuple[str, nn.Cell, List[str], bool]], List[nn.Cell]]:
-    """The build's one pass over the gathers it attached, in the network's order (after the Cells are
-    replaced and rewritten, the units attached and the user's ``recompute()`` re-applied). On each Cell:
-
-    * the children of a recompute-scoped Cell that ``recompute()`` did not mark (gather wrappers, layer
-      Cells added after the call) get its scope, as ``recompute()`` marks children;
-    * with ZeRO++, a layer the user built before ``shard_network`` gathers per parameter
-      ([Note: ZeRO++ at build] in param_wrapper.py);
-    * with ``reshard_after_forward``, the readers chosen by [Note: reshard after forward] get their
-      gathers marked for recomputation, or are recomputed whole where their code is not direct
-      ([Note: direct reads]);
-    * the Cells whose ``gather`` may be shared are collected ([Note: shared gather graphs]).
-
-    Then, with ZeRO++, every gathering wrapper gets its ZeRO++ gather, split for hpZ inside a
-    recomputed region ([Note: hpZ] in ``param_wrapper.py``).
+    """The build's one pass over the gathers it attached, in the network's order, after the Cells are
+    replaced and rewritten, the units attached and the user's ``recompute()`` re-applied. It spreads
+    each recompute scope to the children added since (gather wrappers, layers); with ZeRO++, it turns
+    a layer the user built before ``shard_network`` to per-parameter gathers, then gives every
+    gathering wrapper its ZeRO++ gather, split for hpZ inside a recomputed region ([Note: ZeRO++ at
+    build], [Note: hpZ] in param_wrapper.py); with ``reshard_after_forward``, it marks the readers
+    that [Note: reshard after forward] chooses. Not collective.
 
     Returns:
-        (readers whose code is not direct: ``(path, Cell, reasons, whole)``, ``whole`` True when the
-        reader is recomputed whole, False when it holds other readers and is re-gathered only;
-        the callers whose gather ``share_gather_graphs`` may share, in the network's order).
-        Not collective.
+        (readers whose code is not direct: ``(path, Cell, reasons, whole)``, ``whole`` False for one
+        that holds other readers and is re-gathered only; the callers whose gather
+        ``share_gather_graphs`` may share, in the network's order).
     """
     zeropp = options.zeropp
     pynative = ms.get_context("mode") == ms.PYNATIVE_MODE

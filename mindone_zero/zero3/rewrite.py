@@ -10,14 +10,11 @@ touching the user's classes:
    parsed with ``ast``, and so is, transitively, every method it calls as ``self.m(...)``,
    ``self.child.m(...)`` or ``super().m(...)``. Each attribute chain rooted at ``self`` (through
    child Cells and constant subscripts of CellLists) is resolved statically on the instance; a
-   load that ends on a sharded Parameter becomes ``self.<chain>_zero_gather(self.<chain>)`` (in
-   ``construct``: ``self.<chain>_zero_gather(self.<chain>, x)``, ``x`` its first input, [Note: gather
-   order] in param_wrapper.py), where
-   the new attribute is a ``ZeroParamWrapper`` held by the reading Cell: one per parameter,
-   compute dtype and reader with ``reshard_after_forward=True`` (the default; each reader's gather
-   is marked for recomputation on its own), else one per parameter and compute dtype, shared by the
-   readers that are recomputed alike (``make_wrapper`` in shard.py). ``self.<p>.shape`` becomes the full
-   shape as a constant (no gather), ``self.<p> is None`` is left alone.
+   load that ends on a sharded Parameter becomes ``self.<chain>_zero_gather(self.<chain>, x)``
+   (``x``: ``construct``'s first input, [Note: gather order] in param_wrapper.py; none in other
+   methods), a ``ZeroParamWrapper`` held by the reading Cell (``apply_rewrites`` says which readers
+   share one). ``self.<p>.shape`` becomes the full shape as a constant (no gather), and
+   ``self.<p> is None`` is left alone.
 2. Unsupported uses raise at this point, naming the Cell, the method and the parameter: a store
    or ``del`` of a sharded parameter, an in-place op (``assign``, ``scatter_*``) on it, a read of
    a container (ParameterTuple, list, dict) holding one, a decorated method that must be
@@ -41,10 +38,7 @@ initialisers) are not rewritten: outside the graph they see the shard.
 Unit mode ([Note: gather units] in ``units.py``): inside a gather unit a read becomes an element
 of the unit's gathered tuple instead of a wrapper call, the Cells of the unit are analysed only
 through the calls of the unit's code, and ``unit_threading.py`` passes the tuple along those calls.
-
-The plans (``rewrite_plan.py``) are the interface between the steps: analysis here fills them,
-``unit_threading.thread_units`` completes those of units from a ``RewriteAnalysis``, and
-``apply_rewrites`` applies them.
+The steps hand each other plans (``rewrite_plan.py``).
 """
 import ast
 import atexit
@@ -136,9 +130,8 @@ def _contains_split(obj, split_ids: Set[int]) -> bool:
 
 
 class _ChainReads(ast.NodeTransformer):
-    """The reads of one method body of one Cell instance: each chain of attributes and constant
-    subscripts from ``self`` that ends on a split parameter becomes a gather (or, for ``.shape``,
-    the full shape); see [Note: generic rewrite]. ``_ChainRewriter`` adds the calls."""
+    """Rewrites the reads of split parameters in one method body of one Cell instance ([Note: generic
+    rewrite]); ``_ChainRewriter`` adds the calls."""
 
     def __init__(self, planner, plan: RewritePlan, mplan: MethodPlan, self_name: str, after: Optional[str] = None):
         self.planner, self.plan, self.mplan, self.self_name = planner, plan, mplan, self_name
@@ -146,7 +139,6 @@ class _ChainReads(ast.NodeTransformer):
         self.unit = planner.units.get(id(plan.cell))
         self.where = plan.where(mplan)
 
-    # -- chains --------------------------------------------------------------------------
     def _chain(self, node):
         """[(node, step)] from ``self`` outwards, or None when not rooted at ``self``."""
         steps = []
@@ -260,7 +252,6 @@ class _ChainReads(ast.NodeTransformer):
         return node
 
 
-
 class _ChainRewriter(_ChainReads):
     """Rewrites one method body of one Cell instance: its reads (``_ChainReads``) and its calls
     (methods and ``super()`` calls followed into their code, gathers written by hand left alone,
@@ -282,16 +273,15 @@ class _ChainRewriter(_ChainReads):
                 if isinstance(obj, _Method) and i == len(steps) - 1:
                     self.planner.schedule(obj.cell, obj.name)
                     self.mplan.calls.append((node, id(obj.cell), obj.name))
-                if i == -1:
-                    target = _follow(self.plan.cell, steps)
-                    if id(target) in self.planner.units and not isinstance(target, ZeroParamWrapper):
-                        # A Cell of a unit runs its construct in unit mode ([Note: gather units]).
-                        self.planner.schedule(target, "construct")
-                        self.mplan.calls.append((node, id(target), "construct"))
-                if i == -1 and isinstance(_follow(self.plan.cell, steps), ZeroParamWrapper):
+                target = _follow(self.plan.cell, steps) if i == -1 else None
+                if isinstance(target, ZeroParamWrapper):
                     # Hand-written ZeRO-3 code (`self.w_gather(self.w)`) already gathers: leave it.
                     self._mark_args(node)
                     return node
+                if i == -1 and id(target) in self.planner.units:
+                    # A Cell of a unit runs its construct in unit mode ([Note: gather units]).
+                    self.planner.schedule(target, "construct")
+                    self.mplan.calls.append((node, id(target), "construct"))
         return self.generic_visit(node)
 
     def _mark_args(self, node):
@@ -504,7 +494,7 @@ def plan_rewrites(network: nn.Cell, split_ids: Set[int], replaced: Set[int],
     """
     planner = _Planner(network, split_ids, replaced, units)
     plans = planner.run(network)
-    missing = [p for p in _unique_params(network) if id(p) in split_ids and id(p) not in planner.referenced]
+    missing = [p for _, p in network.parameters_and_names() if id(p) in split_ids and id(p) not in planner.referenced]
     if missing:
         notes = ("; code that could not be read: " + "; ".join(planner.unreadable)) if planner.unreadable else ""
         notes += unreached_note(network, planner.units, missing)
@@ -514,10 +504,6 @@ def plan_rewrites(network: nn.Cell, split_ids: Set[int], replaced: Set[int],
             f"self.<child>.<name> in construct, or set param.parallel_optimizer = False to keep them whole{notes}."
         )
     return plans
-
-
-def _unique_params(network):
-    return [p for _, p in network.parameters_and_names()]
 
 
 _SOURCE_DIR: List[str] = []
@@ -601,18 +587,16 @@ def apply_rewrites(plans: List[RewritePlan], group: Optional[str], reshard_after
 
 # [Note: lazy_inline key]
 # MindSpore's ``@lazy_inline`` (on a Cell's ``__init__``; Ascend) gives the Cell a key,
-# ``cell_init_args`` = "lazy_inline_<class>" + its init arguments, and Cells with equal keys are
-# compiled as one reusable subgraph: a stack of N equal blocks compiles one block. Every child Cell
-# later set as an attribute of such a Cell appends its repr to the key (``Cell._set_attr_for_cell``).
-# ZeRO-3 keeps the decorated Cell itself (its class, or a subclass of it: [Note: generic rewrite]) and
-# replaces child layers in place (``_cells``, which appends nothing), so the key keeps the
-# decorator's prefix, and ``no_inline`` (``policy="front"``) stays. Two things are set as attributes
-# and do append: the gather wrapper of a parameter the Cell reads itself (here) and a unit's
-# ``ZeroUnitGather`` (zero3/units.py). A wrapper's repr names its parameter ("blocks.3.scale"), which
-# would make every instance's key differ and MindSpore compile each block apart, losing what the
-# decorator is for; so the wrapper is appended with that name taken out: equal blocks keep equal
-# keys. A unit's gather names no parameter. (The keys are what can be checked on CPU,
-# tests/unit/test_lazy_inline.py; that Ascend then compiles one block is MindSpore's contract.)
+# ``cell_init_args`` = "lazy_inline_<class>" + its init arguments, and compiles Cells with equal keys
+# as one reusable subgraph. Every child Cell later set as an attribute of such a Cell appends its
+# repr to the key (``Cell._set_attr_for_cell``). ZeRO-3 keeps the decorated Cell itself (its class,
+# or a subclass: [Note: generic rewrite]) and replaces child layers in place (``_cells``, which
+# appends nothing), so the key keeps the decorator's prefix and ``no_inline`` (``policy="front"``)
+# stays. Two attributes do append: the gather wrapper of a parameter the Cell reads itself (here)
+# and a unit's ``ZeroUnitGather`` (units.py), which names no parameter. A wrapper's repr names its
+# parameter ("blocks.3.scale"), which would give every block its own key, so it is appended with
+# that name taken out. (tests/unit/test_lazy_inline.py checks the keys on CPU; that Ascend then
+# compiles one block is MindSpore's contract.)
 def _attach_wrapper(cell: nn.Cell, attr: str, wrapper: nn.Cell, param: Parameter) -> None:
     """``cell.<attr> = wrapper``, keeping a ``@lazy_inline`` key free of the parameter's name
     ([Note: lazy_inline key])."""

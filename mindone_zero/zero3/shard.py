@@ -68,42 +68,27 @@ def recomputed_cells(network: nn.Cell) -> tuple:
 
 
 # [Note: how shard_network rewrites]
-# What ``shard_network`` does to each Cell; its docstring keeps what a user needs.
+# What ``shard_network`` does to each Cell, beyond what its docstring tells a user.
 #
-# * Replacement (MindOne's way): a Cell whose exact type is a key of ``PARALLEL_MODULES`` (updated
-#   with ``parallel_modules``), or failing that an instance of a key of
-#   ``special_cases_parallel_module`` (first match in dict order), is replaced by
-#   ``new = cls(cell, 3, group)`` (positional: MindOne's ``(net, zero_stage,
-#   optimizer_parallel_group)``), then ``new.to_float(dtype)`` if ``cell`` had a ``to_float`` dtype
-#   that ``new`` does not carry. This happens wherever the Cell sits (attributes,
-#   ``SequentialCell``, ``CellList``, ``CellDict``, the top Cell). The places are read from the
-#   network as the user built it, before anything changes; matched Cells inside a matched Cell are
-#   replaced first, so its replacement is built from (and may take over) replaced children. A Cell
-#   that a replacement builds is the replacement's own and is not replaced. The library's layer Cells keep
-#   the Parameter objects and their attribute names, so names and checkpoints match. A replacement
+# * Replacement (MindOne's way): the class ``match`` finds (by exact type, else the first
+#   ``isinstance`` match in ``special_cases_parallel_module``'s order) is built positionally,
+#   ``new = cls(cell, 3, group)`` (MindOne's ``(net, zero_stage, optimizer_parallel_group)``), then
+#   ``new.to_float(dtype)`` if ``cell`` had a ``to_float`` dtype that ``new`` does not carry. The
+#   places (attributes, ``SequentialCell``, ``CellList``, ``CellDict``, the top Cell) are read from
+#   the network as the user built it, before anything changes; matched Cells inside a matched Cell
+#   are replaced first, so its replacement is built from (and may take over) replaced children. A
+#   Cell that a replacement builds is the replacement's own and is not replaced. A replacement
 #   class must gather every split parameter it holds (``ZeroParamWrapper``, either constructor
 #   form; its ``need_rewrite`` is False, so a MindOne-style class does not cut the parameter a
 #   second time).
 # * Every other Cell, including subclasses of the mapped layers, goes through the generic path
-#   ([Note: generic rewrite] in ``rewrite.py``): reads of sharded parameters in its code are
-#   rewritten to gather; a class with ``zero3_gathers_itself = True`` is left alone.
-# * What the user set on the Cells is kept ([Note: carried state] in ``carry.py``): flags, hooks
-#   (also on user replacement classes), attributes, and ``recompute()``, re-applied with the same
-#   options around the new ``construct`` (so the gathers are recomputed in backward rather than
-#   their full tensors kept), in GRAPH_MODE and PYNATIVE_MODE.
-# * Gather wrappers are shared between the Cells reading one parameter in one dtype when
-#   ``reshard_after_forward`` is False, except between recomputed and other Cells.
-# * With ``reshard_after_forward=True`` the gather Cells each reader calls are marked with
-#   ``recompute(output_recompute=True)``, or the reader itself with ``recompute()`` where that alone
-#   frees the tensor (indirect reads, PYNATIVE_MODE); never the top Cell, nor a Cell already in a
-#   recomputed region ([Note: reshard after forward] in ``reshard.py``).
-# * In forward a sharded parameter is all-gathered in the reading Cell's ``to_float`` dtype, cast
-#   before the gather when that is narrower; in backward its gradient is reduce-scattered and
-#   divided by the group size in the parameter's dtype, so autodiff hands back the group mean of
-#   this rank's block, shaped like the shard ([Note: padding] and [Note: split rule] in
-#   ``mindone_zero/core/partition.py`` for which parameters are cut and how).
-# * Building is not collective: every rank cuts its own copy, so ranks starting from different
-#   initial values end up with one consistent set of blocks.
+#   ([Note: generic rewrite] in ``rewrite.py``); a class with ``zero3_gathers_itself = True`` is
+#   left alone.
+# * What the user set on the Cells is kept ([Note: carried state] in ``carry.py``), hooks also on
+#   user replacement classes; ``recompute()`` is re-applied with the same options around the new
+#   ``construct``, so the gathers are recomputed in backward rather than their full tensors kept.
+# * Which readers share a gather wrapper: ``apply_rewrites`` in ``rewrite.py``; what
+#   ``reshard_after_forward`` marks for recomputation: [Note: reshard after forward] in ``reshard.py``.
 
 
 def shard_network(network: nn.Cell, group: Optional[str] = None, parallel_modules: Optional[Dict] = None,
@@ -276,11 +261,7 @@ def _warn_recomputed(found) -> None:
 
 def _outside_units(match, units: dict):
     """``match`` that leaves the Cells of gather units alone: the unit gathers their parameters."""
-
-    def outside(cell):
-        return None if id(cell) in units else match(cell)
-
-    return outside
+    return lambda cell: None if id(cell) in units else match(cell)
 
 
 def _recompute_records(network: nn.Cell, replaced: set) -> list:
@@ -374,9 +355,8 @@ def _replace_cells(network: nn.Cell, slots: list, match, group: Optional[str]):
             if not isinstance(new, ZeroCell):  # the library's Cells carry the rest themselves
                 carry_hooks(cell, new)
             # The original stays referenced (outside the Cell tree) for as long as its replacement
-            # lives. MindSpore 2.10 keeps what it parsed of a Cell keyed by the object's id: a freed
-            # original's id reused by a Cell built later compiled with the stale entry (a recomputed
-            # ZeRO-3 Dense compiled without its gather).
+            # lives: MindSpore 2.10 keys what it parsed of a Cell by the object's id, and a freed
+            # original's id reused by a later Cell compiled with the stale entry.
             object.__setattr__(new, "_zero3_original", cell)
             new_cells[id(cell)] = new
         return new_cells[id(cell)]

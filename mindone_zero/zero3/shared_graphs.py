@@ -6,13 +6,12 @@ of n identical layers (the projections of a Transformer block, its LayerNorms, i
 times one to compile. A gather Cell (``_GatherShard`` per parameter, ``_CoalescedGather`` per
 coalesced group) holds no Parameter: its graph reads only its group, dtypes and shapes
 (``graph_key``), and the shards come in as arguments. So ``share_gather_graphs`` makes the
-``ZeroParamWrapper``s, and the ``ZeroGatherGroup``s, whose gathers have one key call one gather
-Cell: MindSpore builds one graph and one bprop for them and infers it once per argument type. Each
-call still runs its own collectives on its own tensors, so the values are those of separate Cells,
-bit for bit (tests/dist/test_gather_units.py trains the demo LM both ways).
-What each caller is stays its own: a wrapper's ``param_name`` and a group's ``param_names`` name
-its parameters, and its ``gather_record`` is what the CommPlan counts for its calls ([Note: comm
-records] in core/comm_records.py).
+wrappers and groups whose gathers have one key call one gather Cell: MindSpore builds one graph and
+one bprop for them and infers it once per argument type. Each call still runs its own collectives
+on its own tensors, so the values are those of separate Cells, bit for bit
+(tests/dist/test_gather_units.py trains the demo LM both ways). Each caller's ``param_name`` (or
+``param_names``) and ``gather_record``, what the CommPlan counts for its calls ([Note: comm records]
+in core/comm_records.py), stay its own.
 Limits:
 * ``Cell.recompute`` marks a Cell's children at marking time (their scope), and a shared child has
   one, so gathers are shared only between callers whose gathers are marked alike, after [Note:
@@ -21,10 +20,6 @@ Limits:
 * Not shared: hpZ wrappers (their two Cells hold the gather, [Note: hpZ] in ``param_wrapper.py``)
   and the elements a gather unit gathers alone (``_UnitSingle``: the CommPlan counts each of those
   gathers once per gather Cell).
-Measured at stage 3, N=2, rank 0 (nodes after type inference, from ``save_graphs``; first call in
-CPU seconds from ``tools/bench/compile_cost.py``): 16 x Dense(64), 15629 -> 8129 nodes and 8.1-8.4 ->
-4.1-4.2 s; the demo LM (2 blocks), 16384 -> 11965 nodes with one micro-step, 20318 -> 15899 with two
-and clipping; the parity tests' TinyNet (no two layers alike), 3940 -> 3863.
 """
 import mindspore as ms
 from mindspore import nn

@@ -2,16 +2,13 @@
 
 [Note: zero3 state]
 ``shard_network`` keeps the results of its build in one object, ``ZeroState``, set as the
-attribute ``zero3_state`` of the Cell it returns: the options the network was sharded with, every
-gather Cell the network's code calls (``GatherCall``: which Cell calls it, under which attribute,
-and the ``GatherRecord`` of each collective it runs, with whether backward runs it again), and the
-readers it recomputes whole. Code that needs to know what the build did reads it
-(``network_gathers`` for the communication plan, ``options_of``, ``recomputed_cells``, the
-compatibility readers below) instead of walking the network for attributes the build left on its
-Cells. ``gather_calls`` finds the states of a Cell built around sharded networks (a loss Cell) in
-one walk that stops at each state's owner; Cells outside any sharded network that gather (ZeRO-3
-layers a user built by hand, without ``shard_network``) are found by the same walk, read from the
-Cells as they are now.
+attribute ``zero3_state`` of the Cell it returns: its options, every gather Cell the network's code
+calls (``GatherCall``) and the readers it recomputes whole. Code that needs to know what the build
+did reads it (``network_gathers`` for the communication plan, ``options_of``, ``recomputed_cells``,
+the compatibility readers below) instead of walking the network for attributes the build left on
+its Cells. ``gather_calls`` finds the states under a Cell built around sharded networks (a loss
+Cell) in one walk that stops at each state's owner, and reads gather Cells outside any (ZeRO-3
+layers a user built by hand) from the Cells as they are now.
 """
 from dataclasses import dataclass, replace
 from typing import Callable, Dict, List, Optional, Tuple

@@ -3,8 +3,7 @@
 See [Note: gather units] in ``units.py``. The analysis of ``rewrite.py`` hands over a
 ``RewriteAnalysis`` (``rewrite_plan.py``): every method reached from the unit roots' ``construct``,
 each read of a unit parameter already rewritten to ``zero3_unit[k]``, every call of a method or Cell
-recorded. Here the methods that need the tuple get it as a parameter, their calls pass it, and each
-root's ``construct`` gathers it. Nothing is modified outside the planned syntax trees.
+recorded; ``thread_units`` does the rest.
 
 [Note: unit argument]
 A method that needs the unit's tuple gets ``zero3_unit`` as its last positional parameter when it has
@@ -12,10 +11,8 @@ no ``*args`` and no defaults (``def construct(self, x, zero3_unit)``), else as a
 (``def construct(self, x, mask=None, *, zero3_unit)``). A call that passes every other parameter
 positionally passes it positionally too (``self.fc1(h, zero3_unit)``); any other call passes
 ``zero3_unit=zero3_unit``. Why not always the keyword: the graph compiler turns every call with a
-keyword into an ``UnpackCall`` of its own, about six more nodes to type-infer per call. The
-24-block model of ``tools/bench/benchmark_compile.py`` (three calls per unit) had 576 nodes fewer
-at stage 3 with gather units. What a caller sees: a forward hook of a Cell inside a unit
-(PYNATIVE_MODE) gets the tuple as its Cell's last input.
+keyword into an ``UnpackCall`` of its own, more nodes to type-infer per call. What a caller sees: a
+forward hook of a Cell inside a unit (PYNATIVE_MODE) gets the tuple as its Cell's last input.
 """
 import ast
 from typing import List, Optional

@@ -6,68 +6,57 @@
 subtree (nested units excepted) are all-gathered in ONE collective when the unit's forward starts,
 and their gradients are reduce-scattered in ONE collective (one of each per distinct gather
 setting: group, parameter dtype, compute dtype). As in [Note: coalesced gathers], a parameter whose
-padded tensor exceeds ``COALESCE_MAX_BYTES`` (1 MiB) is gathered alone, by its own ``_GatherShard``:
-it gains nothing from sharing a launch and would pay a copy into and out of the buffer (the
-benchmark's Dense(1024, 1024) stack measured 1.35x stage 0 with such copies, against 1.28x without
-units); so is an element alone in its setting. Without units, each reading Cell gathers its own
-(a Dense its weight and bias, coalesced; a LayerNorm gamma and beta, one each).
+padded tensor exceeds ``COALESCE_MAX_BYTES`` (1 MiB) is gathered alone, by its own ``_GatherShard``,
+and so is an element alone in its setting. Without units, each reading Cell gathers its own.
 
 Why the gathered tensors are threaded as an argument: MindSpore's graph CSE merges identical
 all-gathers after inlining, but autodiff expands each call site's custom ``bprop`` before that, so
 a unit's gather called once per reading Cell would still reduce-scatter once per Cell (each moving
-the whole unit). A coalesced backward needs exactly one call of the unit's gather in the code that
-autodiff sees, its outputs handed to the readers. (A shared mailbox object does not carry values in
-GRAPH_MODE.) So the generic rewrite ([Note: generic rewrite] in ``rewrite.py``) runs in *unit mode*
-for the Cells of a unit:
+the whole unit); a shared mailbox object does not carry values in GRAPH_MODE. So the generic
+rewrite ([Note: generic rewrite] in ``rewrite.py``) runs in *unit mode* for the Cells of a unit:
 
 * the unit root's ``construct`` starts with ``zero3_unit = self.zero3_unit_gather((self.<path to
   p0>, self.<path to p1>, ...), x)``, a ``ZeroUnitGather`` over the unit's shards that waits for the
   construct's first input ``x`` ([Note: gather order] in param_wrapper.py);
 * every read of a unit parameter in the unit's code becomes ``zero3_unit[k]``;
 * every method that reads one (directly or through the methods and child Cells it calls) gets a
-  parameter ``zero3_unit``, and every call of it from the unit's code (``self.child(...)``,
-  ``self.child.m(...)``, ``self.m(...)``, ``super().m(...)``) passes it: positionally, last, where
-  the method has no ``*args`` or defaults and the call passes every other parameter positionally,
-  else as ``zero3_unit=zero3_unit`` ([Note: unit argument] in ``unit_threading.py``). The code is
-  plain Python: GRAPH_MODE and PYNATIVE_MODE both run it.
+  parameter ``zero3_unit``, and every call of it from the unit's code passes it ([Note: unit
+  argument] in ``unit_threading.py``). The code is plain Python: GRAPH_MODE and PYNATIVE_MODE both
+  run it.
 
 Cells inside a unit are not replaced by ``parallel_modules`` classes (their own ``construct`` runs,
-rewritten as above): the unit gathers their parameters. With ``reshard_after_forward=True`` the unit's
-``ZeroUnitGather`` is recomputed, not the unit's code ([Note: reshard after forward]): backward
-gathers each unit once more, in one collective, and the unit's layers run once (a unit whose code
-transforms a gathered tensor, or any unit in PYNATIVE_MODE, has its root recomputed instead).
+rewritten as above). With ``reshard_after_forward=True`` the unit's ``ZeroUnitGather`` is
+recomputed, not the unit's code ([Note: reshard after forward]): backward gathers each unit once
+more, in one collective, and the unit's layers run once (a unit whose code transforms a gathered
+tensor, or any unit in PYNATIVE_MODE, has its root recomputed instead).
 
 Bit-identical to per-parameter gathers: each part's buffer has [Note: packed layout]
-(``mindone_zero/core/packing.py``; block r of the buffer is block r of every parameter), so every
-element is summed with the same partners. One exception: a parameter read at several places of one unit with
-``reshard_after_forward=True`` gets one gradient (summed by autodiff) reduce-scattered once, where
-per-reader wrappers reduce-scatter each reader's part and sum the shards: equal up to rounding.
+(``mindone_zero/core/packing.py``), so every element is summed with the same partners. One
+exception: a parameter read at several places of one unit with ``reshard_after_forward=True`` gets
+one gradient (summed by autodiff) reduce-scattered once, where per-reader wrappers reduce-scatter
+each reader's part and sum the shards: equal up to rounding.
 
 What raises (before anything is modified), naming the Cell and method: a Cell of a unit that reads
 split parameters but is not called as ``self.<attribute>(...)`` from the unit's code (a loop over a
-CellList or SequentialCell, ``getattr`` with a computed name): its reads cannot be given the unit's
-tensors; a method of a unit that reads them called from outside the unit; a Cell shared by two units
-or by a unit and the rest; a Cell that gathers its own parameters (a ``parallel_modules`` layer built
-by the user, ``zero3_gathers_itself``) inside a unit. Put such Cells outside the unit, or make the
-loop's Cells units themselves (``gather_units=(Block, Model)``: the Model's loop calls unit roots,
-which gather for themselves).
+CellList or SequentialCell, ``getattr`` with a computed name), as its reads cannot be given the
+unit's tensors; a method of a unit that reads them called from outside the unit; a Cell shared by
+two units or by a unit and the rest; a Cell that gathers its own parameters (a ``parallel_modules``
+layer built by the user) inside a unit. Put such Cells outside the unit, or make the loop's Cells
+units themselves (``gather_units=(Block, Model)``: the Model's loop calls unit roots, which gather
+for themselves).
 
-Memory: a unit's parameters are all full at once (in forward, and again when backward re-gathers them), so
-``estimate_peak_memory``'s largest-layer term ``L`` is the largest unit's parameter count.
+Memory: a unit's parameters are all full at once (in forward, and again when backward re-gathers
+them), so ``estimate_peak_memory``'s largest-layer term ``L`` is the largest unit's parameter count.
 
 Compile time: a unit's code reads its k gathered tensors out of one tuple, the output of a Cell with
 a custom bprop. MindSpore's autodiff gives each read (a TupleGetItem) the gradient of the whole tuple,
 zeros but one (``bprop_tuple_getitem``); each zero is a small graph to infer, so a unit adds about
-k * k of them. In the 24-block model of ``tools/bench/benchmark_compile.py`` (k = 4) the graph after
-autodiff (the first ``renormalize``) had 2108 subgraphs and 10389 nodes with units, 998 and 6053
-without: 120 TupleGetItem gradients against 24, and 336 ``zeros_like`` graphs against 48
-(2026-12-04). Ways around it that were measured or worked through, none better: without
-``reshard_after_forward`` the graph is about 5% smaller (the recomputation is not what costs);
-loading the shards in a Cell of their own before the gather, so that no UpdateState takes the
-gathered tuple, moved that cost to the tuple of loaded shards and compiled no faster; one flat
-buffer cut per reader, or a chain of two-way splits, would trade the zeros for copies of the unit's
-gradient at every step. So units compile slower than per-layer gathers (the benchmark's page shows
-by how much), and their step is faster (fewer, larger collectives).
+k * k of them. None of the ways around it is better: the recomputation is not what costs; loading
+the shards in a Cell of their own before the gather (so that no UpdateState takes the gathered
+tuple) moves the cost to the tuple of loaded shards; one flat buffer cut per reader, or a chain of
+two-way splits, would trade the zeros for copies of the unit's gradient at every step. So units
+compile slower than per-layer gathers (the benchmark's page shows by how much), and their step is
+faster (fewer, larger collectives).
 """
 from dataclasses import replace
 from typing import Dict, List, Optional, Tuple
@@ -76,7 +65,7 @@ from mindspore import Parameter, nn, ops
 
 from ..core.graph_tuples import each, hyper_map, take
 from ..core.ms_internals import RECOMPUTE_WRAPPER, child_cells, own_params
-from .coalesce import COALESCE_MAX_BYTES, ZeroGatherGroup, gather_settings, gathered_nbytes
+from .coalesce import COALESCE_MAX_BYTES, ZeroGatherGroup, gather_settings
 from .param_wrapper import param_gather
 
 __all__ = ["GatherUnit", "ZeroUnitGather", "UNIT_ARG", "UNIT_GATHER_ATTR", "find_units",
@@ -87,11 +76,8 @@ UNIT_GATHER_ATTR = "zero3_unit_gather"
 
 
 class GatherUnit:
-    """One unit found by ``find_units``: its root Cell and, once planned, its elements.
-
-    An element is a (split parameter, compute dtype) pair that the unit's code reads; ``index``
-    gives its position in the gathered tuple ``zero3_unit``.
-    """
+    """One unit found by ``find_units``: its root Cell and, once planned, its elements, the (split
+    parameter, compute dtype) pairs its code reads, in the order of the gathered tuple ``zero3_unit``."""
 
     def __init__(self, root: nn.Cell, path: str):
         self.root, self.path = root, path
@@ -173,9 +159,8 @@ def param_path(root: nn.Cell, param: Parameter) -> Optional[List]:
     return search(root, [])
 
 
-# Per-element work of a unit runs through hyper_map and take ([Note: per-tensor maps] in
-# core/graph_tuples.py): the loops that grew tuples here made a third of the nodes type inference
-# visits in a 24-block model's stage-3 step with gather units (tools/bench/benchmark_compile.py).
+# Per-element work of a unit runs through hyper_map and take, not loops that grow tuples ([Note:
+# per-tensor maps] in core/graph_tuples.py).
 _cast_to = ops.MultitypeFuncGraph("cast_to")
 
 
@@ -235,11 +220,10 @@ class _UnitSingle(nn.Cell):
 class ZeroUnitGather(nn.Cell):
     """All-gather a unit's shards: one collective per gather setting ([Note: gather units]).
 
-    ``construct(xs, after=None)`` takes the tuple of the unit's shards, in element order (and the unit
-    root's input as ``after``: every collective waits for it), and returns their full
-    tensors (padding dropped, compute dtype) in the same order, bit for bit what per-parameter
-    gathers return. Collective over the parameters' group. ``gathers``: one ``ParamGather`` per
-    element (``param_wrapper.py``): the parts' gather Cells are built from them.
+    ``construct(xs, after=None)`` takes the unit's shards in element order (and the unit root's input
+    as ``after``, which every collective waits for) and returns their full tensors (padding dropped,
+    compute dtype) in the same order, bit for bit what per-parameter gathers return. Collective over
+    the parameters' group. ``gathers``: one ``ParamGather`` per element, the parts are built from them.
     """
 
     def __init__(self, unit_path: str, gathers: List):
@@ -248,7 +232,7 @@ class ZeroUnitGather(nn.Cell):
         keyed: Dict[tuple, List[int]] = {}
         parts, flat = [], []
         for i, g in enumerate(gathers):
-            if g.record.gathers and gathered_nbytes(g) > COALESCE_MAX_BYTES:
+            if g.record.gathers and g.record.gathered_nbytes > COALESCE_MAX_BYTES:
                 parts.append(_UnitSingle(g, i))
                 flat.append(i)
             else:
@@ -275,9 +259,8 @@ class ZeroUnitGather(nn.Cell):
         # on as they are, the shards gave another first loss (tests/dist/test_gather_units.py). One
         # ``each`` (Map, with the Reshape primitive and static shapes: [Note: constants in a map] in
         # core/graph_tuples.py). Each part's collective waits for ``after`` inside its custom-bprop
-        # Cell ([Note: gather order] in param_wrapper.py). A Depend per shard in this map, before
-        # that, cost 1283 more nodes in the graph autodiff hands to type inference (11670 against
-        # 10389) in the 24-block model of tools/bench/benchmark_compile.py.
+        # Cell ([Note: gather order] in param_wrapper.py), not through a Depend per shard in this
+        # map, which would cost autodiff graphs per shard.
         xs = each(_RESHAPE, xs, self.shard_shapes)
         if self.one_part:
             return self.parts[0](xs, after)

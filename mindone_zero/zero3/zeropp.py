@@ -1,9 +1,8 @@
 """ZeRO++ options (Wang et al., 2023): qwZ, hpZ, qgZ, as one typed config.
 
-``prepare_network(..., zeropp=ZeroPPConfig(...))`` and ``prepare_train_network(..., zeropp=...)``
-take it (or a dict of its fields, as a YAML config gives); ``Stage3Options.build`` checks it with the
-other stage-3 options ([Note: stage-3 options] in ``options.py``). All three act on ZeRO-3's
-collectives only; the fp32 master shards and the optimizer step are exact whatever is chosen.
+``Stage3Options.build`` checks it with the other stage-3 options ([Note: stage-3 options] in
+``options.py``). All three act on ZeRO-3's collectives only; the fp32 master shards and the
+optimizer step are exact whatever is chosen.
 
 * ``quantize_weights`` (qwZ): the forward all-gather moves each rank's shard as int8 blocks with a
   float32 scale per block ([Note: block quantization] in ``quantize.py``), dequantized after the
@@ -25,12 +24,10 @@ betas, any tensor below the threshold) are gathered and reduce-scattered in full
 ``comm_plan`` counts their full-precision bytes. Why: a vector is O(d) of a layer's O(d^2) bytes, so
 quantizing it saves almost nothing, while its per-element error is the largest: every element is
 rounded to 1/254 of its block's largest magnitude, so a LayerNorm gamma near 1.0 moves in steps of
-about 0.8% and the small entries of a bias or beta block with one large entry round to zero (measured
-on an LM of width 30: up to 100% error on single elements, against below 1% of the norm on every
-tensor). Its effect on the loss is within run-to-run noise at a moderate learning rate; at a high
-one it removed most of the gap in an emulation of the test's LM, two data seeds (tests/dist/test_zeropp.py
-checks the final loss). DeepSpeed reaches the same end by keeping parameters below its persistence threshold (1e5
-elements by default) whole on every rank, so they are never gathered and never quantized;
+about 0.8% and the small entries of a bias or beta block with one large entry round to zero, which
+shows in the loss at a high learning rate (tests/dist/test_zeropp.py checks the final loss).
+DeepSpeed reaches the same end by keeping parameters below its persistence threshold (1e5 elements
+by default) whole on every rank, so they are never gathered and never quantized;
 ``min_quantize_numel`` is that knob here (default 0: only the vectors are kept).
 """
 from dataclasses import dataclass
