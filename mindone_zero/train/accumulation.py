@@ -36,7 +36,6 @@ _zeroed = ops.MultitypeFuncGraph("zeroed")
 
 @_zeroed.register("Tensor")
 def _zeroed_tensor(x):
-    """Sets the Parameter ``x`` to zeros (an assign)."""
     return ops.assign(x, ops.zeros_like(x))
 
 

@@ -158,9 +158,7 @@ def _copy_of(param: Parameter, source: Parameter, spec: Optional[ShardSpec]) -> 
 
 def bind_ema_to_zero(ema, plan, shards, comm=None, shard_ema: bool = False) -> List[ShardSpec]:
     """Bind ``ema`` to the train network's layout ([Note: ZeRO EMA]) and give it in-place swaps
-    ([Note: in-place swaps]); not collective.
-
-    Call once, before the train network is compiled, at any stage.
+    ([Note: in-place swaps]). Not collective; call once, before the train network is compiled.
 
     Args:
         ema: an EMA with MindOne's interface ([Note: EMA interface]).
@@ -248,14 +246,7 @@ def _swap_out(binding: _ZeroBinding) -> None:
 
 
 class _InPlaceSwap:
-    """``swap_before_eval`` / ``swap_after_eval`` of a bound EMA ([Note: ZeRO EMA], [Note: in-place
-    swaps]).
-
-    ``swap_before_eval`` is collective only at stages 1-2 with ``shard_ema=True`` (an all-gather over
-    the optimizer parallel group: every rank must call it); otherwise both are local and may be
-    called on any subset of ranks. Both return True. An EMA that is not bound uses its class's own
-    methods.
-    """
+    """The swaps of a bound EMA ([Note: in-place swaps]); one not bound uses its class's own."""
 
     def swap_before_eval(self):
         """Put the EMA weights into the network, keeping the trained ones aside; returns True.
