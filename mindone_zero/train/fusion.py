@@ -200,7 +200,6 @@ class BucketLayout(nn.Cell):
         # each bucket in its buffer's order ([Note: runs of pieces] in core/slicing.py)
         self.placed = tuple(_placed(b, self.shapes) for b in self.buckets)
         self.chunks = tuple(ring_chunks(k, comm.size) for k in self.numels)
-        self.bucket_bytes = self.record.bucket_bytes
         # [Note: packed layout]: reduce-scatter's blocks are numel / n; all-gather's (also a flat
         # all-reduce bucket's) are each tensor's numel
         n = comm.size
