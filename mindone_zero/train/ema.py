@@ -106,11 +106,6 @@ class _ZeroBinding:
     comm: Optional[object]  # GroupComm of the optimizer parallel group
     cache: list = field(default_factory=list)
 
-    @property
-    def collective(self) -> bool:
-        """``swap_before_eval`` all-gathers (must be called on every rank of the group)."""
-        return any(self.gather)
-
 
 def _binding(ema) -> Optional[_ZeroBinding]:
     return ema.__dict__.get("_zero_binding")
@@ -160,17 +155,10 @@ def bind_ema_to_zero(ema, plan, shards, comm=None, shard_ema: bool = False) -> L
     """Bind ``ema`` to the train network's layout ([Note: ZeRO EMA]) and give it in-place swaps
     ([Note: in-place swaps]). Not collective; call once, before the train network is compiled.
 
-    Args:
-        ema: an EMA with MindOne's interface ([Note: EMA interface]).
-        plan (TrainPlan): the layout of the optimizer's parameters ([Note: train records] in train_plan.py).
-        shards (OptimizerShards): what the optimizer updates.
-        comm (GroupComm): the optimizer parallel group's, for ``swap_before_eval``'s all-gather (None
-            outside data parallelism).
-        shard_ema: stages 1-2: keep 1/N of the EMA (the master shards'), making
-            ``swap_before_eval`` collective. Stages 0 and 3 ignore it.
-
-    Returns:
-        The split-info entries of the EMA weights (and of an aligned ``swap_cache``).
+    ``plan`` and ``shards`` are train records ([Note: train records] in train_plan.py); ``comm``, the
+    optimizer parallel group's (None outside data parallelism), serves ``swap_before_eval``'s
+    all-gather with ``shard_ema`` (stages 1-2 only). Returns the split-info entries of the EMA
+    weights (and of an aligned ``swap_cache``).
 
     Raises:
         ValueError: an EMA weight is shaped neither like its parameter nor like its shard (``check_ema``

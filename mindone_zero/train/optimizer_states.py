@@ -29,16 +29,12 @@ __all__ = ["find_optimizer_states", "repoint_optimizer", "check_no_unknown_state
 _PARAM_ATTRS = (ms_internals.OPTIMIZER_PARAMETERS, "parameters")
 
 
-def _experimental_optimizer_class():
-    from mindspore.experimental.optim import Optimizer  # also the base of mint.optim's optimizers
-
-    return Optimizer
-
-
 def check_optimizer(optimizer, where: str) -> None:
     """Raise TypeError unless ``optimizer`` is a ``mindspore.nn.Optimizer`` or follows
     ``mindspore.experimental.optim.Optimizer`` (as ``mint.optim``'s do), as MindOne accepts."""
-    if not isinstance(optimizer, (nn.Optimizer, _experimental_optimizer_class())):
+    from mindspore.experimental.optim import Optimizer  # also the base of mint.optim's optimizers
+
+    if not isinstance(optimizer, (nn.Optimizer, Optimizer)):
         raise TypeError(
             f"For '{where}', the argument 'optimizer' must be a mindspore.nn.Optimizer or a "
             f"mindspore.experimental.optim.Optimizer, but got {type(optimizer).__name__}."
