@@ -106,7 +106,6 @@ def estimate_model_states_memory(
     def held(sharded: bool) -> Fraction:
         return big_p / n if sharded else big_p
 
-    # stage 0: (p+g+k)P; 1: (p+g)P + kP/N; 2: pP + (g+k)P/N; 3: (p+g+k)P/N
     total = p * held(policy.shards_params) + g * held(policy.shards_grads) + k * held(policy.shards_optimizer)
     total += Fraction(ema_bytes) * held(policy.shards_params or (policy.uses_masters and shard_ema))
     return int(math.ceil(total))

@@ -188,8 +188,8 @@ class HostOffload:
         self.after = _AfterStep(self.sync, ema)
 
     def step(self, grads) -> None:
-        """One optimizer step on the host from ``grads`` (the train graph's outputs), then
-        ``after_step`` with the ranks' agreement. Collective (every rank, every optimizer step).
+        """One optimizer step on the host from ``grads`` (the train graph's outputs), then the
+        ``_AfterStep`` graph with the ranks' agreement. Collective (every rank, every optimizer step).
         A list of gradients is emptied as it is consumed (each entry set to None once its tensor is
         updated), so the caller should hold no other reference to them ([Note: host step memory]).
 
