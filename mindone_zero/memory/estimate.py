@@ -1,44 +1,12 @@
-"""Model-state memory per device, by the ZeRO paper's formulas (docs/guides/memory.md).
+"""Memory per device by the ZeRO paper's formulas (docs/guides/memory.md); pure arithmetic.
 
 Model states are the parameters, their gradients and the optimizer states (for mixed-precision
-Adam: an fp32 master copy, momentum and variance, 4 + 4 + 4 = 12 bytes per parameter). With
-``P`` parameters, ``N`` ranks in the data-parallel group, and ``p``/``g``/``k`` bytes per
-parameter for parameters/gradients/optimizer states, ZeRO keeps per device:
-
-=====  ===========================  =========================================
-stage  bytes per device             what is partitioned over the N ranks
-=====  ===========================  =========================================
-0      (p + g + k) * P              nothing (plain data parallel)
-1      (p + g) * P + k * P / N      optimizer states
-2      p * P + (g + k) * P / N      optimizer states and gradients
-3      (p + g + k) * P / N          optimizer states, gradients and parameters
-=====  ===========================  =========================================
-
-Activations, temporary buffers and fragmentation are not model states and are not counted.
-
-``estimate_model_states_placement`` splits the same bytes by where they live with
-``optimizer_offload``: the offloaded optimizer bytes per parameter (``k`` by default; 8 for
-Adam's two moments when the fp32 master stays on the device, as it does here at stages 1-2) go
-to ``host`` or ``file``, at 1/N from stage 1 on, and the rest stays on the ``device``.
-
-``estimate_peak_memory`` adds the term a user needs to pick a stage: what a step holds on top of
-the model states because parameters and gradients exist in full for a while (DeepSpeed's
-"largest layer" term). With ``L`` the parameters of the largest layer (the most gathered at once;
-with stage 3's ``gather_units`` a unit's parameters are all gathered together, so ``L`` is the
-largest unit, e.g. a whole Transformer block; [Note: gather units] in ``mindone_zero/zero3/units.py``):
-
-=====================================  ==============================================================
-stage                                  added to the model states
-=====================================  ==============================================================
-0, 1                                   0 (parameters and gradients are whole anyway)
-2                                      g * L: a layer's full gradient before its reduce-scatter
-3, ``reshard_after_forward=True``      (p + g) * L: a layer gathered (in forward, or again in
-                                       backward) and its full gradient before the reduce-scatter
-3, ``reshard_after_forward=False``     p * P * (N - 1) / N + g * L: every gathered weight is kept
-                                       until its backward, so the whole model is held again
-3, ZeRO++ hpZ over K ranks             (p + g) * L + p * P / K: as ``True``, plus the secondary
-                                       shards (1/K of every weight) kept from forward to backward
-=====================================  ==============================================================
+Adam: an fp32 master copy, momentum and variance, 4 + 4 + 4 = 12 bytes per parameter).
+``estimate_model_states_memory`` gives what each stage keeps of them per device (its docstring has
+the table), ``estimate_model_states_placement`` splits those bytes by where they live with
+``optimizer_offload``, and ``estimate_peak_memory`` adds what a step holds in full for a while
+(DeepSpeed's "largest layer" term). Activations, temporary buffers and fragmentation are not
+counted.
 """
 import math
 import numbers
@@ -138,7 +106,6 @@ def estimate_model_states_memory(
     def held(sharded: bool) -> Fraction:
         return big_p / n if sharded else big_p
 
-    # stage 0: (p+g+k)P; 1: (p+g)P + kP/N; 2: pP + (g+k)P/N; 3: (p+g+k)P/N
     total = p * held(policy.shards_params) + g * held(policy.shards_grads) + k * held(policy.shards_optimizer)
     total += Fraction(ema_bytes) * held(policy.shards_params or (policy.uses_masters and shard_ema))
     return int(math.ceil(total))

@@ -1,20 +1,16 @@
-"""Measured model-state bytes per rank: the counterpart of ``estimate_model_states_memory``.
+"""Measured memory per rank: the counterparts of the estimates in ``estimate.py``.
 
 ``measure_model_states`` counts the bytes of every Parameter a ``TrainOneStepWrapper`` holds on
-this rank, at the size it is actually held (a ZeRO shard counts as its padded block), grouped by
-what it is for, from the train network's one inventory (``inventory.py``, which checkpoints
-save too): each Parameter object is counted once, so an optimizer whose states alias a master
-shard, or an EMA bound to the network's own Parameters, is never counted twice.
-
-Only Parameters are counted. Gradients that live only during a step (always at
-``gradient_accumulation_steps == 1``), the full tensors a ZeRO-3 network gathers during forward
-and backward, activations and communication buffers are transient and not model states held
-between steps; the ZeRO paper's formulas (``memory.py``) count gradients whether or not they
-are kept, so compare with accumulation buffers in place (``gradient_accumulation_steps > 1``).
+this rank, at its held size, from the train network's one inventory (``inventory.py``, which
+checkpoints save too), each Parameter object once. Only Parameters are counted: gradients that
+live only during a step (always at ``gradient_accumulation_steps == 1``), the full tensors a ZeRO-3
+network gathers, activations and communication buffers are not model states held between steps;
+the ZeRO paper's formulas count gradients whether or not they are kept, so compare with
+accumulation buffers in place (``gradient_accumulation_steps > 1``).
 
 ``measure_peak_memory`` measures what the model states leave out: the highest memory use of this
-rank while training steps run (gathered weights, gradients, activations, workspaces), on CPU
-from the process's resident set, on Ascend/GPU from the runtime's allocator.
+rank while training steps run, on CPU from the process's resident set, on Ascend/GPU from the
+runtime's allocator.
 """
 import gc
 from dataclasses import dataclass
@@ -30,7 +26,6 @@ _CLEAR_REFS = "/proc/self/clear_refs"
 
 KINDS = ("params", "master_shards", "optimizer_states", "accumulation", "ema", "other")
 LOCATIONS = ("host", "file")  # where offloaded states live, apart from the device's KINDS
-# the inventory's kinds folded into the coarser ones reported here
 _KIND_OF = {"optimizer_other": "other"}
 
 

@@ -8,8 +8,8 @@
   the update runs on the host (MindOne's meaning of ``True``);
 * ``{"device": "nvme", "path": DIR, "chunk_size": BYTES, "keep_files": False}``: ZeRO-Infinity;
   the optimizer states live in files under ``DIR`` (DeepSpeed's ``nvme_path`` is accepted for
-  ``path``) and are updated ``chunk_size`` bytes per state at a time (default 1 MiB, chosen by
-  measurement: docs/benchmarks/offload_chunks.md), so host memory for them stays about one chunk. Each
+  ``path``) and are updated ``chunk_size`` bytes per state at a time (default 1 MiB:
+  docs/benchmarks/offload_chunks.md), so host memory for them stays about one chunk. Each
   rank keeps its files in a fresh folder ``DIR/rank{g}_*``, removed when the train network is
   freed or the process exits, unless ``keep_files`` is True. Those files are working state, not
   checkpoints: ``save_train_state`` saves the states like any others.
@@ -24,9 +24,9 @@ __all__ = ["OffloadConfig", "DEFAULT_CHUNK_SIZE"]
 
 _logger = logging.getLogger(__name__)
 
-# 1 MiB (DeepSpeed's aio block size): the host update's peak growth is about 4 chunks (4 MB here,
-# 67 MB at 16 MiB) at no measurable cost in time (`tools/bench/benchmark_offload.py --chunk_sweep`);
-# smaller chunks only add system calls, which a real NVMe drive pays for.
+# DeepSpeed's aio block size: the host update's peak growth is about 4 chunks, and larger chunks
+# save no time (`tools/bench/benchmark_offload.py --chunk_sweep`); smaller ones only add system calls,
+# which a real NVMe drive pays for.
 DEFAULT_CHUNK_SIZE = 2 ** 20
 _KEYS = ("device", "path", "nvme_path", "chunk_size", "keep_files")
 

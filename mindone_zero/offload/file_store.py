@@ -59,9 +59,6 @@ class MemoryStore:
     def write_all(self, name: str, values: np.ndarray) -> None:
         self.arrays[name][:] = np.asarray(values, _F32).reshape(-1)
 
-    def nbytes(self) -> int:
-        return sum(a.nbytes for a in self.arrays.values())
-
     def close(self) -> None:
         self.arrays = {}
 
@@ -135,9 +132,6 @@ class FileStore:
         flat = np.asarray(values).reshape(-1)
         for start in range(0, flat.size, self.chunk):
             self.write(name, start, flat[start:start + self.chunk])
-
-    def nbytes(self) -> int:
-        return sum(numel * _F32.itemsize for _, _, numel in self.files.values())
 
     def close(self) -> None:
         for _, fd, _ in self.files.values():

@@ -1,13 +1,9 @@
 """The optimizer update on the host: MindSpore's optimizer formulas in vectorised numpy, fp32.
 
 No communication here; ``nn.AdamWeightDecay`` runs MindSpore's own CPU kernel function where the
-installed MindSpore ships it ([Note: host kernel parity] in nnacl.py), the rest is numpy.
-``host_rule_for(optimizer)`` picks the rule of a supported MindSpore optimizer (``offload_for`` reads
-the ``optimizer_offload`` argument against it: without a rule, a warning and no offload);
-``StepHyper.read(optimizer)`` reads what one step needs from the optimizer object (learning rate
-and weight decay for its current ``global_step``, schedules included, then advances its
-``global_step`` and Adam's beta powers exactly as its ``construct`` would); ``rule.update``
-updates one chunk of one tensor in place.
+installed MindSpore ships it ([Note: host kernel parity] in nnacl.py), the rest is numpy. A
+``HostRule`` updates one chunk of one tensor in place, from the ``StepHyper`` read (learning rates
+and weight decay, schedules included) once per step.
 
 [Note: host update formulas]
 Each rule follows the kernel the MindSpore optimizer runs on the device (MindSpore 2.10):
@@ -78,8 +74,8 @@ class StepHyper:
 
     @classmethod
     def read(cls, optimizer, rule: "HostRule") -> "StepHyper":
-        """Read the step's values from ``optimizer`` and advance its ``global_step`` (and Adam's beta
-        powers) as its ``construct`` would, so that checkpoints and schedules stay right."""
+        """Read the step's values from ``optimizer`` for its current ``global_step``, then advance it
+        (and Adam's beta powers) as its ``construct`` would, so that checkpoints and schedules stay right."""
         n = len(optimizer_parameters(optimizer))
         lr = _per_param(optimizer.get_lr(), n)
         decay = optimizer.get_weight_decay() if optimizer.exec_weight_decay else 0.0

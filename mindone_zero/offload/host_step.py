@@ -15,31 +15,25 @@ stages 1-2 the all-gather of the new shards into the network (collective), then 
 The agreement lives in that graph rather than in an eager all-reduce: switching to PYNATIVE_MODE
 for it every step costs time and memory.
 
-Where the tensor the optimizer updates lives: the host reads and writes it through
-``Parameter.asnumpy()``, which on MindSpore's CPU backend is a view of the Parameter's memory
-(decided by the device target, then checked: [Note: device targets] in backend.py); on Ascend
-and GPU it is a copy, written back whole after each update with an in-place ``ops.assign``
-(``_write_back``). The
-optimizer's own state Parameters are cut to one element each (``OffloadedState`` stands for them
-in the inventory, in memory measurements and in checkpoints, under the same names, so
-checkpoints of offloaded and on-device runs load into each other).
+The host reads and writes the tensor the optimizer updates through ``Parameter.asnumpy()``: on
+MindSpore's CPU backend a view of the Parameter's memory (decided by the device target, then
+checked: [Note: device targets] in backend.py); on Ascend and GPU a copy, written back whole after
+each update (``_write_back``). The optimizer's own state Parameters are cut to one element each;
+``OffloadedState`` stands for them, under the same names, in the inventory, memory measurements
+and checkpoints, so checkpoints of offloaded and on-device runs load into each other.
 
 [Note: host step memory]
 The gradients come out of the train graph as Tensors, one per tensor the optimizer updates (at
-stage 3, every parameter shard). Held until the step ends, they all stay alive while the host
-updates the first tensor; instead ``TrainOneStepWrapper.__call__`` hands them over in a list,
-and the update drops each one (``_take``) as soon as its tensor is done, so at most one gradient
-beyond what the update itself reads is alive. Where ``asnumpy()`` copies a gradient to the host
-(a device), that bounds the host copies to one; on the CPU backend it did not move the measured
-peak (the outputs sit in MindSpore's memory pool, which keeps freed blocks for the next step's
-graph, and the peak is inside that graph). The update allocates nothing per element where the
-nnacl kernel runs ([Note: host kernel parity] in nnacl.py): states in memory are updated in place,
-states in files through one buffer per state per chunk (``chunk_size``, 1 MiB by default; its cost
-measured on docs/benchmarks/offload_chunks.md). The states' device copies are freed when they are
-moved into the store, but glibc keeps freed blocks of a few MB in its heap (they stay in the
-resident set); ``malloc_trim`` once the store is filled returns them to the OS, which lowered the
-peak RSS of a stage-3 run with its states in files by about 20 MB (the baseline by about 135 MB;
-the first step's graph takes part of it back).
+stage 3, every parameter shard). ``TrainOneStepWrapper.__call__`` hands them over in a list and
+the update drops each one (``_take``) as soon as its tensor is done, so at most one gradient beyond
+what the update reads is alive, and where ``asnumpy()`` copies to the host (a device), at most one
+host copy. (On the CPU backend the peak is inside the train graph, whose memory pool keeps the
+freed blocks, so this does not lower it there.) The update allocates nothing per element where
+the nnacl kernel runs ([Note: host kernel parity] in nnacl.py): states in memory are updated in
+place, states in files through one buffer per state per chunk (``chunk_size``;
+docs/benchmarks/offload_chunks.md). The states' device copies are freed when they are moved into
+the store, but glibc keeps freed blocks of a few MB in its heap (in the resident set);
+``malloc_trim`` once the store is filled returns them to the OS.
 
 Not overlapped with the next step: that step's forward reads the parameters this update writes
 (at stages 1-2 through the all-gather that follows it), so running the update in a thread while
@@ -64,10 +58,8 @@ __all__ = ["HostOffload", "OffloadedState"]
 
 
 class OffloadedState:
-    """Stands for one optimizer state Parameter whose data lives in a store: it has the
-    Parameter's ``name``, ``shape``, ``dtype``, ``size``, ``itemsize``, ``asnumpy()`` and
-    ``set_data(Tensor)`` (one tensor read or written through the store), which is what the
-    inventory, memory measurements and checkpoints use."""
+    """Stands for one optimizer state Parameter whose data lives in a store, with the Parameter's
+    names that the inventory, memory measurements and checkpoints use (``asnumpy``, ``set_data``...)."""
 
     dtype = ms.float32
     itemsize = 4
@@ -122,9 +114,8 @@ class _AfterStep(nn.Cell):
 
 
 def _take(grads, i: int) -> np.ndarray:
-    """Gradient ``i`` as a flat array, dropping the list's reference to its Tensor, so that each
-    gradient output of the train graph is freed once its tensor is updated ([Note: host step
-    memory]) rather than all of them living until the whole step is done."""
+    """Gradient ``i`` as a flat array, dropping the list's reference to its Tensor ([Note: host step
+    memory])."""
     grad = grads[i]
     if isinstance(grads, list):
         grads[i] = None
@@ -132,8 +123,7 @@ def _take(grads, i: int) -> np.ndarray:
 
 
 def _return_freed_memory() -> None:
-    """Hand the C heap's free pages back to the OS (glibc ``malloc_trim``; a no-op elsewhere)
-    ([Note: host step memory])."""
+    """glibc's ``malloc_trim`` (a no-op elsewhere): [Note: host step memory]."""
     try:
         ctypes.CDLL("libc.so.6").malloc_trim(0)
     except (OSError, AttributeError):
@@ -159,8 +149,7 @@ class HostOffload:
     """The host side of one optimizer with offload ([Note: host step]). Not a Cell.
 
     Built from the train records ([Note: train records] in mindone_zero/train/train_plan.py): it
-    moves the optimizer's states into the store, and after each host step runs the gradient
-    synchronization's all-gather (``sync``); nothing holds it but the ``ZeroHelper`` and the train step.
+    moves the optimizer's states into the store, and after each host step runs ``sync``'s all-gather.
 
     Args:
         config (OffloadConfig): where the states go.
@@ -199,8 +188,8 @@ class HostOffload:
         self.after = _AfterStep(self.sync, ema)
 
     def step(self, grads) -> None:
-        """One optimizer step on the host from ``grads`` (the train graph's outputs), then
-        ``after_step`` with the ranks' agreement. Collective (every rank, every optimizer step).
+        """One optimizer step on the host from ``grads`` (the train graph's outputs), then the
+        ``_AfterStep`` graph with the ranks' agreement. Collective (every rank, every optimizer step).
         A list of gradients is emptied as it is consumed (each entry set to None once its tensor is
         updated), so the caller should hold no other reference to them ([Note: host step memory]).
 

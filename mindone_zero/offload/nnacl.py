@@ -8,9 +8,8 @@ orders the update in its own way, so numpy's separately rounded float32 operatio
 in the last bit of a large share of elements, and the difference grows over steps. Calling the same
 function here, through ``ctypes``, on each chunk gives the on-device run's bits: its result for an
 element depends only on that element's inputs, not on where a chunk (or one of the kernel's thread
-ranges) starts or ends, measured on MindSpore 2.10 (tests/unit/test_offload.py, chunks of 10 and
-1000 floats). Where the library or the function is missing (another MindSpore build), the host
-falls back to numpy, which agrees within the tolerance tests/unit/test_offload.py checks.
+ranges) starts or ends (tests/unit/test_offload.py checks both). Where the library or the function
+is missing (another MindSpore build), the host falls back to numpy, within that test's tolerance.
 """
 import ctypes
 import os

@@ -1,9 +1,7 @@
 """Gradient accumulation in the train step: the buffers, the micro-step counter, the mean at the
 last micro-step of an optimizer step, and the buffers emptied after it.
 
-``GradAccumulation`` is a part of ``TrainOneStepWrapper`` (``train_step.py``): the step class
-decides what a boundary and a micro-step in between return (``_boundary``, ``_between``: the device
-step runs the optimizer, the host step hands the gradients to the host).
+``GradAccumulation`` is a base of ``TrainOneStepWrapper`` (``train_step.py``).
 """
 import mindspore as ms
 from mindspore import Parameter, Tensor, ops
@@ -36,17 +34,15 @@ _zeroed = ops.MultitypeFuncGraph("zeroed")
 
 @_zeroed.register("Tensor")
 def _zeroed_tensor(x):
-    """Sets the Parameter ``x`` to zeros (an assign)."""
     return ops.assign(x, ops.zeros_like(x))
 
 
 class GradAccumulation:
-    """The accumulation part of the train step (a base of ``TrainOneStepWrapper``).
-
-    Reads the step's ``accum_steps``, ``reduce_each_micro_step``, ``optimizer_shards`` and
-    ``weights``; the step class defines ``_boundary(mean_grads, overflow)`` and
-    ``_between(overflow, step)``.
-    """
+    """The accumulation part of the train step. Reads the step's ``accum_steps``,
+    ``reduce_each_micro_step``, ``optimizer_shards`` and ``weights``; the step class defines what an
+    optimizer-step boundary and a micro-step in between return: ``_boundary(mean_grads, overflow)``
+    (the device step runs the optimizer, the host step hands the gradients to the host) and
+    ``_between(overflow, step)``."""
 
     def _build_accumulation(self) -> None:
         """The buffers (``accum_grads``, shaped like what is accumulated: the reduced shards when

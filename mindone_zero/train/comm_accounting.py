@@ -2,8 +2,8 @@
 
 ``step_plan`` counts one optimizer step ([Note: comm plan] in core/comm_plan.py) from a
 ``ZeroHelper``'s ``TrainCommRecord`` and the network's ``GatherRecord``s ([Note: comm records] in
-core/comm_records.py), one function per kind of entry. ``network_gathers`` reads the network's
-gather records, with whether backward gathers each again ([Note: dropped re-gathers] in
+core/comm_records.py), one function per kind of entry. ``network_gathers`` reads the gather
+records, with whether backward gathers each again ([Note: dropped re-gathers] in
 zero3/backward_reads.py), from the build's state ([Note: zero3 state] in zero3/state.py). Nothing
 here communicates.
 """
@@ -21,15 +21,13 @@ __all__ = ["StepCommAccounting", "step_plan", "network_gathers", "param_gathers"
 
 
 def network_gathers(network: nn.Cell) -> Tuple[GatherRecord, ...]:
-    """The records of the gathers that ``network``'s code calls, with ``regather`` set, as the
-    ``ZeroState`` of each sharded network in it says ([Note: zero3 state] in zero3/state.py): the
-    gathers that communicate, per parameter, coalesced or a gather unit's parts. Not collective."""
+    """The records of the gathers that ``network``'s code calls (per parameter, coalesced or a gather
+    unit's parts), ``regather`` set as each sharded network's ``ZeroState`` says. Not collective."""
     return tuple(r for call in gather_calls(network) for r in call.records)
 
 
 def param_gathers(gathers: Iterable[GatherRecord], params, specs) -> list:
-    """``TrainOneStepWrapper.param_gathers``: for each of ``params`` (laid out as ``specs``), whether
-    backward gathers it again and the index of the coalesced gather it shares, from the network's
+    """``TrainOneStepWrapper.param_gathers`` of ``params`` laid out as ``specs``, from the network's
     ``gathers`` (``network_gathers``). Not collective."""
     regathered = {name for r in gathers if r.regather for name in r.members}
     coalesced = [r for r in gathers if r.kind in ("coalesced", "unit_part")]

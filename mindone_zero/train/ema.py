@@ -106,11 +106,6 @@ class _ZeroBinding:
     comm: Optional[object]  # GroupComm of the optimizer parallel group
     cache: list = field(default_factory=list)
 
-    @property
-    def collective(self) -> bool:
-        """``swap_before_eval`` all-gathers (must be called on every rank of the group)."""
-        return any(self.gather)
-
 
 def _binding(ema) -> Optional[_ZeroBinding]:
     return ema.__dict__.get("_zero_binding")
@@ -158,21 +153,12 @@ def _copy_of(param: Parameter, source: Parameter, spec: Optional[ShardSpec]) -> 
 
 def bind_ema_to_zero(ema, plan, shards, comm=None, shard_ema: bool = False) -> List[ShardSpec]:
     """Bind ``ema`` to the train network's layout ([Note: ZeRO EMA]) and give it in-place swaps
-    ([Note: in-place swaps]); not collective.
+    ([Note: in-place swaps]). Not collective; call once, before the train network is compiled.
 
-    Call once, before the train network is compiled, at any stage.
-
-    Args:
-        ema: an EMA with MindOne's interface ([Note: EMA interface]).
-        plan (TrainPlan): the layout of the optimizer's parameters ([Note: train records] in train_plan.py).
-        shards (OptimizerShards): what the optimizer updates.
-        comm (GroupComm): the optimizer parallel group's, for ``swap_before_eval``'s all-gather (None
-            outside data parallelism).
-        shard_ema: stages 1-2: keep 1/N of the EMA (the master shards'), making
-            ``swap_before_eval`` collective. Stages 0 and 3 ignore it.
-
-    Returns:
-        The split-info entries of the EMA weights (and of an aligned ``swap_cache``).
+    ``plan`` and ``shards`` are train records ([Note: train records] in train_plan.py); ``comm``, the
+    optimizer parallel group's (None outside data parallelism), serves ``swap_before_eval``'s
+    all-gather with ``shard_ema`` (stages 1-2 only). Returns the split-info entries of the EMA
+    weights (and of an aligned ``swap_cache``).
 
     Raises:
         ValueError: an EMA weight is shaped neither like its parameter nor like its shard (``check_ema``
@@ -248,14 +234,7 @@ def _swap_out(binding: _ZeroBinding) -> None:
 
 
 class _InPlaceSwap:
-    """``swap_before_eval`` / ``swap_after_eval`` of a bound EMA ([Note: ZeRO EMA], [Note: in-place
-    swaps]).
-
-    ``swap_before_eval`` is collective only at stages 1-2 with ``shard_ema=True`` (an all-gather over
-    the optimizer parallel group: every rank must call it); otherwise both are local and may be
-    called on any subset of ranks. Both return True. An EMA that is not bound uses its class's own
-    methods.
-    """
+    """The swaps of a bound EMA ([Note: in-place swaps]); one not bound uses its class's own."""
 
     def swap_before_eval(self):
         """Put the EMA weights into the network, keeping the trained ones aside; returns True.

@@ -4,46 +4,36 @@
 Tensors are grouped, in order and per dtype, into buckets of at most ``bucket_size`` bytes
 (a tensor larger than that gets a bucket of its own). A tensor of ``LARGE_TENSOR_BYTES`` (1 MiB)
 or more is never packed: it is sent alone, because packing copies it (and the unpacking keeps
-the whole packed buffer alive) to save one launch that costs little next to its transfer. A bucket's
-buffer holds its tensors by shape (``BucketedComm.placed``) where that makes runs of equal tensors that are
-cut out at once ([Note: runs of pieces] in ``mindone_zero/core/slicing.py``).
-Measured before this rule (stage 1, 8 x Dense(2048), N=4, each weight packed with its bias):
-peak +287 MB per rank against one collective per tensor. A bucket is flattened into one buffer,
-sent through one collective, and cut back into its tensors. Reduce-scatter and all-gather buckets
-use [Note: packed layout] (``mindone_zero/core/packing.py``), the layout of ZeRO-3's coalesced
-gathers: rank-major, ``[rank 0's block of every tensor | rank 1's block | ...]``, so that one
-reduce-scatter leaves each rank exactly its own blocks; all-gather undoes the same layout. Their
-pieces are cut as views (``narrow``): each is used at once. All-reduce buckets have a layout of
-their own, [Note: chunk-aligned all-reduce], kept here: it follows the ring's chunks, not shards.
-A bucket of one tensor is sent as it is, with no copy, which is also what "fusion off" means.
+the whole packed buffer alive) to save one launch that costs little next to its transfer. A
+bucket is flattened into one buffer, sent through one collective, and cut back into its tensors;
+the buffer holds its tensors by shape (``BucketedComm.placed``) where that makes runs of equal
+tensors that are cut out at once ([Note: runs of pieces] in ``mindone_zero/core/slicing.py``).
+Reduce-scatter and all-gather buckets use [Note: packed layout] (``mindone_zero/core/packing.py``),
+the layout of ZeRO-3's coalesced gathers: rank-major, ``[rank 0's block of every tensor | rank 1's
+block | ...]``, so that one reduce-scatter leaves each rank exactly its own blocks; all-gather
+undoes the same layout. Their pieces are cut as views (``narrow``): each is used at once.
+All-reduce buckets have a layout of their own, [Note: chunk-aligned all-reduce]. A bucket of one
+tensor is sent as it is, with no copy, which is also what "fusion off" means.
 
 [Note: chunk-aligned all-reduce]
 A ring all-reduce over n ranks cuts its buffer into n chunks and adds the ranks' values of each
 element in an order set by the chunk the element falls in. So that a bucket gives every element
 the bits it gets when its tensor is sent alone, an all-reduce bucket is laid out rank-major too:
 a tensor of ``numel`` elements is cut as the backend cuts it alone, into n chunks whose sizes
-differ by at most one, the larger first (measured on MindSpore's CPU backend, N=4), each chunk
-padded to ``ceil(numel / n)``; row k of the bucket holds chunk k of every tensor, so the bucket's
-own chunks are its rows. With two ranks every sum is a + b and the bits match in any layout, and
+differ by at most one, the larger first (as MindSpore's CPU backend does), each chunk padded to
+``ceil(numel / n)``; row k of the bucket holds chunk k of every tensor, so the bucket's own
+chunks are its rows. With two ranks every sum is a + b and the bits match in any layout, and
 HCCL and NCCL choose their own algorithms (a bucket agrees with its tensors sent alone within
 rounding whatever its layout), so with two ranks, and on Ascend and GPU, a bucket is packed flat,
-the tensors one after the other (``PackedLayout.pack``), and cut back with ``narrow``: no padding is
-copied, and the graph is smaller (``backend.ring_aligned_buckets`` decides). Measured on this
-2-core machine, the first call (compile and one step) of a stage-0 train step at N=2 on the parity tests' TinyNet,
-whose odd shapes all need padding, in one bucket: 1.39 s of CPU in ring rows and 1.10 s flat (an
-msrun job, least of three builds); and with the collectives replaced by identities in one process,
-three interleaved runs of five builds each, least 1.36-1.62 s in ring rows and 1.16-1.36 s flat
-(timings on this machine vary by about 20% from run to run).
+the tensors one after the other (``PackedLayout.pack``), and cut back with ``narrow``: no padding
+is copied, and the graph is smaller and compiles faster (``backend.ring_aligned_buckets`` decides).
 
 ``FusionConfig`` reads MindOne's dict (``{"allreduce": {"openstate": True, "bucket_size": 5e8},
 "reduce_scatter": {...}, "allgather": {...}}``); a kind that is missing or has
 ``openstate: False`` sends one collective per tensor, so ``comm_fusion={}`` turns fusion off.
 ``comm_fusion=None`` (the default) buckets every kind by ``DEFAULT_BUCKET_SIZE`` bytes (25 MiB,
 PyTorch DDP's default ``bucket_cap_mb``): small tensors then share one launch instead of paying
-one each. Every element is summed over the same ranks either way; with two ranks (a + b) that
-is bit for bit the same number. With more ranks the backend's all-reduce may add the ranks'
-values in an order that depends on an element's place in the buffer (a ring cuts the buffer
-into chunks), which [Note: chunk-aligned all-reduce] keeps the same for every element.
+one each.
 """
 from dataclasses import dataclass
 from typing import List, Optional, Sequence, Tuple
@@ -117,8 +107,7 @@ def ring_chunks(numel: int, n: int) -> Tuple[int, int]:
 
 
 def _dim0_scaled(shape: Tuple[int, ...], times: int, over: int) -> Tuple[int, ...]:
-    """``shape`` with dim 0 times ``times`` over ``over`` (0-d shapes, which no split tensor has, stay
-    as they are)."""
+    """``shape`` with dim 0 times ``times`` over ``over``; a 0-d shape (never split) as it is."""
     return (shape[0] * times // over,) + shape[1:] if shape else shape
 
 
@@ -164,12 +153,10 @@ def _placed(bucket, shapes) -> tuple:
 
 
 def _cuts(layouts, placed, shapes, axis: int) -> tuple:
-    """Per bucket (``placed``), the cuts (``cut_args``) of its result into its tensors of ``shapes``
-    (``narrow_cut``): along axis 0 of the flat buffer, or axis 1 of the (n, S) rows of an
-    all-gather; None for a tensor sent alone, whose result is the tensor. A layout with an empty
-    block has no runs: it belongs to a collective the bucket's tensors cannot take (a
-    reduce-scatter of a tensor with fewer elements than ranks), never unpacked, and its bucket
-    gets no pieces."""
+    """Per bucket, the ``cut_args`` of its result into its tensors: along axis 0 of the flat buffer,
+    or axis 1 of an all-gather's (n, S) rows; None for a tensor sent alone. A layout with an empty
+    block belongs to a collective its tensors cannot take (a reduce-scatter of a tensor with fewer
+    elements than ranks), is never unpacked, and gets no pieces."""
     out = []
     for layout, bucket in zip(layouts, placed):
         if len(bucket) == 1:
@@ -183,9 +170,8 @@ def _cuts(layouts, placed, shapes, axis: int) -> tuple:
 
 
 def _ring_slots(placed, chunks, shapes) -> tuple:
-    """Per tensor, for ``_ring_tensor`` ([Note: chunk-aligned all-reduce]): (its bucket, whether it is
-    alone in it, its first column, its ring chunk width and full rows, its shape). In ring rows, a
-    tensor's rows start at the column after the widths of those before it in its bucket."""
+    """Per tensor, for ``_ring_tensor``: (its bucket, whether it is alone in it, its first column in
+    the bucket's ring rows, its ring chunk width and full rows, its shape)."""
     where = {i: k for k, b in enumerate(placed) for i in b}
     bucket = tuple(where[i] for i in range(len(shapes)))
     alone = tuple(len(placed[k]) == 1 for k in bucket)
@@ -194,10 +180,8 @@ def _ring_slots(placed, chunks, shapes) -> tuple:
 
 
 class BucketLayout(nn.Cell):
-    """Where each tensor of a ``BucketedComm`` lies in its bucket's buffer, worked out once when it is
-    built: the buckets, their order of tensors, the packed layouts and the static cuts out of each
-    bucket's result ([Note: packed layout] in core/packing.py, [Note: one map out of the buckets]).
-    The base of ``BucketedComm``, whose docstring gives the arguments; nothing here communicates."""
+    """Where each tensor of a ``BucketedComm`` (its arguments) lies in its bucket's buffer, worked out
+    once: the packed layouts and the static cuts ([Note: one map out of the buckets]). No collectives."""
 
     def __init__(self, comm: GroupComm, shapes: Sequence[Tuple[int, ...]], templates=None,
                  bucket_size: Optional[int] = None, kind: str = "all_reduce", *, record: Optional[BucketRecord] = None):
@@ -213,27 +197,19 @@ class BucketLayout(nn.Cell):
         self.record = record if record is not None else \
             bucket_record(kind, comm.group, comm.size, self.numels, [t.dtype for t in templates], bucket_size)
         self.buckets = self.record.buckets
-        # the same buckets, each in the order its buffer holds its tensors: by shape where that makes runs
-        # of equal tensors that pay, each cut out at once ([Note: runs of pieces] in core/slicing.py)
+        # each bucket in its buffer's order ([Note: runs of pieces] in core/slicing.py)
         self.placed = tuple(_placed(b, self.shapes) for b in self.buckets)
-        # [Note: chunk-aligned all-reduce]: (row width, rows of full width) of each tensor
         self.chunks = tuple(ring_chunks(k, comm.size) for k in self.numels)
-        self.bucket_bytes = self.record.bucket_bytes
-        # [Note: packed layout] of each bucket: for reduce-scatter (the tensors are full, blocks of
-        # numel / n) and for all-gather (the tensors are shards; also a flat all-reduce bucket's, each
-        # tensor's numel a block).
+        # [Note: packed layout]: reduce-scatter's blocks are numel / n; all-gather's (also a flat
+        # all-reduce bucket's) are each tensor's numel
         n = comm.size
         self.scatter_layouts = nn.CellList([PackedLayout([self.numels[i] // n for i in b], n, True)
                                             for b in self.placed])
         self.gather_layouts = nn.CellList([PackedLayout([self.numels[i] for i in b], n, True) for b in self.placed])
-        # all-reduce: [Note: chunk-aligned all-reduce] on CPU with more than two ranks, else flat
-        self.ring_aligned = backend.ring_aligned_buckets(n)
-        # static data for construct: each bucket's ring chunks ([Note: chunk-aligned all-reduce])
+        self.ring_aligned = backend.ring_aligned_buckets(n)  # [Note: chunk-aligned all-reduce]
         self.bucket_chunks = tuple((tuple(self.chunks[i][0] for i in b), tuple(self.chunks[i][1] for i in b))
                                    for b in self.placed)
-        # each bucket's result cut into its tensors, and where each tensor lies among the pieces of
-        # all buckets ([Note: one map out of the buckets])
-        placed = self.placed
+        placed = self.placed  # [Note: one map out of the buckets]
         self.scatter_cuts = _cuts(self.scatter_layouts, placed, [_dim0_scaled(s, 1, n) for s in self.shapes], 0)
         self.gather_cuts = _cuts(self.gather_layouts, placed, [_dim0_scaled(s, n, 1) for s in self.shapes], 1)
         self.gather_row_cuts = _cuts(self.gather_layouts, placed, [(n, int(np.prod(s))) for s in self.shapes], 1)
@@ -263,8 +239,8 @@ class BucketedComm(BucketLayout):
         record: the buckets, planned already (``TrainPlan.buckets``); then ``templates``,
             ``bucket_size`` and ``kind`` are read from it, not given.
 
-    ``buckets`` lists the indices of the tensors in each bucket, in the order of ``shapes``;
-    ``placed`` the same in the order the bucket's buffer holds them (by shape where that pays).
+    ``buckets`` lists the indices of the tensors in each bucket; ``placed`` the same in the order
+    the bucket's buffer holds them.
 
     Raises:
         ValueError: ``kind`` is not one of those three.
@@ -327,15 +303,13 @@ class BucketedComm(BucketLayout):
         return self._results(self._all_gathered(shards), self.gather_cuts, 1)
 
     def all_gather_rows(self, shards):
-        """``all_gather``'s results before their last reshape: each tensor's (N, shard elements) rows of
-        its bucket's buffer (a tensor sent alone: gathered along dim 0); ``reshape((-1,) +
-        shard.shape[1:])`` gives ``all_gather``'s. For a caller that maps over the results anyway: its
-        map reshapes them, where ``all_gather`` would map once more ([Note: runs of pieces] in
-        core/slicing.py)."""
+        """``all_gather``'s results before their last reshape: each tensor's (N, shard elements) rows
+        (a tensor sent alone: gathered along dim 0), for a caller whose own map reshapes them
+        ([Note: runs of pieces] in core/slicing.py)."""
         return self._results(self._all_gathered(shards), self.gather_row_cuts, 1)
 
     def _all_gathered(self, shards):
-        """Each bucket's all-gathered buffer, (N, S) (a tensor sent alone: gathered along dim 0)."""
+        """Each bucket's all-gathered (N, S) buffer (a tensor sent alone: gathered along dim 0)."""
         sent = ()
         for k in range(len(self.placed)):
             bucket = self.placed[k]
@@ -362,15 +336,12 @@ class BucketedComm(BucketLayout):
 #
 # [Note: one map out of the buckets]
 # Every tensor's result is cut out of its bucket's result by Slices and Reshapes whose begins, sizes
-# and shapes are static tuples (the bucket's ``PackedLayout`` offsets and blocks, computed when the
-# Cell is built), the primitives called directly: one Slice per run of equal tensors, one per tensor
-# where the tensors differ ([Note: runs of pieces] in core/slicing.py). The pieces of all buckets are
-# then put in the order of ``shapes`` (``take``, nothing when the buckets hold the tensors in order).
-# Cutting with a MultitypeFuncGraph that took each tensor's offset, width and shape as arguments
-# specialized (type-inferred and optimized) one graph per tensor, three with its branches: the train
-# step's first call at stage 0 (N=2, 24 blocks of tools/bench/benchmark_compile.py's model) spent
-# about 2 s of CPU in the bucket's pack and unpack ([Note: constants in a map] in
-# core/graph_tuples.py). The elements are the same, so the results are the same.
+# and shapes are static tuples computed when the Cell is built, the primitives called directly: one
+# Slice per run of equal tensors, one per tensor where the tensors differ ([Note: runs of pieces] in
+# core/slicing.py). The pieces of all buckets are then put in the order of ``shapes`` (``take``).
+# A MultitypeFuncGraph that took each tensor's offset, width and shape as arguments would be
+# specialized once per tensor, three times with its branches, a compile cost the static cuts avoid
+# ([Note: constants in a map] in core/graph_tuples.py).
 
 
 ring_rows = ops.MultitypeFuncGraph("ring_rows")

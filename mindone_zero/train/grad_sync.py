@@ -49,7 +49,6 @@ _cast_like = ops.MultitypeFuncGraph("cast_like")
 
 @_cast_like.register("Tensor", "Tensor")
 def _cast_like_tensor(x, master):
-    """``x`` in the master shard's dtype."""
     return cast_if_needed(x, master.dtype)
 
 
@@ -67,9 +66,8 @@ _RESHAPE = ops.Reshape()
 
 @_write_full.register("Tensor", "Tensor", "Number")
 def _write_full_tensor(param, full, rows):
-    """Assign the gathered ``full`` (any shape with the padded tensor's elements in order:
-    ``BucketedComm.all_gather_rows``) to ``param``, its padding rows cut off ([Note: slices] in
-    slicing.py: only when there are some)."""
+    """Assign the gathered ``full`` (the padded tensor's elements in order, any shape) to ``param``,
+    its padding rows cut off ([Note: slices] in slicing.py: only when there are some)."""
     full = _RESHAPE(full, (-1,) + param.shape[1:])
     if full.shape[0] != rows:
         full = narrow(full, 0, 0, rows)
@@ -126,27 +124,17 @@ class GradSync(nn.Cell):
             self.dp_ar = BucketedComm(GroupComm(plan.dp.name), [s.shard_shape for s in specs], record=buckets.replicas)
 
     def reduce_grads(self, grads):
-        """Mean of ``grads`` over every data-parallel rank, per [Note: gradient reduction].
-
-        Collective.
-
-        Args:
-            grads (tuple): this rank's gradients, one per parameter the optimizer updates.
-
-        Returns:
-            tuple: the reduced gradients, shaped like ``opt_params`` (shards at stages 1-3).
-        """
+        """Mean of ``grads`` (one per parameter the optimizer updates) over every data-parallel rank,
+        shaped like ``opt_params`` ([Note: gradient reduction]). Collective."""
         if not self.is_parallel:
             return grads
         return self._reduce(grads, None)[0]
 
     def reduce_and_check(self, grads, factor):
-        """(``reduce_grads`` of ``grads`` each times the 0-d ``factor``, whether any of the reduced
-        gradients holds an inf or nan on this rank). Where every gradient is reduced in the buckets
-        (stages 0-2 in data parallel), the factor multiplies the buckets' buffers and the check reads
-        their results ([Note: unscale and check in the buckets] in core/scaling.py); else both run
-        per tensor, the factor before the reduction. Collective.
-        """
+        """(``reduce_grads`` of ``grads`` each times the 0-d ``factor``, whether any reduced gradient
+        holds an inf or nan on this rank). Where every gradient is in a bucket (stages 0-2), both
+        happen in the buckets ([Note: unscale and check in the buckets] in core/scaling.py); else per
+        tensor. Collective."""
         if not self.is_parallel or not self.buckets_every_grad:
             reduced = self.reduce_grads(hyper_map(ops.partial(times, factor), grads))
             return reduced, any_nonfinite(reduced)
@@ -154,8 +142,8 @@ class GradSync(nn.Cell):
         return reduced, any_nonfinite(buffers)
 
     def _reduce(self, grads, factor):
-        """(``reduce_grads``, the buffers of its last collectives): the gradients reduced, times the 0-d
-        ``factor`` in the buckets if it is not None (then every gradient must be in a bucket)."""
+        """(``reduce_grads``, the buffers of its last collectives), times the 0-d ``factor`` in the
+        buckets if it is not None (then every gradient must be in a bucket)."""
         buffers = ()
         shards = ()
         if self.rs_index:
@@ -169,8 +157,7 @@ class GradSync(nn.Cell):
         if self.ar_index:
             replicated, sent = self.grad_ar.all_reduce_buffers(take(grads, self.ar_index), self.grads_mean, factor)
             buffers = buffers + sent
-        # stage 3's gradients of split parameters pass as they are: reduce-scattered by the ZeRO-3
-        # wrapper's bprop
+        # stage 3's gradients of split parameters pass as they are: its bprop reduce-scattered them
         if self.routes_replicated:  # every gradient all-reduced, in order (stage 0)
             out = replicated
         elif self.routes_sharded:  # every gradient reduce-scattered, in order (stages 1-2, every parameter split)
@@ -205,12 +192,8 @@ class GradSync(nn.Cell):
         return self.world_comm.all_reduce(ops.cast(flag, FLAG_DTYPE)) > 0
 
     def run_optimizer(self, grads):
-        """Optimizer step on the shards, then (stages 1-2) all-gather the new shards into the
-        network's parameters. Collective at stages 1-2.
-
-        Args:
-            grads (tuple): the reduced gradients (``reduce_grads``), shaped like ``opt_params``.
-        """
+        """Optimizer step on the reduced ``grads``, then (stages 1-2, collective) all-gather the new
+        shards into the network's parameters."""
         result = self.optimizer(grads)
         if self.use_masters:
             result = ops.depend(result, self.all_gather_params(result))

@@ -29,16 +29,12 @@ __all__ = ["find_optimizer_states", "repoint_optimizer", "check_no_unknown_state
 _PARAM_ATTRS = (ms_internals.OPTIMIZER_PARAMETERS, "parameters")
 
 
-def _experimental_optimizer_class():
-    from mindspore.experimental.optim import Optimizer  # also the base of mint.optim's optimizers
-
-    return Optimizer
-
-
 def check_optimizer(optimizer, where: str) -> None:
     """Raise TypeError unless ``optimizer`` is a ``mindspore.nn.Optimizer`` or follows
     ``mindspore.experimental.optim.Optimizer`` (as ``mint.optim``'s do), as MindOne accepts."""
-    if not isinstance(optimizer, (nn.Optimizer, _experimental_optimizer_class())):
+    from mindspore.experimental.optim import Optimizer  # also the base of mint.optim's optimizers
+
+    if not isinstance(optimizer, (nn.Optimizer, Optimizer)):
         raise TypeError(
             f"For '{where}', the argument 'optimizer' must be a mindspore.nn.Optimizer or a "
             f"mindspore.experimental.optim.Optimizer, but got {type(optimizer).__name__}."
@@ -63,20 +59,12 @@ def _aligned_tuples(optimizer) -> Dict[str, ParameterTuple]:
 
 
 def find_optimizer_states(optimizer: nn.Optimizer, full_shapes: Sequence[tuple]) -> Dict[str, List[Parameter]]:
-    """Per-parameter state tuples of ``optimizer``, by attribute name.
-
-    Args:
-        optimizer: a MindSpore optimizer built over the network's parameters.
-        full_shapes: the full (unsharded) shape of each of ``optimizer._parameters``; a state
-            may be shaped like the full parameter or, at ZeRO-3, like the parameter's shard.
-
-    Returns:
-        ``{attr: [state_i for each parameter]}`` (aliases of the parameters excluded).
+    """``{attr: [state of each parameter]}`` of ``optimizer`` (aliases of the parameters excluded).
+    ``full_shapes``: each parameter's full shape; a state may have it or, at ZeRO-3, the shard's.
 
     Raises:
-        ValueError: if a per-parameter tuple holds tensors shaped neither like the parameters
-            nor as scalars, or the optimizer holds other non-scalar Parameters (see
-            ``check_no_unknown_states``).
+        ValueError: a per-parameter tuple holds tensors shaped neither like the parameters nor as
+            scalars, or the optimizer holds other non-scalar Parameters (``check_no_unknown_states``).
     """
     params = list(optimizer_parameters(optimizer))
     states = {}
@@ -160,13 +148,8 @@ class OptimizerShards:
 
 def shard_optimizer(plan, optimizer, states: Optional[Dict[str, List[Parameter]]] = None) -> OptimizerShards:
     """Create the master shards (stages 1-2), cut the optimizer's states of split parameters to this
-    rank's block, and re-point the optimizer at the master shards (stages 1-2). Not collective.
-
-    Args:
-        plan (TrainPlan): the layout of the optimizer's parameters.
-        optimizer: the optimizer the plan was made for.
-        states (dict): its states as ``find_optimizer_states`` returned them, if the caller found
-            them already; None: found here, where anything is split or offloaded.
+    rank's block, and re-point the optimizer at the master shards (stages 1-2), as ``plan`` says.
+    ``states``: ``find_optimizer_states``'s result if the caller has it. Not collective.
 
     Raises:
         ValueError: the optimizer's states are not shaped like its parameters (``find_optimizer_states``).

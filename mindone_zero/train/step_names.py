@@ -1,9 +1,7 @@
 """The names that MindOne's and MindSpore's callers read on a train step, over its records.
 
-``MindOneStepNames`` is a base of ``TrainOneStepWrapper`` (``train_step.py``): MindOne's
-``accumulated_grads``, ``cur_accum_step``, ``grad_reducer``, ``run_optimizer``, ``reducer_flag``,
-``degree``, ``mean``, and MindSpore's ``set_sense_scale``. Each reads the step's records
-(``zero_plan``, ``grad_sync``) and buffers; none is read by the step's own graph.
+``MindOneStepNames`` is a base of ``TrainOneStepWrapper`` (``train_step.py``). Each name reads the
+step's records (``zero_plan``, ``grad_sync``) and buffers; none is read by the step's own graph.
 """
 import mindspore as ms
 from mindspore import Tensor

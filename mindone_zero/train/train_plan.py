@@ -4,18 +4,16 @@
 ``prepare_train_network`` (or a ``ZeroHelper`` built directly) checks its ZeRO arguments once
 (``ZeroOptions.check``) and then builds, each from the ones before, and nothing twice:
 
-* ``TrainPlan`` (here): what ZeRO makes of the optimizer's parameters: the stage policy, the groups
-  (name, size, this rank's index), one ``ShardSpec`` per parameter, the index tuples that say which
-  gradients are reduce-scattered, all-reduced or all-gathered after the step ([Note: gradient
-  reduction] in grad_sync.py), whether gradients are averaged, and the buckets of each collective.
-  Pure data: planning modifies nothing.
+* ``TrainPlan`` (here): what ZeRO makes of the optimizer's parameters: the stage policy, the groups,
+  one ``ShardSpec`` per parameter, which gradients each collective carries ([Note: gradient
+  reduction] in grad_sync.py) and its buckets. Pure data: planning modifies nothing.
 * ``OptimizerShards`` (optimizer_states.py): what the optimizer updates: the parameters, the fp32
   master shards at stages 1-2, its states cut to shards, and with ``optimizer_offload`` the states
   moved to the host and their placeholders.
 * ``GradSync`` (grad_sync.py): the Cell that reduces the gradients, checks them for overflow, takes
   the global norm, runs the optimizer and all-gathers the new shards.
-* with ``optimizer_offload``, ``HostOffload`` (offload/host_step.py), from the two records and the
-  ``GradSync``, which it calls after each host step; nothing refers back to it.
+* with ``optimizer_offload``, ``HostOffload`` (offload/host_step.py), which calls the ``GradSync``
+  after each host step; nothing refers back to it.
 
 The records are frozen. ``ZeroHelper`` is MindOne's face over them; the train step, the EMA binding,
 the inventory, checkpoints and memory measurement read the records (``train_net.zero_plan``,

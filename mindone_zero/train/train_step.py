@@ -4,11 +4,7 @@
 unscale, reduce (the ZeRO part), overflow and loss scale, then either an optimizer step or an
 accumulation. What ZeRO changes is delegated to the ``GradSync`` Cell ([Note: train records] in
 train_plan.py): how gradients are reduced, how the global norm is found, and what follows the
-optimizer.
-
-With ``optimizer_offload`` the train step is ``OffloadTrainOneStepWrapper``, a subclass whose graph
-stops at the reduced gradients and whose ``__call__`` runs the update on the host ([Note: host step]
-in offload/host_step.py). ``TrainOneStepWrapper(...)`` around a helper with offload builds one.
+optimizer. With ``optimizer_offload`` the step is ``OffloadTrainOneStepWrapper``.
 
 The step's parts are its bases, one module each: the micro-step (``micro_step.py``: forward and
 backward with the loss scale, unscale, overflow), gradient accumulation (``accumulation.py``), the
@@ -232,7 +228,7 @@ class OffloadTrainOneStepWrapper(TrainOneStepWrapper):
     ``__call__`` runs the update on the host (``zero_helper.host_offload``), the all-gather and the EMA
     ([Note: host step] in offload/host_step.py), and returns ``(loss, overflow, loss_scale)`` as the
     device step does. Call the wrapper itself, not its ``construct`` from another graph.
-    ``TrainOneStepWrapper(...)`` builds one around a helper with offload; the arguments are the same.
+    ``TrainOneStepWrapper(...)`` around a helper with offload builds one.
     """
 
     offload = True

@@ -1,10 +1,8 @@
 """ZeroHelper: MindOne's face over the train records, and the one place they are built.
 
-``build_zero`` makes, from checked ``ZeroOptions`` and the optimizer, the records of [Note: train
-records] (train_plan.py): the ``TrainPlan``, the ``OptimizerShards``, the ``GradSync`` Cell and, with
-``optimizer_offload``, the ``HostOffload``. ``ZeroHelper`` holds them under MindOne's constructor,
-methods and attribute names; ``prepare_train_network`` builds one from its own checked arguments
-(``build_zero``, ``ZeroHelper.from_parts``); a ``ZeroHelper(...)`` built directly checks its
+``build_zero`` makes the records of [Note: train records] (train_plan.py) from checked
+``ZeroOptions``; ``ZeroHelper`` holds them under MindOne's constructor, methods and attribute names.
+``prepare_train_network`` builds one with ``ZeroHelper.from_parts``; ``ZeroHelper(...)`` checks its
 arguments first.
 """
 from operator import attrgetter
