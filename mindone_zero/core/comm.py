@@ -18,28 +18,22 @@ missing with AllReduce(SUM):
   Int8 values travel in float16 ([Note: int8 on CPU]).
 
 Ascend differs from GPU and CPU in three more ways ([Note: device targets] in backend.py): qgZ's
-all-to-all is native on Ascend only (elsewhere the all-gather emulation: ``ops.AlltoAll`` is
-Ascend-only), int8 values travel as int8 on Ascend only, and a bfloat16 tensor travels as it is on
-Ascend only: on GPU (NCCL's dtype check in MindSpore has no bfloat16) and CPU (the emulations'
-Select has no bfloat16 kernel) it is cast to float32 around every collective: exact for gathers
-and broadcasts, summed in float32 and rounded once for reductions.
+all-to-all is native on Ascend only, int8 values travel as int8 on Ascend only, and a bfloat16 tensor
+travels as it is on Ascend only (elsewhere it is cast to float32 around every collective).
 
 The emulations give the same numbers as the native ops (additions of exact zeros), but move
 more bytes. ``CommPlan`` (comm_plan.py) therefore records what the *native* path would move, which is what
 the ZeRO paper's 2Φ / 3Φ volumes refer to.
 
 [Note: Div on CPU]
-``x / n`` becomes the Div primitive, whose CPU kernel (MindSpore 2.10) allocates temporary
-buffers many times the size of its input on every launch, which the heap allocator keeps once
-freed: a (512, 2048) float32 gradient shard divided by the group size took two 67 MB buffers (64
-bytes per element). On 8 x Dense(2048) at N=4 they were 125 MB of the stage-3 peak per rank and
-535 MB of the stage-0 peak (full gradients). ``divide`` uses RealDiv, which allocates nothing
-beyond its output (one process, GRAPH_MODE, that shard divided by 4: peak growth 26 MB with Div,
-9.6 MB with RealDiv, as with a multiplication). Both compute the IEEE float32 quotient, so results
-are bit-identical (tests/unit/test_divide.py; the outputs of the N=4 parity job, every stage and
-mode, equal those of Div byte for byte), with one exception: a subnormal quotient follows the
-flush-to-zero state of the thread that runs the kernel, which a library may have set on one
-kernel's thread and not the other's (seen in PYNATIVE_MODE after other tests in one process).
+``x / n`` becomes the Div primitive, whose CPU kernel (MindSpore 2.10) allocates temporary buffers
+many times the size of its input on every launch, which the heap allocator keeps once freed, so
+dividing gradients by the group size raised every rank's peak memory. ``divide`` uses RealDiv,
+which allocates nothing beyond its output, as a multiplication. Both compute the IEEE float32
+quotient, so results are bit-identical (tests/unit/test_divide.py; the N=4 parity job's outputs,
+every stage and mode, equal those of Div byte for byte), with one exception: a subnormal quotient
+follows the flush-to-zero state of the thread that runs the kernel, which a library may have set on
+one kernel's thread and not the other's (seen in PYNATIVE_MODE after other tests in one process).
 RealDiv takes no bfloat16 scalar on CPU, so a bfloat16 tensor keeps ``/``.
 """
 from contextlib import contextmanager
@@ -157,7 +151,7 @@ def _group_primitives(group: str, size: int, native_gather: bool, native_rs: boo
     role ([Note: native tags]): plain and bfloat16 carried in float32 (``_PLAIN``, ``_BF16``), and for
     gathers the quantized roles too. Built once per group and shared, as a shared gather Cell's are
     ([Note: shared gather graphs] in zero3/shared_graphs.py): a primitive holds no state of a call,
-    and building a dozen per gather Cell took milliseconds each."""
+    and building a dozen per gather Cell costs build time."""
     key = (group, size, native_gather, native_rs, native_bcast)
     if key in _PRIMITIVES:
         return _PRIMITIVES[key]
@@ -201,7 +195,6 @@ class GroupComm(nn.Cell):
         self._native_gather = backend_has_native("all_gather", self.group)
         self._native_rs = backend_has_native("reduce_scatter", self.group)
         self._native_bcast = backend_has_native("broadcast", self.group)
-        # One primitive per role, tagged with what the native path sends ([Note: native tags]).
         prims = _group_primitives(self.group, self.size, self._native_gather, self._native_rs, self._native_bcast)
         for name, value in prims.items():
             setattr(self, name, value)
@@ -215,9 +208,8 @@ class GroupComm(nn.Cell):
         onehot[self.rank] = True
         self._is_me = Tensor(onehot)
         # [Note: int8 on CPU] MindSpore 2.10's CPU AllGather and AllReduce have no int8 kernel: the
-        # int8 values travel there in float16, which holds [-127, 127] exactly (2 bytes instead of 1;
-        # CommPlan records the native int8 bytes).
-        # GPU too has no int8 path here ([Note: device targets] in backend.py).
+        # int8 values travel there (and on GPU: [Note: device targets] in backend.py) in float16, which
+        # holds [-127, 127] exactly (2 bytes instead of 1; CommPlan records the native int8 bytes).
         self.carrier = backend.int8_carrier()
         self._native_a2a = backend.native_all_to_all()
         self._all_to_all = None
@@ -274,7 +266,6 @@ class GroupComm(nn.Cell):
         """``all_gather`` with the primitive of ``role`` ([Note: native tags]; a static index)."""
         if self._native_gather:
             return self._native_gather_ops[role](x)
-        # Every rank writes its block into its slot of a (size, *x.shape) zero tensor and sums.
         full = ops.broadcast_to(ops.expand_dims(x, 0), (self.size,) + x.shape)
         mine = ops.broadcast_to(self._is_me.reshape((self.size,) + (1,) * x.ndim), full.shape)
         full = ops.select(mine, full, ops.zeros_like(full))
