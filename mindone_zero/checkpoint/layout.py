@@ -57,7 +57,6 @@ from .naming import KINDS, file_names, per_rank_kind
 
 __all__ = ["KINDS", "Layout", "build_layout", "world_and_rank", "is_accum"]
 
-
 # the file each kind of the train network's inventory is saved in
 _FILE_OF = {"params": "network", "master_shards": "optimizer", "optimizer_states": "optimizer",
             "optimizer_other": "optimizer", "ema": "ema", "accumulation": "train_state", "other": "train_state"}
