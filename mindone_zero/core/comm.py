@@ -284,10 +284,8 @@ class GroupComm(nn.Cell):
     def reduce_scatter_quantized(self, x, block: int, blocks: int):
         """qgZ: sum of ``x`` over the group, this rank's block of ``x.shape[0] // size`` rows, with
         every rank's contribution quantized per destination block (``block_layout(block rows' size,
-        block_size)``) and summed in float32 after dequantization. Native: one all-to-all of the
-        int8 blocks and one of the scales (Ascend). GPU and CPU (no AlltoAll): all-gather of every rank's
-        quantized tensor, then each rank keeps the pieces of its block; the same numbers, N times
-        the bytes. Returns float32."""
+        block_size)``) and summed in float32 after dequantization. One all-to-all of the int8 blocks
+        and one of the scales on Ascend, the all-gather emulation elsewhere. Returns float32."""
         rows = x.shape[0] // self.size
         numel = x.size // self.size
         q, scales = quantize_blocks(x.reshape((self.size, numel)), block, blocks, self.carrier)

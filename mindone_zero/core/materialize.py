@@ -33,15 +33,15 @@ Two MindSpore 2.10 behaviours need care:
   a plain Parameter again.
 * A random initializer (``Normal``, ``Uniform``, ``TruncatedNormal``, ``HeUniform``, ``HeNormal``,
   ``XavierUniform``, ``XavierNormal``, ``VarianceScaling``, ``Orthogonal``, ``Sparse``) draws its
-  values from numpy's global random state when it runs, as ``init_data`` does. Materialized here in
-  the network's parameter order, right after the build, the values equal those of the network built
-  eagerly with the same seed (``mindspore.set_seed`` / ``numpy.random.seed``): tests/unit/
-  test_delayed_init.py checks each of these initializers. They differ when something draws from
-  numpy's random state between the build and ``prepare``, or when the network's parameter order
-  (``parameters_and_names``) differs from the order its Parameters were created in. ``Zero``,
-  ``One``, ``Constant``, ``Identity`` and ``Dirac`` draw nothing and always agree. A copy made by
-  ``clone(init='same')`` (an EMA's weights) does not run its own initializer: it takes its source's
-  value (``bind_ema_to_zero``), as it would have eagerly.
+  values from numpy's global random state when it runs, as ``init_data`` does. A ``sharded_init``
+  Parameter runs it with the state recorded at its creation, so its values equal those of the
+  network built eagerly with the same seed (``mindspore.set_seed`` / ``numpy.random.seed``;
+  tests/unit/test_delayed_init.py checks each of these initializers). Any other Parameter built
+  without data agrees only when materialized right after the build in the order its Parameters
+  were created in, nothing having drawn from numpy in between. ``Zero``, ``One``, ``Constant``,
+  ``Identity`` and ``Dirac`` draw nothing and always agree. A copy made by ``clone(init='same')``
+  (an EMA's weights) does not run its own initializer: it takes its source's value
+  (``bind_ema_to_zero``), as it would have eagerly.
 """
 import contextlib
 import logging
