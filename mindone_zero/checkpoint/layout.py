@@ -50,8 +50,7 @@ buffers hold per-rank partial sums); at an optimizer-step boundary it is all zer
 from dataclasses import dataclass
 from typing import Dict, List, Optional
 
-from mindspore.communication import GlobalComm, get_group_size, get_rank
-
+from ..core.comm import group_size_and_rank
 from ..train.inventory import Held, inventory
 from .naming import KINDS, file_names, per_rank_kind
 
@@ -102,9 +101,7 @@ class Layout:
 
 def world_and_rank() -> tuple:
     """(world size, global rank); (1, 0) without communication."""
-    if not GlobalComm.INITED:
-        return 1, 0
-    return get_group_size(), get_rank()
+    return group_size_and_rank(None)
 
 
 def build_layout(train_net, caller: str) -> Layout:

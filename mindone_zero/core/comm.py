@@ -3,10 +3,10 @@
 Every function and method here is a *collective*: it must be called on every rank of the
 group it names, in the same order, or the job hangs.
 
-Backends differ in what they support (docs/guides/ascend-gpu.md). On Ascend and GPU every collective is
-native. On MindSpore's CPU backend (2.10) AllReduce(SUM) works on every group, AllGather and
-Broadcast only on the world group, and ReduceScatter not at all; ``GroupComm`` emulates what is
-missing with AllReduce(SUM):
+Backends differ in what they support (docs/guides/ascend-gpu.md). On Ascend and GPU all-reduce,
+all-gather, broadcast and reduce-scatter are native. On MindSpore's CPU backend (2.10) AllReduce(SUM)
+works on every group, AllGather and Broadcast only on the world group, and ReduceScatter not at all;
+``GroupComm`` emulates what is missing with AllReduce(SUM):
 
 * reduce-scatter: all-reduce the whole padded tensor, keep this rank's block. Moves the whole
   tensor instead of 1/N of it.

@@ -19,7 +19,8 @@ itself when it picks every index and is otherwise one map, not a loop of tuple c
 bucket's results are cut out, reshaped and ordered in one map ([Note: one map out of the buckets] in
 train/fusion.py), and the hot maps call primitives (``ops.Mul()``, ...) rather than the functions
 around them (``ops.cast``, ``*``, ``Tensor.all``), which are graphs of their own per tensor.
-``python tools/bench/compile_cost.py`` measures the compile time of each stage.
+``tools/bench/compile_cost.py`` measures the train step's compile time at each stage
+(docs/benchmarks/compile_cost.md).
 
 [Note: constants in a map]
 A MultitypeFuncGraph is specialized once per distinct signature of its arguments, and a constant
