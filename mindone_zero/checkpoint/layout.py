@@ -82,10 +82,6 @@ class Layout:
     accum_steps: int
     items: Dict[str, List[Held]]
 
-    def per_rank(self, kind: str) -> bool:
-        """Whether ``kind`` is saved one file per op rank."""
-        return per_rank_kind(kind, self.stage)
-
     def file_names(self, kind: str, fmt: str) -> List[str]:
         """Every file of ``kind`` in a checkpoint of this layout, in rank order."""
         return file_names(kind, self.stage, self.world, self.op_size, fmt)
@@ -94,7 +90,7 @@ class Layout:
         """Index of the file of ``kind`` this rank writes, or None."""
         if kind == "train_state":
             return self.rank
-        if self.per_rank(kind):
+        if per_rank_kind(kind, self.stage):
             return self.op_rank if self.replica == 0 else None
         return 0 if self.rank == 0 else None
 

@@ -79,15 +79,12 @@ class SavedCheckpoint:
                     f"For '{LOAD}', '{self.path(META)}' lists {len(names)} files of kind {kind!r}; a checkpoint of "
                     f"stage {self.meta['zero_stage']} over {self.meta['world_size']} ranks has {want}."
                 )
-        self.infos = self._split_infos()
+        self.infos = read_split_infos([self.path(p) for p in self.meta["split_info"]], self.n, LOAD,
+                                      f"'{self.path(META)}' says a group of {self.n}")
         self._readers = {}
 
     def path(self, name: str) -> str:
         return os.path.join(self.dir, name)
-
-    def _split_infos(self) -> List[dict]:
-        paths = [self.path(p) for p in self.meta["split_info"]]
-        return read_split_infos(paths, self.n, LOAD, f"'{self.path(META)}' says a group of {self.n}")
 
     def reader(self, kind: str, index: int):
         key = (kind, index)
