@@ -266,6 +266,7 @@ class GroupComm(nn.Cell):
         """``all_gather`` with the primitive of ``role`` ([Note: native tags]; a static index)."""
         if self._native_gather:
             return self._native_gather_ops[role](x)
+        # Every rank writes its block into its slot of a (size, *x.shape) zero tensor and sums.
         full = ops.broadcast_to(ops.expand_dims(x, 0), (self.size,) + x.shape)
         mine = ops.broadcast_to(self._is_me.reshape((self.size,) + (1,) * x.ndim), full.shape)
         full = ops.select(mine, full, ops.zeros_like(full))
