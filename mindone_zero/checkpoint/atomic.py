@@ -32,17 +32,13 @@ def _save_entries(params) -> Tuple[list, dict]:
                     f"or of {{'name', 'data'}} dicts, but got an item of type {type(p).__name__}."
                 )
     else:
-        raise TypeError(
-            "For 'atomic_save_checkpoint',"
-            f" the argument 'params' must be a dict or a list, but got {type(params).__name__}."
-        )
+        raise TypeError(f"For 'atomic_save_checkpoint', the argument 'params' must be a dict or a list, but got "
+                        f"{type(params).__name__}.")
     tensors, strings, seen = [], {}, set()
     for name, value in items:
         if not isinstance(name, str) or name in seen:
-            raise ValueError(
-                "For 'atomic_save_checkpoint', every name must be a unique string,"
-                f" but got {name!r} twice or as a non-string."
-            )
+            raise ValueError(f"For 'atomic_save_checkpoint', every name must be a unique string, but got {name!r} "
+                             f"twice or as a non-string.")
         seen.add(name)
         if isinstance(value, str):
             strings[name] = value
@@ -87,10 +83,8 @@ def atomic_save_checkpoint(params, path: str, format: Optional[str] = None) -> s
         )
     tensors, strings = _save_entries(params)
     if strings and fmt == "safetensors":
-        raise TypeError(
-            "For 'atomic_save_checkpoint', safetensors cannot store strings,"
-            f" but got {sorted(strings)} for {path!r}."
-        )
+        raise TypeError(f"For 'atomic_save_checkpoint', safetensors cannot store strings, but got {sorted(strings)} "
+                        f"for {path!r}.")
     folder = os.path.dirname(os.path.abspath(path))
     os.makedirs(folder, exist_ok=True)
     # A private folder, because MindSpore itself writes a second temporary (.tmp) next to the

@@ -16,31 +16,22 @@ from .writers import TensorEntry
 
 __all__ = ["convert_checkpoints", "transform_checkpoints", "OPTIMIZER_STATE_PREFIXES", "OPTIMIZER_SCALAR_NAMES"]
 
-
 # First dotted component of the names MindSpore / MindOne optimizers give their states
 # (nn.Adam: moment1/moment2, AdamWeightDecay: adam_m/adam_v, Momentum: moments, Adagrad: accum,
 # ASGD/Rprop-style: stat, AMSGrad: vhat).
 OPTIMIZER_STATE_PREFIXES = ("moment1", "moment2", "moments", "adam_m", "adam_v", "accum", "stat", "vhat")
-
-
 # Whole names of optimizer scalars.
 OPTIMIZER_SCALAR_NAMES = ("global_step", "beta1_power", "beta2_power", "learning_rate")
-
-
-# Prefixes whose tensors are copies of network weights, not optimizer states: kept by
-# ``exclude_optimizer_states`` even when recognised only by prefix stripping.
+# Copies of network weights, not optimizer states: kept by ``exclude_optimizer_states`` even when
+# recognised only by prefix stripping.
 _NON_OPTIMIZER_PREFIXES = ("ema",)
-
-
 _CALLER = "convert_checkpoints"
 
 
 def _check_convert_args(src_checkpoint, src_param_split_info_json, group_size, output_format, progress) -> None:
     if isinstance(group_size, bool) or not isinstance(group_size, (int, np.integer)) or group_size < 1:
-        raise ValueError(
-            f"For '{_CALLER}',"
-            f" the argument 'group_size' must be a positive integer, but got {group_size!r}."
-        )
+        raise ValueError(f"For '{_CALLER}', the argument 'group_size' must be a positive integer, but got "
+                         f"{group_size!r}.")
     for arg, value in (("src_checkpoint", src_checkpoint), ("src_param_split_info_json", src_param_split_info_json)):
         ok = isinstance(value, str) and "{}" in value
         try:
@@ -53,15 +44,11 @@ def _check_convert_args(src_checkpoint, src_param_split_info_json, group_size, o
                 f"(and no other braces), but got {value!r}."
             )
     if not src_checkpoint.endswith((".ckpt", ".safetensors")):
-        raise ValueError(
-            f"For '{_CALLER}',"
-            f" the argument 'src_checkpoint' must end with '.ckpt' or '.safetensors', but got {src_checkpoint!r}."
-        )
+        raise ValueError(f"For '{_CALLER}', the argument 'src_checkpoint' must end with '.ckpt' or '.safetensors', but "
+                         f"got {src_checkpoint!r}.")
     if output_format is not None and output_format not in FORMATS:
-        raise ValueError(
-            f"For '{_CALLER}',"
-            f" the argument 'output_format' must be one of {list(FORMATS)} or None, but got {output_format!r}."
-        )
+        raise ValueError(f"For '{_CALLER}', the argument 'output_format' must be one of {list(FORMATS)} or None, but "
+                         f"got {output_format!r}.")
     if progress is not None and not callable(progress):
         raise TypeError(f"For '{_CALLER}', the argument 'progress' must be callable or None, but got {progress!r}.")
 
@@ -184,13 +171,13 @@ def convert_checkpoints(
     split info and found there only by prefix stripping, unless its first component is ``ema``
     (EMA weights are copies of the network, not optimizer states).
 
-    Every check runs before anything is written, and the output is written atomically
-    ([Note: atomic files] in atomic.py): after any error no output file exists (or a previous one is intact).
+    Every check runs before anything is written, and the output is written atomically ([Note: atomic
+    files] in core/atomic_files.py): after any error no output file exists (or a previous one is intact).
 
-    Memory: tensors are read lazily, one at a time (``readers``), and the output is
-    written as it goes, one tensor at a time (``writers``), byte for byte the file
-    ``mindspore.save_checkpoint`` would write for the same tensors (a safetensors file declares
-    ``{"format": "pt"}``, which ``transformers`` reads: [Note: safetensors metadata] in writers.py). At most one tensor's blocks
+    Memory: tensors are read lazily, one at a time (``readers``), and the output is written as it
+    goes, one tensor at a time (``writers``), byte for byte the file ``mindspore.save_checkpoint``
+    would write for the same tensors (a safetensors file declares ``{"format": "pt"}``, which
+    ``transformers`` reads: [Note: safetensors metadata] in writers.py). At most one tensor's blocks
     from all ranks and their concatenation are held at once: the call raises the peak RSS by
     about twice the largest tensor (three times with a ``dtype`` cast), whatever the checkpoint's
     size. ``tools/bench/measure_combine_memory.py`` measures it (docs/guides/checkpoints.md);
@@ -266,10 +253,8 @@ def convert_checkpoints(
     json_paths = [src_param_split_info_json.format(r) for r in range(n)]
     for kind, path in [("checkpoint", p) for p in ckpt_paths] + [("split info", p) for p in json_paths]:
         if not os.path.isfile(path):
-            raise FileNotFoundError(
-                f"For '{_CALLER}',"
-                f" the {kind} file '{path}' of the group of {n} ranks does not exist."
-            )
+            raise FileNotFoundError(f"For '{_CALLER}', the {kind} file '{path}' of the group of {n} ranks does "
+                                    f"not exist.")
     out_path, out_format = _output_path(src_checkpoint, n, output_format, max_size is not None)
     check_export_target(out_path, max_size is not None, _CALLER, "output (named after 'src_checkpoint')")
     info = read_split_infos(json_paths, n, _CALLER, f"the argument 'group_size' is {n}")[0]
@@ -278,10 +263,8 @@ def convert_checkpoints(
     plan = _plan(files, info, json_paths[0], n, exclude_optimizer_states)
     strings = [name for name, _ in plan if files[0].infos[name].dtype == "str"]
     if strings and out_format == "safetensors":
-        raise ValueError(
-            f"For '{_CALLER}', '{ckpt_paths[0]}' holds strings {strings[:5]},"
-            " which safetensors cannot store."
-        )
+        raise ValueError(f"For '{_CALLER}', '{ckpt_paths[0]}' holds strings {strings[:5]}, which safetensors cannot "
+                         f"store.")
     entries = _entries(files[0], plan)
     exported = export_names([name for name, _ in plan], strip_prefix, add_prefix, _CALLER)
     source = dict(zip(exported, plan))  # exported name -> (name in the rank files, full dim 0 or None)

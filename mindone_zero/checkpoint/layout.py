@@ -50,13 +50,11 @@ buffers hold per-rank partial sums); at an optimizer-step boundary it is all zer
 from dataclasses import dataclass
 from typing import Dict, List, Optional
 
-from mindspore.communication import GlobalComm, get_group_size, get_rank
-
+from ..core.comm import group_size_and_rank
 from ..train.inventory import Held, inventory
 from .naming import KINDS, file_names, per_rank_kind
 
 __all__ = ["KINDS", "Layout", "build_layout", "world_and_rank", "is_accum"]
-
 
 # the file each kind of the train network's inventory is saved in
 _FILE_OF = {"params": "network", "master_shards": "optimizer", "optimizer_states": "optimizer",
@@ -84,10 +82,6 @@ class Layout:
     accum_steps: int
     items: Dict[str, List[Held]]
 
-    def per_rank(self, kind: str) -> bool:
-        """Whether ``kind`` is saved one file per op rank."""
-        return per_rank_kind(kind, self.stage)
-
     def file_names(self, kind: str, fmt: str) -> List[str]:
         """Every file of ``kind`` in a checkpoint of this layout, in rank order."""
         return file_names(kind, self.stage, self.world, self.op_size, fmt)
@@ -96,16 +90,14 @@ class Layout:
         """Index of the file of ``kind`` this rank writes, or None."""
         if kind == "train_state":
             return self.rank
-        if self.per_rank(kind):
+        if per_rank_kind(kind, self.stage):
             return self.op_rank if self.replica == 0 else None
         return 0 if self.rank == 0 else None
 
 
 def world_and_rank() -> tuple:
     """(world size, global rank); (1, 0) without communication."""
-    if not GlobalComm.INITED:
-        return 1, 0
-    return get_group_size(), get_rank()
+    return group_size_and_rank(None)
 
 
 def build_layout(train_net, caller: str) -> Layout:

@@ -17,10 +17,7 @@ from ..core.split_info import full_shape_of, read_split_infos
 
 __all__ = ["LOAD", "resolve_step_dir", "read_meta", "SavedCheckpoint", "plan_load"]
 
-
 LOAD = "load_train_state"
-
-
 _META_KEYS = {"step": int, "zero_stage": int, "world_size": int, "op_group_size": int, "format": str,
               "gradient_accumulation_steps": int, "accum_step": int, "files": dict, "split_info": list, "sizes": dict}
 
@@ -30,7 +27,8 @@ def resolve_step_dir(ckpt_dir: str, step) -> str:
     if step is None:
         found = ckpt_dir if is_complete(ckpt_dir) else latest_checkpoint(ckpt_dir)
         if found is None:
-            raise FileNotFoundError(f"For '{LOAD}', the argument 'ckpt_dir' holds no complete checkpoint: '{ckpt_dir}'.")
+            raise FileNotFoundError(f"For '{LOAD}', the argument 'ckpt_dir' holds no complete checkpoint: "
+                                    f"'{ckpt_dir}'.")
         return found
     found = os.path.join(ckpt_dir, step_dir_name(step))
     if not is_complete(found):
@@ -81,15 +79,12 @@ class SavedCheckpoint:
                     f"For '{LOAD}', '{self.path(META)}' lists {len(names)} files of kind {kind!r}; a checkpoint of "
                     f"stage {self.meta['zero_stage']} over {self.meta['world_size']} ranks has {want}."
                 )
-        self.infos = self._split_infos()
+        self.infos = read_split_infos([self.path(p) for p in self.meta["split_info"]], self.n, LOAD,
+                                      f"'{self.path(META)}' says a group of {self.n}")
         self._readers = {}
 
     def path(self, name: str) -> str:
         return os.path.join(self.dir, name)
-
-    def _split_infos(self) -> List[dict]:
-        paths = [self.path(p) for p in self.meta["split_info"]]
-        return read_split_infos(paths, self.n, LOAD, f"'{self.path(META)}' says a group of {self.n}")
 
     def reader(self, kind: str, index: int):
         key = (kind, index)

@@ -4,30 +4,20 @@ file names ([Note: checkpoint layout] in layout.py). Not collective; no writing.
 import json
 import os
 import re
-from typing import List, Optional
-
-from typing import Callable
+from typing import Callable, List, Optional
 
 import numpy as np
 
 from ..core.stage import StagePolicy
 
-__all__ = ["KINDS", "META", "LATEST", "SPLIT_INFO_DIR", "per_rank_kind", "file_names", "rank_pattern", "split_info_pattern", "check_dir",
-           "check_step", "step_dir_name", "is_complete", "latest_checkpoint", "prefix_mapper"]
-
+__all__ = ["KINDS", "META", "LATEST", "SPLIT_INFO_DIR", "per_rank_kind", "file_names", "rank_pattern",
+           "split_info_pattern", "check_dir", "check_step", "step_dir_name", "is_complete", "latest_checkpoint",
+           "prefix_mapper"]
 
 KINDS = ("network", "optimizer", "ema", "train_state")
-
-
 META = "meta.json"
-
-
 LATEST = "latest"
-
-
 SPLIT_INFO_DIR = "params_info"
-
-
 _STEP_DIR = re.compile(r"step_(\d+)")
 
 

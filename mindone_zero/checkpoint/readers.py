@@ -202,10 +202,8 @@ class CkptFile:
         try:
             self._index()
         except _Corrupt as err:
-            raise ValueError(
-                f"For '{caller}',"
-                f" the checkpoint file '{path}' is truncated or corrupted: {err}."
-            ) from None
+            raise ValueError(f"For '{caller}', the checkpoint file '{path}' is truncated or corrupted: "
+                             f"{err}.") from None
 
     def _index(self) -> None:
         size = os.path.getsize(self.path)
@@ -256,9 +254,7 @@ class CkptFile:
         view, pos = memoryview(buf), 0
         with open(self.path, "rb") as f:
             for offset, n in chunks:
-                f.seek(offset)
-                if f.readinto(view[pos:pos + n]) != n:
-                    raise ValueError(f"The checkpoint file '{self.path}' was truncated while reading {name!r}.")
+                _read_into(f, view[pos:pos + n], offset, self.path, name)
                 pos += n
         info = self.infos[name]
         if info.dtype == "str":
@@ -314,10 +310,8 @@ class SafetensorsFile:
                     self.infos[name] = TensorInfo(tuple(tensor.get_shape()), tensor.get_dtype())
             self._base, self._offsets = self._data_offsets()
         except Exception as err:  # safetensors raises its own SafetensorsError and OSError
-            raise ValueError(
-                f"For '{caller}',"
-                f" the checkpoint file '{path}' is truncated or corrupted: {err}."
-            ) from None
+            raise ValueError(f"For '{caller}', the checkpoint file '{path}' is truncated or corrupted: "
+                             f"{err}.") from None
 
     def _data_offsets(self) -> Tuple[int, Dict[str, Tuple[int, int]]]:
         """(where the data starts, {name: (begin, end)} relative to it), from the header's JSON,

@@ -1,14 +1,12 @@
-"""Save and resume a ZeRO train network, with resharding: what each rank writes and reads, and
-the agreements that keep the ranks in step. Both public functions are collective over the world.
-
-See [Note: checkpoint layout] and [Note: resharding] in layout.py for what each rank writes and
-reads.
+"""Save and resume a ZeRO train network, with resharding, and the agreements that keep the ranks in
+step. Both public functions are collective over the world. What each rank writes and reads:
+[Note: checkpoint layout] and [Note: resharding] in layout.py.
 
 [Note: checkpoint completion]
 A step folder is complete when it holds ``meta.json``; nothing reads an incomplete one.
 ``save_train_state`` (1) checks its arguments on every rank and agrees (one all-reduce) that all
 ranks can go on; (2) each rank writes its files, each atomically ([Note: atomic files] in
-atomic.py); (3) agrees that every rank succeeded, else global rank 0 removes the step
+core/atomic_files.py); (3) agrees that every rank succeeded, else global rank 0 removes the step
 folder and every rank raises; (4) global rank 0 writes ``meta.json`` and only then rewrites
 ``ckpt_dir/latest``, both atomically; (5) agrees once more and returns. A crash at any point
 leaves ``latest`` naming the previous complete checkpoint. The agreements are also what keeps a

@@ -22,8 +22,7 @@ to a multiple of 8 bytes, then the raw little-endian data. The ``safetensors`` p
 tensors out by descending dtype (its ``Dtype`` enum order, ``_SAFETENSORS_ORDER``), then by name,
 and writes the header with ``__metadata__`` first and the tensors in that same order. The header
 depends only on names, shapes and dtypes, so it is written first and the tensors follow in
-``write_order``. The file is the one ``mindspore.save_checkpoint`` writes for the same tensors,
-but for the metadata ([Note: safetensors metadata]).
+``write_order``.
 
 [Note: safetensors metadata]
 A safetensors header may carry ``__metadata__``; readers look at its ``"format"``. ``transformers``'
@@ -203,7 +202,7 @@ class SafetensorsWriter:
 
 
 def stream_checkpoint(path: str, fmt: str, entries: Sequence[TensorEntry], produce, on_written=None) -> str:
-    """Write ``path`` tensor by tensor, atomically ([Note: atomic files] in atomic.py).
+    """Write ``path`` tensor by tensor, atomically ([Note: atomic files] in core/atomic_files.py).
 
     ``produce(name)`` is called once per entry, in the order the format needs (``entries``' own
     order for ``.ckpt``, ``SafetensorsWriter.write_order`` for ``.safetensors``), and its value is

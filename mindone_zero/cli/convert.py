@@ -43,16 +43,13 @@ def main(argv=None) -> int:
     """
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--src_checkpoint", required=True, help='per-rank checkpoint path with "{}" for the rank')
-    parser.add_argument(
-        "--src_param_split_info_json", required=True, help='per-rank split-info JSON path with "{}" for the rank'
-    )
+    parser.add_argument("--src_param_split_info_json", required=True,
+                        help='per-rank split-info JSON path with "{}" for the rank')
     parser.add_argument("--group_size", type=int, required=True, help="ranks in the optimizer parallel group")
-    parser.add_argument(
-        "--output_format", choices=["ckpt", "safetensors"], default=None, help="default: the input's format"
-    )
-    parser.add_argument(
-        "--exclude_optimizer_states", action="store_true", help="keep network parameters (and EMA) only"
-    )
+    parser.add_argument("--output_format", choices=["ckpt", "safetensors"], default=None,
+                        help="default: the input's format")
+    parser.add_argument("--exclude_optimizer_states", action="store_true",
+                        help="keep network parameters (and EMA) only")
     parser.add_argument("--dtype", choices=["fp32", "fp16", "bf16"], default=None,
                         help="floating tensors in this dtype (default: as stored)")
     parser.add_argument("--max_shard_size", default=None,

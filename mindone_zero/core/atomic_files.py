@@ -21,8 +21,9 @@ __all__ = ["atomic_file", "atomic_write_json"]
 
 @contextlib.contextmanager
 def atomic_file(path: str, mode: str = "wb", read_only: bool = False, **open_kwargs):
-    """A file to write that appears under ``path`` only once complete ([Note: atomic files]): a temporary file in ``path``'s folder (which must exist), flushed to disk
-    and renamed into place when the block ends, removed when it raises. Not collective.
+    """A file to write that appears under ``path`` only once complete ([Note: atomic files]): a
+    temporary file in ``path``'s folder (which must exist), flushed to disk and renamed into place
+    when the block ends, removed when it raises. Not collective.
 
     Args:
         path: the final name.

@@ -19,14 +19,12 @@ Sources: MindSpore 2.10's own code and documentation, read for each contract.
 * Int8. The int8 values of ZeRO++'s quantized collectives travel as int8 on Ascend only; on GPU
   and CPU they travel in float16, which holds [-127, 127] exactly ([Note: int8 on CPU] in comm.py).
 * bfloat16. ``check_collective_target_dtype`` (``ops/operations/comm_ops.py``) gives GPU a dtype list
-  without bfloat16 (bool, int8, int32, int64, uint32, uint64, float16, float32, float64); Ascend's
-  and CPU's list holds it, but the CPU kernels that comm.py's emulations use (Select, ReduceSum)
-  have no bfloat16 in MindSpore 2.10. On GPU and CPU a bfloat16 tensor is therefore cast to
-  float32 around every collective (``bf16_collective_carrier``): exact for all-gather and
-  broadcast (a widening and back); an all-reduce or reduce-scatter then sums in float32 and
-  rounds once to bfloat16, which is at least as accurate as a bfloat16 sum and agrees with it
-  within bfloat16 rounding (twice the bytes). Float16 would keep the bytes but is not exact:
-  bfloat16's range (8 exponent bits) overflows float16's. Ascend carries bfloat16 natively.
+  without bfloat16; Ascend's and CPU's list holds it, but the CPU kernels that comm.py's emulations
+  use (Select, ReduceSum) have no bfloat16 in MindSpore 2.10. On GPU and CPU a bfloat16 tensor is
+  therefore cast to float32 around every collective (``bf16_collective_carrier``, twice the bytes):
+  exact for all-gather and broadcast; an all-reduce or reduce-scatter sums in float32 and rounds
+  once, at least as accurate as a bfloat16 sum. Float16 would keep the bytes but not the range
+  (bfloat16 has 8 exponent bits). Ascend carries bfloat16 natively.
 * All-reduce buckets. MindSpore's CPU all-reduce is a ring whose chunks set the order in which
   each element's values are added, so there a fused bucket is laid out in ring chunks to give
   every element the bits it gets sent alone ([Note: chunk-aligned all-reduce] in train/fusion.py);

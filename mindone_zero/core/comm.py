@@ -3,10 +3,10 @@
 Every function and method here is a *collective*: it must be called on every rank of the
 group it names, in the same order, or the job hangs.
 
-Backends differ in what they support (docs/guides/ascend-gpu.md). On Ascend and GPU every collective is
-native. On MindSpore's CPU backend (2.10) AllReduce(SUM) works on every group, AllGather and
-Broadcast only on the world group, and ReduceScatter not at all; ``GroupComm`` emulates what is
-missing with AllReduce(SUM):
+Backends differ in what they support (docs/guides/ascend-gpu.md). On Ascend and GPU all-reduce,
+all-gather, broadcast and reduce-scatter are native. On MindSpore's CPU backend (2.10) AllReduce(SUM)
+works on every group, AllGather and Broadcast only on the world group, and ReduceScatter not at all;
+``GroupComm`` emulates what is missing with AllReduce(SUM):
 
 * reduce-scatter: all-reduce the whole padded tensor, keep this rank's block. Moves the whole
   tensor instead of 1/N of it.
@@ -18,28 +18,22 @@ missing with AllReduce(SUM):
   Int8 values travel in float16 ([Note: int8 on CPU]).
 
 Ascend differs from GPU and CPU in three more ways ([Note: device targets] in backend.py): qgZ's
-all-to-all is native on Ascend only (elsewhere the all-gather emulation: ``ops.AlltoAll`` is
-Ascend-only), int8 values travel as int8 on Ascend only, and a bfloat16 tensor travels as it is on
-Ascend only: on GPU (NCCL's dtype check in MindSpore has no bfloat16) and CPU (the emulations'
-Select has no bfloat16 kernel) it is cast to float32 around every collective: exact for gathers
-and broadcasts, summed in float32 and rounded once for reductions.
+all-to-all is native on Ascend only, int8 values travel as int8 on Ascend only, and a bfloat16 tensor
+travels as it is on Ascend only (elsewhere it is cast to float32 around every collective).
 
 The emulations give the same numbers as the native ops (additions of exact zeros), but move
 more bytes. ``CommPlan`` (comm_plan.py) therefore records what the *native* path would move, which is what
 the ZeRO paper's 2Φ / 3Φ volumes refer to.
 
 [Note: Div on CPU]
-``x / n`` becomes the Div primitive, whose CPU kernel (MindSpore 2.10) allocates temporary
-buffers many times the size of its input on every launch, which the heap allocator keeps once
-freed: a (512, 2048) float32 gradient shard divided by the group size took two 67 MB buffers (64
-bytes per element). On 8 x Dense(2048) at N=4 they were 125 MB of the stage-3 peak per rank and
-535 MB of the stage-0 peak (full gradients). ``divide`` uses RealDiv, which allocates nothing
-beyond its output (one process, GRAPH_MODE, that shard divided by 4: peak growth 26 MB with Div,
-9.6 MB with RealDiv, as with a multiplication). Both compute the IEEE float32 quotient, so results
-are bit-identical (tests/unit/test_divide.py; the outputs of the N=4 parity job, every stage and
-mode, equal those of Div byte for byte), with one exception: a subnormal quotient follows the
-flush-to-zero state of the thread that runs the kernel, which a library may have set on one
-kernel's thread and not the other's (seen in PYNATIVE_MODE after other tests in one process).
+``x / n`` becomes the Div primitive, whose CPU kernel (MindSpore 2.10) allocates temporary buffers
+many times the size of its input on every launch, which the heap allocator keeps once freed, so
+dividing gradients by the group size raised every rank's peak memory. ``divide`` uses RealDiv,
+which allocates nothing beyond its output, as a multiplication. Both compute the IEEE float32
+quotient, so results are bit-identical (tests/unit/test_divide.py; the N=4 parity job's outputs,
+every stage and mode, equal those of Div byte for byte), with one exception: a subnormal quotient
+follows the flush-to-zero state of the thread that runs the kernel, which a library may have set on
+one kernel's thread and not the other's (seen in PYNATIVE_MODE after other tests in one process).
 RealDiv takes no bfloat16 scalar on CPU, so a bfloat16 tensor keeps ``/``.
 """
 from contextlib import contextmanager
@@ -157,7 +151,7 @@ def _group_primitives(group: str, size: int, native_gather: bool, native_rs: boo
     role ([Note: native tags]): plain and bfloat16 carried in float32 (``_PLAIN``, ``_BF16``), and for
     gathers the quantized roles too. Built once per group and shared, as a shared gather Cell's are
     ([Note: shared gather graphs] in zero3/shared_graphs.py): a primitive holds no state of a call,
-    and building a dozen per gather Cell took milliseconds each."""
+    and building a dozen per gather Cell costs build time."""
     key = (group, size, native_gather, native_rs, native_bcast)
     if key in _PRIMITIVES:
         return _PRIMITIVES[key]
@@ -201,7 +195,6 @@ class GroupComm(nn.Cell):
         self._native_gather = backend_has_native("all_gather", self.group)
         self._native_rs = backend_has_native("reduce_scatter", self.group)
         self._native_bcast = backend_has_native("broadcast", self.group)
-        # One primitive per role, tagged with what the native path sends ([Note: native tags]).
         prims = _group_primitives(self.group, self.size, self._native_gather, self._native_rs, self._native_bcast)
         for name, value in prims.items():
             setattr(self, name, value)
@@ -215,9 +208,8 @@ class GroupComm(nn.Cell):
         onehot[self.rank] = True
         self._is_me = Tensor(onehot)
         # [Note: int8 on CPU] MindSpore 2.10's CPU AllGather and AllReduce have no int8 kernel: the
-        # int8 values travel there in float16, which holds [-127, 127] exactly (2 bytes instead of 1;
-        # CommPlan records the native int8 bytes).
-        # GPU too has no int8 path here ([Note: device targets] in backend.py).
+        # int8 values travel there (and on GPU: [Note: device targets] in backend.py) in float16, which
+        # holds [-127, 127] exactly (2 bytes instead of 1; CommPlan records the native int8 bytes).
         self.carrier = backend.int8_carrier()
         self._native_a2a = backend.native_all_to_all()
         self._all_to_all = None
@@ -293,10 +285,8 @@ class GroupComm(nn.Cell):
     def reduce_scatter_quantized(self, x, block: int, blocks: int):
         """qgZ: sum of ``x`` over the group, this rank's block of ``x.shape[0] // size`` rows, with
         every rank's contribution quantized per destination block (``block_layout(block rows' size,
-        block_size)``) and summed in float32 after dequantization. Native: one all-to-all of the
-        int8 blocks and one of the scales (Ascend). GPU and CPU (no AlltoAll): all-gather of every rank's
-        quantized tensor, then each rank keeps the pieces of its block; the same numbers, N times
-        the bytes. Returns float32."""
+        block_size)``) and summed in float32 after dequantization. One all-to-all of the int8 blocks
+        and one of the scales on Ascend, the all-gather emulation elsewhere. Returns float32."""
         rows = x.shape[0] // self.size
         numel = x.size // self.size
         q, scales = quantize_blocks(x.reshape((self.size, numel)), block, blocks, self.carrier)

@@ -4,12 +4,11 @@
 Work done on every gradient, parameter or buffer runs through ``hyper_map`` (``ops.HyperMap``) with
 an ``ops.MultitypeFuncGraph``, not through a Python loop or comprehension in ``construct``. The graph
 compiler (MindSpore 2.10) unrolls a loop into one growing tuple per iteration, and compiles a
-comprehension at three to four times that cost; a HyperMap is one small graph per distinct element
-signature. ``python tools/bench/compile_cost.py`` (one process, this 2-core machine), compile time of one
-pass that scales each tensor: 8 tensors, 0.08-0.11 s as a loop, 0.30-0.33 s as a comprehension,
-0.03-0.05 s through ``hyper_map``; 64 tensors, 0.75-0.79 s, 2.9-3.0 s and 0.04-0.06 s. What cannot
-be a map stays a short loop over static indices: sums that must keep their order (the global norm).
-The numbers do not change: the same primitives run on the same tensors, and sums keep their order.
+comprehension at several times that cost; a HyperMap is one small graph per distinct element
+signature, so its compile time hardly grows with the number of tensors (``tools/bench/compile_cost.py``).
+What cannot be a map stays a short loop over static indices: sums that must keep their order (the
+global norm). The numbers do not change: the same primitives run on the same tensors, and sums keep
+their order.
 
 [Note: compile cost]
 Most of a train step's compile time is type inference, which visits every node of every graph
@@ -19,12 +18,9 @@ stage 3, padding where no tensor is padded, casts where no dtype differs), ``tak
 itself when it picks every index and is otherwise one map, not a loop of tuple concatenations, a
 bucket's results are cut out, reshaped and ordered in one map ([Note: one map out of the buckets] in
 train/fusion.py), and the hot maps call primitives (``ops.Mul()``, ...) rather than the functions
-around them (``ops.cast``, ``*``, ``Tensor.all``), which are graphs of their own per tensor. Nodes after
-type inference (``save_graphs``), TinyNet of the parity tests, one process with the collectives
-replaced by identities: stage 0 5037 -> 3388, stage 1 9175 -> 6289, stage 1 with 2 micro-steps and
-clipping 11296 -> 8022 (``nn.TrainOneStepCell``: 1620). ``python tools/bench/compile_cost.py`` (16 x
-Dense(64), N=2, first call): stage 0 2.2-2.5 -> 1.7 s, stage 1 3.6-4.0 -> 2.6-2.8 s, stage 2
-3.9-4.3 -> 2.4-2.8 s, stage 3 5.4-6.4 -> 4.9-5.5 s (two runs each, one micro-step).
+around them (``ops.cast``, ``*``, ``Tensor.all``), which are graphs of their own per tensor.
+``tools/bench/compile_cost.py`` measures the train step's compile time at each stage
+(docs/benchmarks/compile_cost.md).
 
 [Note: constants in a map]
 A MultitypeFuncGraph is specialized once per distinct signature of its arguments, and a constant
@@ -36,12 +32,9 @@ recurse into tuple arguments the way ``hyper_map`` does): ``slicing.narrow_each`
 call one Slice or StridedSlice per piece, their begins and sizes computed in Python when the Cell
 is built (``narrow_args``, ``copy_args``). The TupleGetItem primitive cannot be called so, mapped
 or in a MultitypeFuncGraph (MindSpore 2.10's backend then fails: "The node tuple_get_item must have
-2 inputs"), so ``take`` keeps its graph per index (98 indices: about 0.1 s), unless the indices are
-a run, which is one tuple slice. A map over tensors that only differ in shape and dtype stays a
-MultitypeFuncGraph: it specializes once per distinct shape. Measured in one process (24 blocks of
-``tools/bench/benchmark_compile.py``'s model, AdamWeightDecay, first call in CPU seconds, least of
-two): a step that packs its 98 gradients into one buffer and cuts them out again took 5.5 s with the
-per-tensor MultitypeFuncGraph and 4.6 s with ``narrow_each``, 3.4 s without the buffer.
+2 inputs"), so ``take`` keeps its graph per index, unless the indices are a run, which is one tuple
+slice. A map over tensors that only differ in shape and dtype stays a MultitypeFuncGraph: it
+specializes once per distinct shape.
 """
 from mindspore import ops
 

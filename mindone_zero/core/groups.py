@@ -62,20 +62,10 @@ def _names(where: str, shard_size, world_size: int, rank) -> Tuple[str, Optional
 
 
 def hybrid_group_members(shard_size: int, world_size: int, rank: int) -> Tuple[List[int], List[int]]:
-    """World ranks of ``rank``'s shard group and replica group (pure arithmetic, not collective).
-
-    The shard group is the ``shard_size`` consecutive ranks ``rank`` falls among (a node, when a
-    node holds ``shard_size`` devices); the replica group is the ranks that hold the same index in
-    their own shard group, one per shard group. Both are in ascending order, which is their
-    group-rank order.
-
-    Args:
-        shard_size: ranks per shard group; must divide ``world_size``.
-        world_size: ranks in the job.
-        rank: this rank's world rank, ``0 <= rank < world_size``.
-
-    Returns:
-        (shard members, replica members).
+    """(shard members, replica members): the world ranks of ``rank``'s two groups, in ascending
+    order, which is their group-rank order (pure arithmetic, not collective). The shard group is the
+    ``shard_size`` consecutive ranks ``rank`` falls among (a node, when a node holds ``shard_size``
+    devices); the replica group is the ranks that hold the same index in their own shard group.
 
     Raises:
         ValueError: if ``shard_size`` is not an integer >= 1 dividing ``world_size``, or ``rank``
@@ -85,14 +75,9 @@ def hybrid_group_members(shard_size: int, world_size: int, rank: int) -> Tuple[L
 
 
 def hybrid_group_names(shard_size: int, world_size: int, rank: int) -> Tuple[str, Optional[str]]:
-    """The names ``create_hybrid_groups`` gives ``rank``'s groups (pure, not collective).
-
-    Args:
-        shard_size, world_size, rank: as ``hybrid_group_members``.
-
-    Returns:
-        (optimizer_parallel_group, dp_group): with ``shard_size == world_size``, the world group's
-        name and None; with ``shard_size == 1``, a one-rank shard group and the world group's name.
+    """(optimizer_parallel_group, dp_group): the names ``create_hybrid_groups`` gives ``rank``'s groups
+    (pure, not collective). With ``shard_size == world_size``, the world group's name and None; with
+    ``shard_size == 1``, a one-rank shard group and the world group's name.
 
     Raises:
         ValueError: as ``hybrid_group_members``.

@@ -16,34 +16,32 @@ blocks plus one full tensor:
 
 Two MindSpore 2.10 behaviours need care:
 
-* ``Parameter.clone`` (what an optimizer does to create its moments, ``ParameterTuple.clone``, and
-  MindOne's EMA) copies the Parameter through ``__reduce_ex__``, which builds the copy from the
-  source's ``init_mode`` Tensor outside any delayed-initialisation context: it runs the source's
-  initializer (a full tensor per copy, and numpy draws) and leaves that Tensor's ``init`` None. The
-  source then fails to initialize (``TypeError: init_data must be set Tensor.init``): MindOne's
-  order, optimizer first and ``prepare_train_network`` after, crashed this way, and an optimizer
-  built on the full network cost the model's size once more. The Parameter's own ``init`` attribute
-  still names the initializer, so ``initializer_of`` reads it from there, and
-  ``restore_initializer`` puts it back where ``init_data`` looks for it. A Parameter built under
-  ``sharded_init`` copies without any of this: it is made an instance of a subclass of MindSpore's
-  Parameter class whose ``__reduce_ex__`` (``clone``, ``copy.copy``, ``pickle``) and
-  ``__deepcopy__``, while it is unmaterialized, make the copy unmaterialized too, of the same
-  class, with the same initializer and recorded random state. Nothing on ``Parameter`` itself
-  changes, so every other Parameter copies as before; ``set_value`` makes a parameter a plain
-  Parameter again. While a ``sharded_init`` block is open, one class attribute of ``Parameter`` is
-  replaced, acting only in the block's thread (``parameters_without_data`` in
-  core/ms_internals.py says why MindSpore leaves no other way); it is put back when the block ends.
+* ``Parameter.clone`` (an optimizer's moments, ``ParameterTuple.clone``, MindOne's EMA) copies
+  through ``__reduce_ex__``, which builds the copy from the source's ``init_mode`` Tensor outside any
+  delayed-initialisation context: it runs the source's initializer (a full tensor per copy, and
+  numpy draws; an optimizer built on the full network costs the model's size once more) and leaves
+  that Tensor's ``init`` None. The source then fails to initialize (``TypeError: init_data must be
+  set Tensor.init``), as in MindOne's order, optimizer first and ``prepare_train_network`` after.
+  The Parameter's own ``init`` attribute still names the initializer: ``initializer_of`` reads it
+  there, and ``restore_initializer`` puts it back where ``init_data`` looks for it. A Parameter
+  built under ``sharded_init`` avoids all this: its class, a subclass of MindSpore's Parameter
+  class, copies an unmaterialized instance (``clone``, ``copy.copy``, ``pickle``, ``deepcopy``)
+  into an unmaterialized one of the same class, initializer and recorded random state. Every other
+  Parameter copies as before: ``Parameter`` itself changes only while a ``sharded_init`` block is
+  open, one class attribute replaced and acting only in the block's thread (``parameters_without_data``
+  in core/ms_internals.py says why MindSpore leaves no other way). ``set_value`` makes a parameter
+  a plain Parameter again.
 * A random initializer (``Normal``, ``Uniform``, ``TruncatedNormal``, ``HeUniform``, ``HeNormal``,
   ``XavierUniform``, ``XavierNormal``, ``VarianceScaling``, ``Orthogonal``, ``Sparse``) draws its
-  values from numpy's global random state when it runs, as ``init_data`` does. Materialized here in
-  the network's parameter order, right after the build, the values equal those of the network built
-  eagerly with the same seed (``mindspore.set_seed`` / ``numpy.random.seed``): tests/unit/
-  test_delayed_init.py checks each of these initializers. They differ when something draws from
-  numpy's random state between the build and ``prepare``, or when the network's parameter order
-  (``parameters_and_names``) differs from the order its Parameters were created in. ``Zero``,
-  ``One``, ``Constant``, ``Identity`` and ``Dirac`` draw nothing and always agree. A copy made by
-  ``clone(init='same')`` (an EMA's weights) does not run its own initializer: it takes its source's
-  value (``bind_ema_to_zero``), as it would have eagerly.
+  values from numpy's global random state when it runs, as ``init_data`` does. A ``sharded_init``
+  Parameter runs it with the state recorded at its creation, so its values equal those of the
+  network built eagerly with the same seed (``mindspore.set_seed`` / ``numpy.random.seed``;
+  tests/unit/test_delayed_init.py checks each of these initializers). Any other Parameter built
+  without data agrees only when materialized right after the build in the order its Parameters
+  were created in, nothing having drawn from numpy in between. ``Zero``, ``One``, ``Constant``,
+  ``Identity`` and ``Dirac`` draw nothing and always agree. A copy made by ``clone(init='same')``
+  (an EMA's weights) does not run its own initializer: it takes its source's value
+  (``bind_ema_to_zero``), as it would have eagerly.
 """
 import contextlib
 import logging
@@ -264,9 +262,9 @@ def block_of(param, spec: ShardSpec) -> np.ndarray:
 
 def set_value(param: Parameter, value: np.ndarray, dtype=None) -> None:
     """Replace ``param``'s data with ``value`` (in ``dtype``, by default ``param``'s), dropping what
-    delayed initialisation kept on it (a ``sharded_init`` Parameter becomes a plain one). An array that owns its memory in that dtype is handed over
-    without a copy: a block of zeros (``block_of`` of a ``Zero`` initializer) then takes no memory
-    until it is first written, as MindSpore's own delayed zeros."""
+    delayed initialisation kept on it (a ``sharded_init`` Parameter becomes a plain one). An array
+    that owns its memory in that dtype is handed over without a copy: a block of zeros (``block_of``
+    of a ``Zero`` initializer) then takes no memory until it is first written."""
     dtype = dtype if dtype is not None else param.dtype
     owned = value.flags.owndata and value.flags.c_contiguous and dtype != ms.bfloat16
     if owned and value.dtype == np.dtype(ms.dtype_to_nptype(dtype)):

@@ -17,13 +17,13 @@ S = s_0 + ... + s_{m-1} elements, the blocks one after the other (``PackedLayout
 The layout only moves elements; casts, padding rows and the division by N stay with the caller.
 The pieces are cut with slices, never ``ops.split``: GRAPH_MODE (MindSpore 2.10) failed to compile
 ``ops.split`` inside a custom bprop once a second network had been built in the process ("The func
-graph is empty ... split"). (``BucketedComm`` cuts its buckets itself, outside any bprop, in runs
-of equal tensors with one Unstack each: [Note: runs of pieces] in ``slicing.py``.) A layout built with ``views=True`` (buckets) cuts with ``narrow``,
-a view that keeps the whole buffer alive ([Note: a view keeps its base] in ``slicing.py``), for pieces
+graph is empty ... split"). A layout built with ``views=True`` (buckets) cuts with ``narrow``, a
+view that keeps the whole buffer alive ([Note: a view keeps its base] in ``slicing.py``), for pieces
 used at once; the default (coalesced gathers, gather units) cuts with copying slices, for pieces
-that are kept (gradient shards held until the optimizer step). A single tensor is never packed (the
-callers send it as it is): a slice that cuts nothing costs as much as a copy on CPU ([Note: slices]
-in ``slicing.py``).
+that are kept (gradient shards held until the optimizer step). ``BucketedComm`` cuts its buckets
+itself, outside any bprop, in runs of equal tensors ([Note: runs of pieces] in ``slicing.py``). A
+single tensor is never packed (the callers send it as it is): a slice that cuts nothing costs as
+much as a copy on CPU ([Note: slices] in ``slicing.py``).
 """
 from typing import Sequence
 

@@ -181,26 +181,24 @@ def merge_arrays(blocks: Sequence[np.ndarray], full_d0: int) -> np.ndarray:
     return np.concatenate([np.asarray(b) for b in blocks], axis=0)[:full_d0]
 
 
-# [Note: split rule] The one rule for which Parameters ZeRO shards, at every
-# stage. A *candidate* is trainable, ndim >= 1, and not opted out by the user with
-# ``param.parallel_optimizer = False``. Over a group of N ranks a candidate is split when its dim 0
-# divides by N (MindOne's rule, the default: MindOne's callers observe it, e.g. its online combine
-# all-gathers every flagged Parameter and must get exact shapes back); the others stay whole on
-# every rank and their gradients are all-reduced. With the opt-in padded rule
-# (``pad_uneven_params=True``) every candidate is split, zero-padded per [Note: padding], so that
-# per-rank memory follows the ZeRO formulas for models whose big tensors do not divide. The rule
-# is chosen once per ``prepare_*`` call and handed to the code that shards as an argument
-# (``splits_over``'s and ``shard_parameter``'s ``pad_uneven``); ZeRO-3 shards every parameter first,
-# so a layer Cell built afterwards (a user's MindOne-style class calling ``ZeroParamWrapper``
+# [Note: split rule] The one rule for which Parameters ZeRO shards, at every stage. A *candidate* is
+# trainable, ndim >= 1, and not opted out by the user with ``param.parallel_optimizer = False``. Over a
+# group of N ranks a candidate is split when its dim 0 divides by N (MindOne's rule, the default:
+# MindOne's callers observe it, e.g. its online combine all-gathers every flagged Parameter and must
+# get exact shapes back); the others stay whole on every rank and their gradients are all-reduced.
+# With the opt-in padded rule (``pad_uneven_params=True``) every candidate is split, zero-padded per
+# [Note: padding], so that per-rank memory follows the ZeRO formulas for models whose big tensors do
+# not divide. The rule is chosen once per ``prepare_*`` call and handed to the code that shards as an
+# argument (``splits_over``'s and ``shard_parameter``'s ``pad_uneven``); ZeRO-3 shards every parameter
+# first, so a layer Cell built afterwards (a user's MindOne-style class calling ``ZeroParamWrapper``
 # without knowing of the rule) finds its parameters cut already.
-# ``parallel_optimizer`` has MindOne's two meanings, one before and one after
-# ``prepare_train_network``: before, the user's input (False: keep it whole); after, the output,
-# whether this rank holds a shard of the Parameter (MindOne's online-combine recipe all-gathers the
-# Parameters whose flag is True). The two are kept apart: ``mark_shard_flag``, the one writer of the
-# output, first saves the input in ``param.zero_opt_out``, and ``user_opted_out``, the one reader of
-# the input, reads that saved value once it exists. So a later preparation of the same Parameters
-# still honours the user's choice, not the flag the last one wrote (to change the choice after a
-# preparation, set ``param.zero_opt_out``).
+# ``parallel_optimizer`` has MindOne's two meanings: before ``prepare_train_network`` the user's input
+# (False: keep it whole), after it whether this rank holds a shard of the Parameter (MindOne's
+# online-combine recipe all-gathers the Parameters whose flag is True). ``mark_shard_flag``, the one
+# writer of the output, first saves the input in ``param.zero_opt_out``, and ``user_opted_out``, the
+# one reader of the input, reads that saved value once it exists. So a later preparation of the same
+# Parameters still honours the user's choice, not the flag the last one wrote (to change the choice
+# after a preparation, set ``param.zero_opt_out``).
 _OPT_OUT_ATTR = "zero_opt_out"
 # A Parameter sharded by ZeRO-3's shard_network records its layout here (read it with zero_spec_of).
 _SPEC_ATTR = "zero_spec"

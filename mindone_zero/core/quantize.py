@@ -10,14 +10,14 @@ plus float32 round-off of the division; an all-zero block has scale 0 and dequan
 zeros.
 
 Non-finite values are kept non-finite, not rejected (a graph cannot raise at run time): a block
-holding an inf or a NaN gets a NaN scale, and every element of that block dequantizes to NaN. A gradient overflow under loss scaling therefore still reaches the overflow check
-(which tests for non-finite values); the other blocks are unaffected.
+holding an inf or a NaN gets a NaN scale, and every element of that block dequantizes to NaN. A
+gradient overflow under loss scaling therefore still reaches the overflow check (which tests for
+non-finite values); the other blocks are unaffected.
 
-Functions here are pure MindSpore ops on static shapes (usable in GRAPH_MODE ``construct`` and in
-PYNATIVE_MODE); they never communicate. The collectives that move the results are in
-``mindone_zero/core/comm.py``. ``carrier`` is the dtype the int8 values are held in: ``mindspore.int8``
-natively; float16 where a backend's collectives lack int8 (MindSpore's CPU backend), which holds
-every integer in [-127, 127] exactly, so sums with zeros (the all-gather emulation) stay exact.
+The functions here are MindSpore ops on static shapes, usable in ``construct`` in either mode; they
+never communicate (comm.py does). ``carrier`` is the dtype the int8 values are held in: int8, or
+float16 where the collectives lack int8, which holds every integer in [-127, 127] exactly, so sums
+with zeros (the all-gather emulation) stay exact ([Note: int8 on CPU] in comm.py).
 """
 import math
 from typing import Tuple
@@ -97,7 +97,6 @@ def dequantize_blocks(q, scales, block: int, numel: int):
     flat = q.ndim == 1
     rows = 1 if flat else q.shape[0]
     blocks = scales.shape[-1]
-    # A NaN scale makes every product in its block NaN.
     values = q.astype(ms.float32).reshape((rows, blocks, block)) * scales.reshape((rows, blocks, 1))
     values = values.reshape((rows, blocks * block))
     if blocks * block != numel:  # [Note: slices] in slicing.py: cut only when there is padding

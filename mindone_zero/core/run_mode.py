@@ -13,9 +13,8 @@ function) reads True too and keeps the work. The mode of the call counts, not th
 Cell was built.
 
 Not everything that looks PYNATIVE-only is: the same-shape reshape of the shards before a ZeRO-3
-gather (``ZeroParamWrapper``, ``ZeroGatherGroup``, ``ZeroUnitGather``) is needed in GRAPH_MODE as
-well. Without it the 24-block model's stage-3 step with gather units computed another first loss,
-and tests/dist/test_gather_units.py failed.
+gather (``ZeroParamWrapper``, ``ZeroGatherGroup``, ``ZeroUnitGather``) is needed in GRAPH_MODE too:
+without it a stage-3 step with gather units computes another loss (tests/dist/test_gather_units.py).
 """
 import mindspore as ms
 

@@ -3,9 +3,9 @@
 [Note: unscale and check in the buckets]
 A step with a loss scale multiplies every gradient by ``1 / scale`` and then asks whether any
 reduced gradient holds an inf or a nan. Done per tensor, that is a Mul, an IsFinite and a ReduceAll
-for each of the model's gradients (the per-tensor flags are stacked and reduced once:
-``any_nonfinite``), in maps the graph compiler type-infers per tensor ([Note: compile cost] in
-graph_tuples.py). Where the gradients are
+for each of the model's gradients (the per-tensor flags are stacked as booleans and reduced once:
+``any_nonfinite``, two kernels per tensor fewer than summing them as floats), in maps the graph
+compiler type-infers per tensor ([Note: compile cost] in graph_tuples.py). Where the gradients are
 reduced in buckets ([Note: buckets] in train/fusion.py), both run on the packed buffers instead: the
 factor multiplies a bucket's buffer before its collective, and the check reads the bucket's result,
 so each costs one kernel per bucket.
@@ -19,10 +19,6 @@ rows). A zero times a finite factor stays zero. A factor that is inf or nan (a s
 one so small that its inverse overflows) makes every element inf or nan, padding or not, so the
 check's answer is the same. Stage 3 reduce-scatters its split parameters' gradients in their own
 bprops ([Note: gradient reduction] in train/grad_sync.py), so there both stay per tensor.
-
-The per-tensor check first added each tensor's flag as a float (a LogicalNot and a Cast more per
-tensor, then an AddN): two kernels per tensor more than stacking the booleans. At stage 3 of the
-24-block model of tools/bench/benchmark_compile.py the kernel graph went from 2030 to 1835 nodes.
 """
 import mindspore as ms
 from mindspore import ops

@@ -2,34 +2,29 @@
 
 [Note: slices]
 On the CPU backend (MindSpore 2.10, GRAPH_MODE) a slice that cuts nothing, ``x[:x.shape[0]]``,
-costs about 20-40 ms for a (1024, 1024) float32 tensor, a hundred times a real slice
-(``x[512:]``, ``ops.slice``, ``narrow``: 0.2-0.5 ms) or a copy. Every slice on a hot path
-is therefore taken only when it cuts something (a static check: shapes and padding are known
-when the graph is built), with ``narrow``; a Cast to the dtype a tensor already has is
-skipped too.
+costs far more than a real slice (``x[512:]``, ``ops.slice``, ``narrow``) or a copy.
+Every slice on a hot path is therefore taken only when it cuts something (a static check: shapes
+and padding are known when the graph is built), with ``narrow``; a Cast to the dtype a tensor
+already has is skipped too.
 
 [Note: a view keeps its base]
 ``narrow`` (like ``ops.narrow``: both are the Slice primitive) returns a view in GRAPH_MODE (2.10):
 the block it selects keeps the whole tensor it was cut from alive for as long as the block lives.
 The emulated reduce-scatter therefore cuts this rank's block out of the all-reduced tensor with a
 copying slice (``x[a:b]``, a StridedSlice): at ZeRO-3 the block is a gradient held until the
-optimizer step, and as a view it kept every layer's full all-reduced gradient alive as well
-(measured: 8 x Dense(2048) at N=4, peak 134 MB higher per rank, the whole model's gradients).
+optimizer step, and as a view it would keep every layer's full all-reduced gradient alive as well.
 Narrow stays where the block is used at once (unpacking a bucket, copying into a parameter).
 
 [Note: compiling a narrow]
 ``ops.narrow`` (MindSpore 2.10) checks its arguments with Python validators that the graph compiler
 parses and type-infers again at every call with new arguments. ``narrow`` here computes the Slice's
 begin and size in Python once (``ops.constexpr``) and runs the same Slice primitive, so its results
-and views are the same. ``python tools/bench/compile_cost.py`` (one process, this 2-core machine): 20
-slices at different offsets added 1.2-1.5 s of compile time with ``ops.narrow`` and 0.4 s with
-``narrow``. A fused all-reduce bucket cuts each of its tensors with two or three slices.
+and views are the same, and it compiles faster (``tools/bench/compile_cost.py``).
 Indexing (``x[a:b]``, ``x[:, a:b]``) is the same story: the graph compiler runs MindSpore's tensor
 indexing code (``tensor_index_by_tuple`` and its helpers) for every call, then emits one
 StridedSlice. ``copy_slice`` emits that StridedSlice directly (begin, end and strides computed
 once), for the copying slices: the emulated reduce-scatter's block, the padding rows cut off a
-ZeRO-3 gather, the packed layout's kept pieces. Nodes after type inference of a ZeRO-3 step on the
-parity tests' TinyNet at N=2: 4547 -> 4319 (8777 -> 8210 with gather units, 2 micro-steps, clipping).
+ZeRO-3 gather, the packed layout's kept pieces.
 """
 from typing import Sequence, Tuple
 
@@ -70,7 +65,8 @@ def slice_bounds(shape, axis, start, length, caller="narrow"):
     axis %= ndim
     if start < 0 or length < 1 or start + length > shape[axis]:
         raise ValueError(
-            f"For '{caller}', 'start' {start} and 'length' {length} must cut inside axis {axis} of shape {tuple(shape)}."
+            f"For '{caller}', 'start' {start} and 'length' {length} must cut inside axis {axis} of shape "
+            f"{tuple(shape)}."
         )
     begin = [0] * ndim
     begin[axis] = start
@@ -181,23 +177,17 @@ def narrow_runs(x, runs, axis: int):
     [Note: runs of pieces]
     Cutting n pieces out of a buffer with a Slice each (``narrow_each``) gives the graph compiler n calls with n
     different constant arguments (the offsets), and it infers each call apart ([Note: constants in a map] in
-    graph_tuples.py). ``python tools/bench/compile_cost.py`` (one process) cuts the 98 tensors of
-    ``tools/bench/benchmark_compile.py``'s 24-block model, 4 shapes laid out one shape after the other, out of a
-    flat buffer and assigns them to parameters: 0.74-0.77 s of compile CPU as 98 Slices, 0.38-0.41 s in 4 runs
-    (two runs; ``docs/benchmarks/compile_cost.md``). A run of equal pieces is one Slice (a view, as ``narrow``),
-    one Reshape that stacks its pieces along ``axis`` and one Unstack; along axis 0 that Reshape gives the
-    stacked pieces their shape already, along axis 1 each piece is reshaped after the Unstack (a map whose
-    Reshapes share one shape), unless its shape is the Unstack's (rows, width), as the stage 1-2 parameter
-    all-gather asks (``BucketedComm.all_gather_rows``: the caller's own map reshapes them). The map cost a fifth
-    of the cut's compile: cutting that model's 98 tensors, in 4 runs, out of a flat buffer took 0.39-0.47 CPU-s
-    with it and 0.30-0.34 without (one process, least of three, two rounds, 2026-12-04). A run of one piece is a
-    Slice and a Reshape. The elements are the same: only their copies differ (Unstack copies a run once, where
-    the Slices were views). The runs are a loop the compiler unrolls, each turn growing the tuple of pieces, so
-    many short runs cost more than the Slices: the 98 tensors of that model in its own order make 74 runs, and
-    the stage-0 train step's graph after type inference (``benchmark_compile.graph_size``) grew from 3335 to
-    7839 nodes when its bucket was cut so. ``cut_args`` therefore takes runs only where they pay (``runs_pay``:
-    at most ``MAX_RUNS`` runs, of two pieces or more on average), and a bucket's buffer holds its tensors by
-    shape where that makes such runs ([Note: buckets] in train/fusion.py).
+    graph_tuples.py). A run of equal pieces laid out one after the other compiles faster as one Slice (a view, as
+    ``narrow``), one Reshape that stacks its pieces along ``axis`` and one Unstack (``tools/bench/compile_cost.py``,
+    ``docs/benchmarks/compile_cost.md``). Along axis 0 that Reshape gives the stacked pieces their shape already;
+    along axis 1 each piece is reshaped after the Unstack (a map whose Reshapes share one shape), unless its shape
+    is the Unstack's (rows, width), as the stage 1-2 parameter all-gather asks (``BucketedComm.all_gather_rows``:
+    the caller's own map reshapes them, one map less to compile). A run of one piece is a Slice and a Reshape.
+    The elements are the same: only their copies differ (Unstack copies a run once, where the Slices were views).
+    The runs are a loop the compiler unrolls, each turn growing the tuple of pieces, so many short runs cost more
+    than the Slices (a model's tensors in their own order make nearly one run each). ``cut_args`` therefore takes
+    runs only where they pay (``runs_pay``: at most ``MAX_RUNS`` runs, of two pieces or more on average), and a
+    bucket's buffer holds its tensors by shape where that makes such runs ([Note: buckets] in train/fusion.py).
     """
     pieces = ()
     for r in range(len(runs)):

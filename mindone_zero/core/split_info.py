@@ -18,10 +18,7 @@ __all__ = ["write_split_info", "read_split_info", "read_split_infos", "full_shap
 def write_split_info(
     specs: Sequence[ShardSpec], folder: str, rank_id: int, prefix: str = "params_split_info", tag: str = ""
 ) -> str:
-    """Write ``{folder}/{prefix}_{rank_id}{tag}.json`` = ``{name: spec.to_json()}`` atomically.
-
-    Not collective. Each entry has MindOne's keys ``split``, ``group_size``, ``rank_id`` plus ours,
-    ``shape`` (full, unpadded) and ``pad`` (padding rows); see [Note: padding] in partition.py.
+    """Write ``{folder}/{prefix}_{rank_id}{tag}.json`` = ``{name: spec.to_json()}`` atomically (not collective).
 
     With hybrid groups (several data-parallel replicas of one optimizer group writing to the same
     folder), ranks of different replicas share ``rank_id``; give each replica its own ``tag``
