@@ -387,17 +387,17 @@ def _find_method(cls, method, start=None):
 class _Planner:
     """Step 1 and 2 of [Note: generic rewrite]: analyse every Cell, modify nothing."""
 
-    def __init__(self, network: nn.Cell, split_ids: Set[int], replaced: Set[int], units=None):
+    def __init__(self, cells: tuple, split_ids: Set[int], replaced: Set[int], units=None):
         self.split_ids = split_ids
         self.replaced = replaced
         self.units = units or {}  # id(cell) -> GatherUnit ([Note: gather units])
-        self.paths = {id(c): name for name, c in network.cells_and_names()}
+        self.paths = {id(c): name for name, c in cells}
         self.plans: Dict[int, RewritePlan] = {}
         self.queue: List[Tuple[RewritePlan, MethodPlan]] = []
         self.referenced: Set[int] = set()
         self.unreadable: List[str] = []
         self.split_attr_names = {
-            name for _, c in network.cells_and_names() for name, p in own_params(c).items()
+            name for _, c in cells for name, p in own_params(c).items()
             if p is not None and id(p) in split_ids
         }
 
@@ -425,8 +425,8 @@ class _Planner:
         plan.methods[key] = MethodPlan(key, func, owner)
         self.queue.append((plan, plan.methods[key]))
 
-    def run(self, network):
-        for _, cell in network.cells_and_names():
+    def run(self, cells: tuple):
+        for _, cell in cells:
             unit = self.units.get(id(cell))
             if unit is not None and unit.root is not cell:
                 continue  # reached (in unit mode) through the calls of its unit's code
@@ -472,12 +472,13 @@ class _Planner:
                     )
 
 
-def plan_rewrites(network: nn.Cell, split_ids: Set[int], replaced: Set[int],
+def plan_rewrites(network: nn.Cell, cells: tuple, params: tuple, split_ids: Set[int], replaced: Set[int],
                   units=None) -> List[RewritePlan]:
     """Analyse ``network`` (step 1 and 2 of [Note: generic rewrite]); nothing is modified.
 
     Args:
         network: the network, before any parameter is sharded.
+        cells, params: its ``cells_and_names()`` and its Parameters, in its order.
         split_ids: ``id()`` of every Parameter that will be split.
         replaced: ``id()`` of every Cell about to be replaced by a layer Cell. Their code is not
             analysed, nor that of a class with ``zero3_gathers_itself = True``: they gather their
@@ -492,9 +493,9 @@ def plan_rewrites(network: nn.Cell, split_ids: Set[int], replaced: Set[int],
         ValueError: for an unsupported use of a sharded parameter, or a sharded parameter that
             no analysed code reads (the message names the Cell, method and parameter).
     """
-    planner = _Planner(network, split_ids, replaced, units)
-    plans = planner.run(network)
-    missing = [p for _, p in network.parameters_and_names() if id(p) in split_ids and id(p) not in planner.referenced]
+    planner = _Planner(cells, split_ids, replaced, units)
+    plans = planner.run(cells)
+    missing = [p for p in params if id(p) in split_ids and id(p) not in planner.referenced]
     if missing:
         notes = ("; code that could not be read: " + "; ".join(planner.unreadable)) if planner.unreadable else ""
         notes += unreached_note(network, planner.units, missing)

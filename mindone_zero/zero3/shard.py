@@ -197,25 +197,28 @@ def shard_with_options(network: nn.Cell, group: Optional[str], options: Stage3Op
         TypeError / ValueError: as ``shard_network`` says of the network and ``group`` (the options
             are not checked again).
     """
-    match = _check_args(network, group, options)
-    return _shard(network, group, match, options)
+    _check_args(network, group)
+    cells = tuple(network.cells_and_names())  # as the user built it: what the planning steps read
+    _check_not_sharded(cells)
+    return _shard(network, cells, group, _matcher(options), options)
 
 
-def _shard(network, group, match, options: Stage3Options):
-    """``shard_network`` after its checks."""
+def _shard(network, cells: tuple, group, match, options: Stage3Options):
+    """``shard_network`` after its checks; ``cells``: ``network.cells_and_names()`` before any change."""
     units = find_units(network, options.gather_units) if options.gather_units else {}
     if units:
         match = _outside_units(match, units)
     slots = _replacement_slots(network, match)
     replaced = {id(child) for _, _, child in slots}
-    recomputed = _recompute_records(network, replaced)
-    trainable = [p for _, p in network.parameters_and_names() if p.requires_grad]
+    recomputed = _recompute_records(cells, replaced)
+    params = tuple(p for _, p in network.parameters_and_names())
+    trainable = [p for p in params if p.requires_grad]
     size = group_size_and_rank(group)[0]
     split_ids = {id(p) for p in trainable if splits_over(p, size, options.pad_uneven_params)}
-    plans = plan_rewrites(network, split_ids, replaced, units)
+    plans = plan_rewrites(network, cells, params, split_ids, replaced, units)
     # Every parameter first, in the network's order ([Note: delayed initialisation]), with its record,
     # before any layer Cell is built ([Note: ZeRO++ at build] in param_wrapper.py).
-    for _, param in network.parameters_and_names():
+    for param in params:
         shard_parameter(param, group, options.pad_uneven_params, options.zeropp)
     network, new_cells = _replace_cells(network, slots, match, group)
     _warn_whole(trainable, size)
@@ -264,11 +267,11 @@ def _outside_units(match, units: dict):
     return lambda cell: None if id(cell) in units else match(cell)
 
 
-def _recompute_records(network: nn.Cell, replaced: set) -> list:
+def _recompute_records(cells: tuple, replaced: set) -> list:
     """[(cell, recompute options)] for the Cells marked with ``recompute()``; checks the replaced
     Cells can be carried (raises before anything is modified)."""
     records = []
-    for _, cell in network.cells_and_names():
+    for _, cell in cells:
         if id(cell) in replaced:
             check_carryable("shard_network", cell)
         options = recompute_options(cell)
@@ -286,18 +289,24 @@ def _restore_recompute(records: list, new_cells: dict) -> None:
             reapply_recompute(target, options)
 
 
-def _check_args(network, group, options: Stage3Options):
-    """Validate the network and group; return ``match(cell) -> replacement class or None``."""
+def _check_args(network, group) -> None:
     if not isinstance(network, nn.Cell):
         raise TypeError(f"For 'shard_network', the argument 'network' must be a Cell, but got {type(network)}.")
     if group is not None and not isinstance(group, str):
         raise TypeError(f"For 'shard_network', the argument 'group' must be None or a str, but got {group!r}.")
-    for name, cell in network.cells_and_names():
+
+
+def _check_not_sharded(cells: tuple) -> None:
+    for name, cell in cells:
         if "zero3_original_class" in type(cell).__dict__:
             raise ValueError(
                 f"For 'shard_network', the argument 'network' is already sharded (Cell {name or '<top>'!r} "
                 f"was rewritten by an earlier call)."
             )
+
+
+def _matcher(options: Stage3Options):
+    """``match(cell) -> replacement class or None``."""
     mapping = dict(PARALLEL_MODULES)
     mapping.update(options.parallel_modules or {})
     special = list((options.special_cases_parallel_module or {}).items())
