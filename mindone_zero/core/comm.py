@@ -150,7 +150,7 @@ def _group_primitives(group: str, size: int, native_gather: bool, native_rs: boo
     """The tagged collective primitives of a ``GroupComm`` over ``group``, by attribute name: one per
     role ([Note: native tags]): plain and bfloat16 carried in float32 (``_PLAIN``, ``_BF16``), and for
     gathers the quantized roles too. Built once per group and shared, as a shared gather Cell's are
-    ([Note: shared gather graphs] in zero3/shared_graphs.py): a primitive holds no state of a call,
+    ([Note: shared gather graphs] in zero3/gather_build.py): a primitive holds no state of a call,
     and building a dozen per gather Cell costs build time."""
     key = (group, size, native_gather, native_rs, native_bcast)
     if key in _PRIMITIVES:

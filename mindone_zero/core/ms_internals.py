@@ -32,7 +32,7 @@ from mindspore.parallel._utils import _get_parallel_mode
 
 __all__ = ["MINDSPORE_VERSION", "Internal", "INTERNALS", "problem", "child_cells", "set_child", "own_params",
            "cell_member", "buffers", "RECOMPUTE_WRAPPER", "recompute_wrapper", "recompute_call_options",
-           "is_null_recompute_context", "forget_recompute", "has_config_recompute", "recompute_scope",
+           "is_null_recompute_context", "forget_recompute", "has_config_recompute",
            "in_recompute_scope", "mark_recomputed_child", "CARRIED_CELL_STATE", "SHARED_HOOK_STATE",
            "LAZY_STATE_PREFIX", "bind_backward_hooks", "has_shard_fn", "lazy_inline_key", "mint_conv_reversed_padding",
            "OPTIMIZER_PARAMETERS", "optimizer_parameters", "parallel_mode", "ascend_soc_supports_feature",
@@ -124,11 +124,6 @@ def forget_recompute(cell: nn.Cell) -> None:
 def has_config_recompute(cell: nn.Cell) -> bool:
     """Whether ``recompute()`` configured ``cell`` (on it or, as a descendant, on an ancestor)."""
     return bool(getattr(cell, "_has_config_recompute", False))
-
-
-def recompute_scope(cell: nn.Cell) -> Optional[str]:
-    """``cell``'s graph scope (None, or a name that recompute() prefixes)."""
-    return cell._scope
 
 
 def in_recompute_scope(cell: nn.Cell) -> bool:
@@ -414,11 +409,11 @@ INTERNALS = (
     Internal("mindspore.common.recompute.null_context_fn", "mindspore/common/recompute.py", "callable",
              "is_null_recompute_context: [Note: non-reentrant recompute] (zero3/carry.py).", lambda: null_context_fn),
     _on_cell("_has_config_recompute", "bool", "has_config_recompute, forget_recompute: which Cells recompute() "
-             "configured (zero3/carry.py, reshard.py, shard.py, shared_graphs.py, train/comm_accounting.py).", _RECOMPUTE),
+             "configured (zero3/carry.py, reshard.py, shard.py, train/comm_accounting.py).", _RECOMPUTE),
     _on_cell("_recompute", "callable", "mark_recomputed_child: gathers added under a recomputed Cell are "
              "recomputed too.", _RECOMPUTE),
-    _on_cell("_scope", "behaves", "recompute_scope, in_recompute_scope: which gathers GRAPH_MODE recomputes "
-             "(zero3/reshard.py, carry.py, shared_graphs.py); carried to replacements.",
+    _on_cell("_scope", "behaves", "in_recompute_scope: which gathers GRAPH_MODE recomputes "
+             "(zero3/reshard.py, carry.py); carried to replacements.",
              _RECOMPUTE + ", Cell._set_recompute_scope ('recompute_' prefix)",
              lambda: _cell()._scope is None
              and all(in_recompute_scope(c) for _, c in _recomputed(True).cells_and_names())),

@@ -19,8 +19,8 @@ too: a large tensor gains nothing from sharing a launch and would pay a copy int
 buffer. Gathers with ZeRO++ options are per parameter, never coalesced ([Note: ZeRO++ at build] in
 ``param_wrapper.py``).
 """
-from dataclasses import replace
-from typing import List, Optional, Sequence
+from dataclasses import dataclass, replace
+from typing import List, Optional, Sequence, Tuple
 
 import numpy as np
 from mindspore import nn, ops
@@ -32,7 +32,8 @@ from ..core.packing import LARGE_TENSOR_BYTES, PackedLayout
 from ..core.slicing import copy_slice
 from .param_wrapper import Waiting, after_grad
 
-__all__ = ["ZeroGatherGroup", "COALESCE_MAX_BYTES", "build_gather_group", "gather_settings", "coalesced_record"]
+__all__ = ["ZeroGatherGroup", "COALESCE_MAX_BYTES", "build_gather_group", "gather_settings", "coalesced_record",
+           "CoalescedPlan"]
 
 COALESCE_MAX_BYTES = LARGE_TENSOR_BYTES
 """Largest padded parameter (bytes, in the dtype it is all-gathered in: [Note: wire dtype] in
@@ -82,7 +83,7 @@ class _CoalescedGather(nn.Cell):
     def __init__(self, record: GatherRecord, gathers: List):
         super().__init__(auto_prefix=False)
         # Built from its record ([Note: comm records] in core/comm_records.py); shared in GRAPH_MODE
-        # it keeps the first group's names ([Note: shared gather graphs] in shared_graphs.py): each
+        # it keeps the first group's names ([Note: shared gather graphs] in gather_build.py): each
         # ZeroGatherGroup's ``gather_record`` and ``param_names`` are its own.
         self.param_names = record.members
         self.group_size = record.group_size
@@ -105,11 +106,6 @@ class _CoalescedGather(nn.Cell):
     def bprop(self, xs, out, dout):
         return self.waiting.bprop(xs, None, out, dout)[:1]
 
-    def graph_key(self) -> tuple:
-        """Everything this Cell's graph reads ([Note: shared gather graphs] in ``shared_graphs.py``)."""
-        return (self.comm.group, self.group_size, self.param_dtype, self.compute_dtype, self.cast_before_gather,
-                self.cast_after_gather, self.padded_shapes, self.shard_shapes, self.full_rows, self.pads)
-
 
 class ZeroGatherGroup(nn.Cell):
     """Gather several ZeRO-3 shards of one Cell in one all-gather; their gradients in one reduce-scatter.
@@ -117,14 +113,24 @@ class ZeroGatherGroup(nn.Cell):
     ``group(w, b)`` returns the full tensors ``(W, B)``, what ``w_wrapper(w), b_wrapper(b)`` return,
     bit for bit ([Note: coalesced gathers]); ``group.waiting_for(x, w, b)`` the same once ``x``
     exists (the layer's input: [Note: gather order] in param_wrapper.py). Collective over the
-    parameters' group. Built by ``build_gather_group``.
+    parameters' group. Built by ``build_gather_group``; its gather Cell by ``build`` when given
+    ([Note: gather Cells built once] in gather_build.py).
     """
 
-    def __init__(self, gathers: List, kind: str = "coalesced"):
+    def __init__(self, gathers: List, kind: str = "coalesced", build=None):
         super().__init__(auto_prefix=False)
         self.gather_record = coalesced_record(gathers, kind)
-        self.gather = _CoalescedGather(self.gather_record, gathers)
+        self.gather_plan = CoalescedPlan(self.gather_record, tuple(gathers))
         self.param_names = self.gather_record.members
+        if build is None:
+            self.gather = self.gather_plan.build()
+        else:
+            build.defer(self)
+
+    def use_gather(self, gather: _CoalescedGather) -> None:
+        """Call ``gather``, built from ``gather_plan`` (maybe for other groups too: [Note: shared
+        gather graphs] in gather_build.py). Not collective."""
+        self.gather = gather
 
     def construct(self, *xs):
         # A same-shape reshape of each shard (the Reshape primitive mapped over static shapes: [Note:
@@ -137,6 +143,28 @@ class ZeroGatherGroup(nn.Cell):
         """What ``construct(*xs)`` returns, gathered once ``after`` exists ([Note: gather order] in
         param_wrapper.py)."""
         return self.gather.waiting(each(_RESHAPE, xs, self.gather.shard_shapes), after)
+
+
+@dataclass(frozen=True)
+class CoalescedPlan:
+    """What a coalesced gather Cell is built from: the record of its collective and the
+    ``ParamGather`` of each member, in order. No ZeRO++ options: such gathers are not coalesced."""
+
+    record: GatherRecord
+    gathers: Tuple
+    zeropp = None
+
+    def build(self) -> _CoalescedGather:
+        """The gather Cell (not collective)."""
+        return _CoalescedGather(self.record, list(self.gathers))
+
+    def graph_key(self) -> tuple:
+        """Everything the graph of its gather Cell reads ([Note: shared gather graphs] in gather_build.py)."""
+        r = self.record
+        specs = [g.spec for g in self.gathers]
+        return (r.group, r.group_size, r.param_dtype, r.compute_dtype, r.cast_before_gather, r.cast_after_gather,
+                r.padded_shapes, r.shard_shapes, tuple(s.shape[0] if s.shape else 0 for s in specs),
+                tuple(s.pad for s in specs))
 
 
 def gather_settings(gather) -> tuple:
@@ -155,11 +183,12 @@ def coalesced_record(gathers: Sequence, kind: str = "coalesced") -> GatherRecord
                    shard_shapes=tuple(r.shard_shapes[0] for r in records))
 
 
-def build_gather_group(gathers: Sequence) -> Optional[ZeroGatherGroup]:
+def build_gather_group(gathers: Sequence, build=None) -> Optional[ZeroGatherGroup]:
     """A ``ZeroGatherGroup`` for ``gathers`` (the ``ParamGather``s of a layer's parameters, decided
     before any gather Cell is built), or None when they cannot be coalesced as one: fewer than two,
     one that does not all-gather, settings that differ, a padded tensor over ``COALESCE_MAX_BYTES``,
-    or ZeRO++ options ([Note: coalesced gathers]). Not collective."""
+    or ZeRO++ options ([Note: coalesced gathers]). ``build``: the ``GatherBuild`` that builds its
+    gather Cell ([Note: gather Cells built once] in gather_build.py); None: built here. Not collective."""
     if len(gathers) < 2:
         return None
     for gather in gathers:
@@ -167,4 +196,4 @@ def build_gather_group(gathers: Sequence) -> Optional[ZeroGatherGroup]:
             return None
     if len({gather_settings(g) for g in gathers}) != 1:
         return None
-    return ZeroGatherGroup(gathers)
+    return ZeroGatherGroup(gathers, build=build)

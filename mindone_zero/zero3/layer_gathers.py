@@ -6,7 +6,7 @@
 """
 from ..core.stage import StagePolicy
 from .coalesce import build_gather_group
-from .param_wrapper import ZeroParamWrapper, gather_attr_name, param_gather, shard_parameter
+from .param_wrapper import ZeroParamWrapper, gather_attr_name, gather_build_of, param_gather, shard_parameter
 
 __all__ = ["LayerGathers"]
 
@@ -24,8 +24,10 @@ class LayerGathers:
         if self.coalesces and StagePolicy(self.zero_stage).shards_params:
             params = [param for _, param in self._gathered_params()]
             specs = [shard_parameter(param, group) for param in params]  # a frozen one's too (no record)
+            # built by shard_network's GatherBuild while it builds ([Note: gather Cells built once])
+            build = next((b for b in map(gather_build_of, params) if b is not None), None)
             self.zero_gather_group = build_gather_group(
-                [param_gather(param, group, cell_type, spec) for param, spec in zip(params, specs)])
+                [param_gather(param, group, cell_type, spec) for param, spec in zip(params, specs)], build)
             self.zero_coalesce = self.zero_gather_group is not None
         if not self.zero_coalesce:
             self.gather_per_parameter()

@@ -42,10 +42,11 @@ the network's order, and stamps its ``ZeroParam`` on it before any layer Cell is
 wrapper (of the layer Cells it builds, of the generic rewrite, of a user's MindOne-style class that
 knows nothing of ZeRO++) reads the options there. A gather with ZeRO++ options is never coalesced
 (``build_gather_group`` in ``coalesce.py``), so a layer Cell decides at build time to gather per
-parameter. hpZ is added afterwards (``enable_zeropp``), to the wrappers that end up in a recomputed
-region. A layer the user built before calling ``shard_network`` was built without the options:
-``finish_gathers`` (``reshard.py``) turns its coalescing off (``ZeroCell.gather_per_parameter``,
-before its gathers are marked) and replaces its wrappers' gather Cells with ZeRO++ ones.
+parameter. Whether a wrapper splits its gather for hpZ is decided with its gather Cell, once its
+place in the network is known ([Note: gather Cells built once] in gather_build.py). A layer the user
+built before calling ``shard_network`` was built without the options: ``finish_gathers``
+(``reshard.py``) turns its coalescing off (``ZeroCell.gather_per_parameter``, before its gathers are
+marked) and gives its wrappers ZeRO++ gather Cells (``enable_zeropp``).
 """
 from dataclasses import dataclass, replace
 from functools import cached_property
@@ -70,7 +71,7 @@ from .zeropp import ZeroPPConfig
 __all__ = [
     "ZeroParamWrapper", "shard_parameter", "compute_dtype_of", "gather_attr_name",
     "check_group", "check_compute_dtype", "GATHER_SUFFIX", "after_grad", "Waiting", "ZeroParam", "zero_param_of",
-    "gathers_split", "param_gather", "ParamGather",
+    "gathers_split", "param_gather", "ParamGather", "cut_parameter", "gather_build_of",
 ]
 
 GATHER_SUFFIX = "_zero_gather"
@@ -150,15 +151,25 @@ class ZeroParam:
     Attributes:
         spec (ShardSpec): its layout (also ``param.zero_spec``, for users and MindOne's callers).
         zeropp (ZeroPPConfig): the ZeRO++ options of its gathers (qwZ, qgZ, hpZ's group), or None.
+        build (GatherBuild): while ``shard_network`` builds the network, what builds its gather
+            Cells ([Note: gather Cells built once] in gather_build.py); None otherwise.
     """
 
     spec: ShardSpec
     zeropp: Optional[ZeroPPConfig] = None
+    build: Optional[object] = None
 
 
 def zero_param_of(param) -> Optional[ZeroParam]:
     """``param``'s ``ZeroParam`` record, or None for a parameter ZeRO-3 has not sharded."""
     return getattr(param, ZERO_PARAM_ATTR, None)
+
+
+def gather_build_of(param):
+    """The ``GatherBuild`` that builds ``param``'s gather Cells, while ``shard_network`` builds
+    ([Note: gather Cells built once] in gather_build.py); None otherwise."""
+    record = zero_param_of(param)
+    return None if record is None else record.build
 
 
 def shard_parameter(param: Parameter, group: Optional[str] = None, pad_uneven: bool = False,
@@ -212,6 +223,13 @@ def shard_parameter(param: Parameter, group: Optional[str] = None, pad_uneven: b
     if zeropp is not None and not isinstance(zeropp, ZeroPPConfig):
         raise TypeError(f"For 'shard_parameter', the argument 'zeropp' must be None or a ZeroPPConfig, but got "
                         f"{zeropp!r}.")
+    return cut_parameter(param, group, pad_uneven, zeropp)
+
+
+def cut_parameter(param: Parameter, group: Optional[str], pad_uneven: bool, zeropp: Optional[ZeroPPConfig],
+                  build=None) -> ShardSpec:
+    """``shard_parameter`` after its argument checks; a record it stamps carries ``build`` ([Note:
+    gather Cells built once] in gather_build.py)."""
     size, rank = group_size_and_rank(group)
     spec = zero_spec_of(param)
     if spec is not None:
@@ -229,7 +247,7 @@ def shard_parameter(param: Parameter, group: Optional[str] = None, pad_uneven: b
         materialize(param)
     if param.requires_grad:
         set_zero_spec(param, spec)
-        setattr(param, ZERO_PARAM_ATTR, ZeroParam(spec, zeropp))
+        setattr(param, ZERO_PARAM_ATTR, ZeroParam(spec, zeropp, build))
     return spec
 
 
@@ -384,10 +402,15 @@ class ZeroParamWrapper(nn.Cell):
             spec = shard_parameter(param, group)
             self.is_split = spec.split
             self.param_name = spec.name  # the name it was sharded under, as ZeroHelper and CommPlan know it
-            self.gather = param_gather(param, group, compute_dtype, spec).build()
+            self.gather_plan = plan = param_gather(param, group, compute_dtype, spec)
             # its own ([Note: comm records]): its gather Cell may be shared ([Note: shared gather graphs])
-            self.gather_record = self.gather.record
+            self.gather_record = plan.record
             self.shard_shape = tuple(spec.shard_shape)
+            build = gather_build_of(param)
+            if build is not None and plan.record.gathers:
+                build.defer(self)  # [Note: gather Cells built once] in gather_build.py
+            else:
+                self.gather = plan.build()
 
     def construct(self, x, after=None):
         """The full tensor of shard ``x``, in the compute dtype (``x`` itself below stage 3).
@@ -411,22 +434,34 @@ class ZeroParamWrapper(nn.Cell):
             return self.hpz_secondary(self.hpz_primary(x), x)
         return self.gather.waiting(x, after)
 
+    def use_gather(self, gather: "_GatherShard", hpz_group: Optional[str] = None) -> None:
+        """Call ``gather``, a Cell built from ``gather_plan`` (maybe for other wrappers too: [Note:
+        shared gather graphs] in gather_build.py); ``hpz_group``: split it for hpZ's secondary group
+        ([Note: hpZ]). Not collective."""
+        self.gather = gather
+        if hpz_group is not None:
+            size, rank = group_size_and_rank(hpz_group)
+            self.gather_record = replace(self.gather_plan.record, hpz_group=hpz_group, hpz_size=size)
+            self.hpz_primary = _HpzPrimary(gather, self.gather_record, rank)
+            self.hpz_secondary = _HpzSecondary(gather, hpz_group)
+            self.hpz = True
+
     def enable_zeropp(self, zeropp, hpz: bool) -> None:
         """Use ZeRO++ options ``zeropp`` (a ``ZeroPPConfig``) for this parameter, if it was built
-        without them ([Note: ZeRO++ at build]); ``hpz``: split the gather for hpZ's secondary group
-        ([Note: hpZ]). Only for a wrapper that gathers. Not collective."""
-        if self.gather.zeropp is None:
-            old = self.gather
-            self.gather = old.with_zeropp(zeropp)
+        without them: a layer built before ``shard_network`` ([Note: ZeRO++ at build]); ``hpz``:
+        split the gather for hpZ's secondary group ([Note: hpZ]). Only for a wrapper that gathers.
+        Not collective."""
+        gather = self.gather
+        if self.gather_plan.zeropp is None:
+            self.gather_plan = replace(self.gather_plan, zeropp=zeropp)
+            self.gather_record = self.gather_plan.record
+            gather = self.gather_plan.build()
             # MindSpore 2.10 keys parsed Cells by id: keep the replaced Cell alive so no new Cell reuses its id.
-            object.__setattr__(self, "_replaced_gather", old)
-        self.gather_record = self.gather.record
-        if hpz:
-            size, rank = group_size_and_rank(zeropp.hpz_group)
-            self.gather_record = replace(self.gather_record, hpz_group=zeropp.hpz_group, hpz_size=size)
-            self.hpz_primary = _HpzPrimary(self.gather, self.gather_record, rank)
-            self.hpz_secondary = _HpzSecondary(self.gather, self.gather_record.hpz_group)
-            self.hpz = True
+            object.__setattr__(self, "_replaced_gather", self.gather)
+        self.use_gather(gather, zeropp.hpz_group if hpz else None)
+
+    def extend_repr(self):
+        return self.gather_plan.describe() if self.sharded else ""
 
 
 @dataclass(frozen=True)
@@ -451,6 +486,19 @@ class ParamGather:
         """The gather Cell (not collective)."""
         return _GatherShard(self.spec, self.param_dtype, self.group, self.compute_dtype, self.zeropp)
 
+    def graph_key(self) -> tuple:
+        """Everything the graph of its gather Cell reads ([Note: shared gather graphs] in gather_build.py)."""
+        record, spec = self.record, self.spec  # the rest (padding, rows, casts) follows from these
+        quantized = (record.block, record.blocks) if record.quantize_weights or record.quantize_grads else ()
+        return (self.group, spec.group_size, spec.split, tuple(spec.shape), tuple(spec.padded_shape),
+                tuple(spec.shard_shape), self.param_dtype, record.compute_dtype, record.quantize_weights,
+                record.quantize_grads) + quantized
+
+    def describe(self) -> str:
+        record = self.record
+        return (f"param={self.spec.name}, full_shape={self.spec.shape}, group_size={record.group_size}, "
+                f"compute_dtype={record.compute_dtype}, gathers={record.gathers}, zeropp={self.zeropp}")
+
 
 def param_gather(param: Parameter, group: Optional[str], compute_dtype,
                  spec: Optional[ShardSpec] = None) -> ParamGather:
@@ -464,8 +512,8 @@ def param_gather(param: Parameter, group: Optional[str], compute_dtype,
 
 def gathers_split(cell: nn.Cell) -> bool:
     """Whether ``cell`` is a gather wrapper that all-gathers (a split parameter over 2+ ranks)."""
-    gather = getattr(cell, "gather", None) if isinstance(cell, ZeroParamWrapper) else None
-    return gather is not None and gather.gathers
+    record = cell.gather_record if isinstance(cell, ZeroParamWrapper) else None
+    return record is not None and record.gathers
 
 def _gather_record(spec: ShardSpec, param_dtype, group: Optional[str], compute_dtype, zeropp) -> GatherRecord:
     """The record a parameter's gather is built from ([Note: comm records] in core/comm_records.py)."""
@@ -515,10 +563,6 @@ class _GatherShard(nn.Cell):
             self.block, self.blocks = record.block, record.blocks
         self.waiting = _ShardWaiting(self)
 
-    def with_zeropp(self, zeropp) -> "_GatherShard":
-        """A gather of the same parameter with ZeRO++ options ``zeropp``."""
-        return _GatherShard(self.spec, self.param_dtype, self.group_name, self.compute_dtype, zeropp)
-
     def gather_padded(self, x):
         """The padded full tensor (``spec.padded_shape``) of shard ``x``; collective over the group."""
         if self.quantize_weights:
@@ -552,14 +596,6 @@ class _GatherShard(nn.Cell):
 
     def bprop(self, x, out, dout):
         return (self.shard_grad(dout),)
-
-    def graph_key(self) -> tuple:
-        """Everything this Cell's graph reads ([Note: shared gather graphs] in ``shared_graphs.py``)."""
-        quantized = (self.block, self.blocks) if self.quantize_weights or self.quantize_grads else ()
-        spec = self.spec  # the rest (padding, rows, casts, whether it gathers) follows from these
-        return (self.group_name, spec.group_size, spec.split, tuple(spec.shape), tuple(spec.padded_shape),
-                tuple(spec.shard_shape), self.param_dtype, self.compute_dtype, self.quantize_weights,
-                self.quantize_grads) + quantized
 
     def extend_repr(self):
         return (f"param={self.param_name}, full_shape={self.full_shape}, group_size={self.group_size}, "

@@ -112,9 +112,10 @@ def _holds_readers(cell: nn.Cell) -> bool:
 # UpdateState); a marked wrapper had those ops copied into the recomputed region, each with a small
 # bprop graph of its own. What runs is the same either way: the wrapper returns its gather's output
 # unchanged, so that output is what backward reads, and the AllGathers are the same.
-# Kept as they were: wrappers in a network sharded with ZeRO++ options, whose gather ``finish_gathers``
-# replaces afterwards (a wrapper built without the options) or splits into two Cells that must both be
-# inside the recomputed region (hpZ, [Note: hpZ] in param_wrapper.py); a unit's
+# The collective of a gather still to be built is marked when it is built ([Note: gather Cells built
+# once] in gather_build.py). Marked as they are: wrappers in a network sharded with ZeRO++ options,
+# whose gather may be replaced (a wrapper built before ``shard_network``) or split into two Cells that
+# must both be inside the recomputed region (hpZ, [Note: hpZ] in param_wrapper.py); a unit's
 # ``ZeroUnitGather``, which reshapes the shards inside the region; PYNATIVE_MODE, which recomputes a
 # Cell by re-running its construct.
 
@@ -127,28 +128,34 @@ def _regather_cell(gather: nn.Cell, whole: bool) -> nn.Cell:
     return gather.gather
 
 
-def _regather_only(cell: nn.Cell, whole: bool) -> None:
+def _regather_only(cell: nn.Cell, whole: bool, build) -> None:
     for gather in _gather_children(cell):
+        if _recompute_marked(gather):
+            continue
+        if not whole and build.defers(gather):
+            build.regather(gather)  # its collective, when it is built
+            continue
         target = _regather_cell(gather, whole)
-        if not _recompute_marked(gather) and not _recompute_marked(target):
+        if not _recompute_marked(target):
             target.recompute(output_recompute=True)
             if target is not gather:  # GRAPH_MODE runs the collective in it ([Note: gather order])
                 target.waiting.recompute(output_recompute=True)
 
 
-def finish_gathers(network: nn.Cell, options) -> Tuple[List[Tuple[str, nn.Cell, List[str], bool]], List[nn.Cell]]:
+def finish_gathers(network: nn.Cell, options, build) -> Tuple[List[Tuple[str, nn.Cell, List[str], bool]], List[nn.Cell]]:
     """The build's one pass over the gathers it attached, in the network's order, after the Cells are
     replaced and rewritten, the units attached and the user's ``recompute()`` re-applied. It spreads
-    each recompute scope to the children added since (gather wrappers, layers); with ZeRO++, it turns
-    a layer the user built before ``shard_network`` to per-parameter gathers, then gives every
-    gathering wrapper its ZeRO++ gather, split for hpZ inside a recomputed region ([Note: ZeRO++ at
-    build], [Note: hpZ] in param_wrapper.py); with ``reshard_after_forward``, it marks the readers
-    that [Note: reshard after forward] chooses. Not collective.
+    each recompute scope to the children added since (gather wrappers, layers); with
+    ``reshard_after_forward``, it marks the readers that [Note: reshard after forward] chooses, and
+    tells ``build`` (a ``GatherBuild``) which collectives of gathers still to be built to mark. With
+    ZeRO++, it turns a layer the user built before ``shard_network`` to per-parameter gathers, then
+    gives each wrapper of such a layer its ZeRO++ gather, split for hpZ inside a recomputed region
+    ([Note: ZeRO++ at build], [Note: hpZ] in param_wrapper.py). Not collective.
 
     Returns:
         (readers whose code is not direct: ``(path, Cell, reasons, whole)``, ``whole`` False for one
-        that holds other readers and is re-gathered only; the callers whose gather
-        ``share_gather_graphs`` may share, in the network's order).
+        that holds other readers and is re-gathered only; the gathering wrappers and groups, in the
+        network's order: the order ``build`` builds in).
     """
     zeropp = options.zeropp
     pynative = ms.get_context("mode") == ms.PYNATIVE_MODE
@@ -160,13 +167,13 @@ def finish_gathers(network: nn.Cell, options) -> Tuple[List[Tuple[str, nn.Cell, 
         """Mark reader ``child``; whether the readers below it are still to be decided."""
         reasons = [PYNATIVE_REASON] if pynative else _indirect_reads(child)
         if not reasons:
-            _regather_only(child, whole_gathers)
+            _regather_only(child, whole_gathers, build)
             return False
         if pynative or not _holds_readers(child):
             child.recompute()
             found.append((where, child, reasons, True))
             return False
-        _regather_only(child, whole_gathers)  # recomputing it whole would recompute every reader below it
+        _regather_only(child, whole_gathers, build)  # recomputing it whole would recompute every reader below it
         found.append((where, child, reasons, False))
         return True
 
@@ -197,9 +204,10 @@ def finish_gathers(network: nn.Cell, options) -> Tuple[List[Tuple[str, nn.Cell, 
     visit(network, "", options.reshard_after_forward)
     if zeropp is not None:
         for wrapper in wrappers:
-            wrapper.enable_zeropp(zeropp, hpz=zeropp.hpz_group is not None and is_recompute_scoped(wrapper))
-            spread_recompute_scope(wrapper)  # the Cells it just built
-    return found, [c for c in callers if not getattr(c, "hpz", False)]
+            if not build.defers(wrapper):  # built before shard_network
+                wrapper.enable_zeropp(zeropp, hpz=zeropp.hpz_group is not None and is_recompute_scoped(wrapper))
+                spread_recompute_scope(wrapper)  # the Cells it just built
+    return found, callers
 
 
 def _collect(cell, callers, wrappers) -> None:

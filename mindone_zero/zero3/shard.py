@@ -15,11 +15,11 @@ from ..core.partition import WHOLE_WARN_SHARE, is_split_candidate, mark_shard_fl
 from .carry import carry_hooks, check_carryable, reapply_recompute, recompute_options
 from .layers import PARALLEL_MODULES, ZeroCell
 from .options import Stage3Options
-from .param_wrapper import compute_dtype_of, shard_parameter
+from .gather_build import GatherBuild
+from .param_wrapper import compute_dtype_of, cut_parameter
 from .direct_reads import record_rewritten_reads
 from .reshard import describe_recomputed, finish_gathers
 from .rewrite import apply_rewrites, plan_rewrites
-from .shared_graphs import share_gather_graphs
 from .state import STATE_ATTR, ZeroState, gather_calls, zero_states
 from .units import attach_unit_gathers, find_units
 
@@ -216,19 +216,24 @@ def _shard(network, cells: tuple, group, match, options: Stage3Options):
     size = group_size_and_rank(group)[0]
     split_ids = {id(p) for p in trainable if splits_over(p, size, options.pad_uneven_params)}
     plans = plan_rewrites(network, cells, params, split_ids, replaced, units)
-    # Every parameter first, in the network's order ([Note: delayed initialisation]), with its record,
-    # before any layer Cell is built ([Note: ZeRO++ at build] in param_wrapper.py).
-    for param in params:
-        shard_parameter(param, group, options.pad_uneven_params, options.zeropp)
-    network, new_cells = _replace_cells(network, slots, match, group)
-    _warn_whole(trainable, size)
-    apply_rewrites(plans, group, options.reshard_after_forward)
-    record_rewritten_reads(plans, units)
-    attach_unit_gathers(list({id(u): u for u in units.values()}.values()), group)
-    _restore_recompute(recomputed, new_cells)
-    found, callers = finish_gathers(network, options)  # the one pass over what was attached
+    build = GatherBuild()
+    try:
+        # Every parameter first, in the network's order ([Note: delayed initialisation]), with its record,
+        # before any layer Cell is built ([Note: ZeRO++ at build] in param_wrapper.py); the record
+        # carries the build ([Note: gather Cells built once] in gather_build.py).
+        for param in params:
+            cut_parameter(param, group, options.pad_uneven_params, options.zeropp, build)
+        network, new_cells = _replace_cells(network, slots, match, group)
+        _warn_whole(trainable, size)
+        apply_rewrites(plans, group, options.reshard_after_forward)
+        record_rewritten_reads(plans, units)
+        attach_unit_gathers(list({id(u): u for u in units.values()}.values()), group, build)
+        _restore_recompute(recomputed, new_cells)
+        found, callers = finish_gathers(network, options, build)  # the one pass over what was attached
+        build.build(callers)
+    finally:
+        build.close(params)
     _warn_recomputed(found)
-    share_gather_graphs(callers)  # last: after marking ([Note: shared gather graphs] in shared_graphs.py)
     for _, param in network.parameters_and_names():  # the replacements' own parameters too
         spec = zero_spec_of(param)
         mark_shard_flag(param, spec is not None and spec.split)  # [Note: split rule]

@@ -175,8 +175,8 @@ _RESHAPE = ops.Reshape()
 class _UnitPart(ZeroGatherGroup):
     """The elements of one unit with one gather setting: one all-gather, one reduce-scatter."""
 
-    def __init__(self, gathers: List, select: tuple, every: bool):
-        super().__init__(gathers, "unit_part")
+    def __init__(self, gathers: List, select: tuple, every: bool, build=None):
+        super().__init__(gathers, "unit_part", build)
         self.select = select
         self.every = every  # select is every element, in order: no take ([Note: compile cost])
 
@@ -223,10 +223,12 @@ class ZeroUnitGather(nn.Cell):
     ``construct(xs, after=None)`` takes the unit's shards in element order (and the unit root's input
     as ``after``, which every collective waits for) and returns their full tensors (padding dropped,
     compute dtype) in the same order, bit for bit what per-parameter gathers return. Collective over
-    the parameters' group. ``gathers``: one ``ParamGather`` per element, the parts are built from them.
+    the parameters' group. ``gathers``: one ``ParamGather`` per element, the parts are built from them;
+    ``build``: the ``GatherBuild`` that builds the coalesced parts' gather Cells ([Note: gather Cells
+    built once] in gather_build.py), None: built here.
     """
 
-    def __init__(self, unit_path: str, gathers: List):
+    def __init__(self, unit_path: str, gathers: List, build=None):
         super().__init__(auto_prefix=False)
         self.unit_path = unit_path
         keyed: Dict[tuple, List[int]] = {}
@@ -243,7 +245,8 @@ class ZeroUnitGather(nn.Cell):
             if key[-1] and len(idx) == 1:
                 parts.append(_UnitSingle(members[0], idx[0]))
             else:
-                parts.append(_UnitPart(members, tuple(idx), every) if key[-1] else _UnitCasts(members, tuple(idx), every))
+                parts.append(_UnitPart(members, tuple(idx), every, build) if key[-1]
+                             else _UnitCasts(members, tuple(idx), every))
             flat += idx
         self.parts = nn.CellList(parts)
         self.order = tuple(flat.index(i) for i in range(len(gathers)))
@@ -282,12 +285,12 @@ class ZeroUnitGather(nn.Cell):
         return tuple(p.gather_record for p in self.parts if isinstance(p, (_UnitPart, _UnitSingle)))
 
 
-def attach_unit_gathers(units: List[GatherUnit], group: Optional[str]) -> None:
+def attach_unit_gathers(units: List[GatherUnit], group: Optional[str], build) -> None:
     """Give each unit root with elements its ``ZeroUnitGather`` (attribute ``zero3_unit_gather``),
-    built from its elements' ``ParamGather``s over ``group``. Call after the parameters are sharded.
-    Not collective.
+    built from its elements' ``ParamGather``s over ``group``, its coalesced parts' gather Cells by
+    ``build`` (a ``GatherBuild``). Call after the parameters are sharded. Not collective.
     """
     for unit in units:
         if unit.elements:
             gathers = [param_gather(p, group, dtype) for p, dtype in unit.elements]
-            setattr(unit.root, UNIT_GATHER_ATTR, ZeroUnitGather(unit.path, gathers))
+            setattr(unit.root, UNIT_GATHER_ATTR, ZeroUnitGather(unit.path, gathers, build))

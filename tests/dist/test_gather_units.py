@@ -86,7 +86,7 @@ def test_one_gather_and_one_reduce_scatter_per_unit_and_micro_step(reports, name
 
 
 def test_identical_groups_call_one_gather_cell(reports):
-    """[Note: shared gather graphs] in mindone_zero/zero3/shared_graphs.py: the demo LM's 7 coalesced
+    """[Note: shared gather graphs] in mindone_zero/zero3/gather_build.py: the demo LM's 7 coalesced
     groups (its Dense layers q, k, v, out, fc1, fc2, head) call 4 gather Cells, one for the four
     64 x 64 projections; its 8 gathering wrappers (the parameters gathered one by one, such as the
     LayerNorms') call 3. A coalescing Dense holds its group and no per-parameter wrapper ([Note: coalesced

@@ -7,9 +7,9 @@ weights on the same batches, and writes ``<case>_rank<r>.json``: the losses at e
 both runs, whether this rank's parameter shards are bit-identical after every step, and both
 ``CommPlan``s (entries, and the unit gathers' buffer bytes) for the collective counts. A case with
 ``"units": []`` trains without units both times: first with every coalesced group calling its own
-gather Cell and each wrapper its own (``share_gather_graphs`` turned off), then as ``shard_network``
+gather Cell and each wrapper its own (``gather_build.share_key`` turned off), then as ``shard_network``
 builds it, identical ones sharing one ([Note: shared gather graphs] in
-mindone_zero/zero3/shared_graphs.py); its report adds the count of groups and wrappers and of the
+mindone_zero/zero3/gather_build.py); its report adds the count of groups and wrappers and of the
 distinct gather Cells they call, for each run.
 
 The case ``{"kind": "gather_order"}`` trains nothing: it runs, in GRAPH_MODE with ``save_graphs``, a
@@ -38,7 +38,7 @@ from mindone_zero import prepare_train_network  # noqa: E402
 from mindone_zero.core.comm import init_data_parallel  # noqa: E402
 from mindone_zero.core.comm_plan import PlanContext  # noqa: E402
 from mindone_zero.train.comm_accounting import step_plan  # noqa: E402
-from mindone_zero.zero3 import shard as shard_module  # noqa: E402
+from mindone_zero.zero3 import gather_build  # noqa: E402
 from mindone_zero.zero3.coalesce import ZeroGatherGroup  # noqa: E402
 from mindone_zero.zero3.param_wrapper import gathers_split  # noqa: E402
 from mindone_zero.zero3.state import unit_gathers  # noqa: E402
@@ -168,12 +168,12 @@ def _gather_cells(train):
 
 def _train_unshared(case, rank, world, out):
     """``_train`` without units, each coalesced group and each wrapper calling its own gather Cell."""
-    share = shard_module.share_gather_graphs
-    shard_module.share_gather_graphs = lambda network: 0
+    share = gather_build.share_key
+    gather_build.share_key = lambda plan, mark, flags: None  # a key of None: not shared
     try:
         return _train(case, None, rank, world, out)
     finally:
-        shard_module.share_gather_graphs = share
+        gather_build.share_key = share
 
 
 class _After(nn.Cell):

@@ -1,0 +1,127 @@
+"""The gather Cells ``shard_network`` attaches, each built once, in its final form.
+
+[Note: gather Cells built once]
+How a gather Cell (``_GatherShard`` of a wrapper, ``_CoalescedGather`` of a coalesced group) ends up
+depends on its place in the finished network: whether backward runs its collective again ([Note:
+reshard after forward] in reshard.py), whether it is split for hpZ ([Note: hpZ] in
+param_wrapper.py), and which other callers may call it ([Note: shared gather graphs]). So while
+``shard_network`` builds, a gathering ``ZeroParamWrapper`` or ``ZeroGatherGroup`` holds only the
+plan of its gather (``gather_plan``: a ``ParamGather`` or ``CoalescedPlan``) and registers with the
+call's ``GatherBuild``. The build reaches every such constructor through the parameters' ``ZeroParam``
+records, which ``shard_network`` stamps before any layer is built: the layer Cells it builds, the
+generic rewrite, and a user's MindOne-style class that builds a ``ZeroParamWrapper`` all register,
+without an argument for it. ``finish_gathers`` then decides the marks on the finished network, and
+``GatherBuild.build`` makes each gather Cell once, marked, with the hpZ Cells of its wrapper,
+shared where it can be; the records then forget the build.
+Built at once, as before: a gather that does not all-gather (a group of one rank, a parameter kept
+whole), a gather unit's element gathered alone (``_UnitSingle``), and every gather built outside
+``shard_network``. A layer the user built before ``shard_network`` keeps its gather Cells; given
+ZeRO++ options, which they were built without, they are replaced ([Note: ZeRO++ at build]).
+
+[Note: shared gather graphs]
+GRAPH_MODE parses, type-infers and differentiates every Cell instance on its own, so the gathers
+of n identical layers (the projections of a Transformer block, its LayerNorms, its blocks) cost n
+times one to compile. A gather Cell holds no Parameter: its graph reads only its group, dtypes and
+shapes (its plan's ``graph_key``), and the shards come in as arguments. So the callers whose plans
+have one key, marked alike, call one gather Cell: MindSpore builds one graph and one bprop for them
+and infers it once per argument type. Each call still runs its own collectives on its own tensors,
+so the values are those of separate Cells, bit for bit (tests/dist/test_gather_units.py trains the
+demo LM both ways). Each caller's ``param_name`` (or ``param_names``) and ``gather_record``, what the
+CommPlan counts for its calls ([Note: comm records] in core/comm_records.py), stay its own.
+Limits:
+* ``Cell.recompute`` marks a Cell and its children, so only callers whose gathers are marked alike
+  share: the key holds the mark (its collective re-run in backward, recomputed with its caller, or
+  neither) and the ``to_float`` flags it gets from its caller.
+* Only in GRAPH_MODE, where compiling is what it saves; PYNATIVE runs every call anyway.
+* Not shared: hpZ wrappers (their two Cells hold the gather, [Note: hpZ] in ``param_wrapper.py``)
+  and what is built at once (above).
+"""
+from dataclasses import replace
+from typing import List, Optional
+
+import mindspore as ms
+from mindspore import nn
+
+from .carry import is_recompute_scoped, spread_recompute_scope
+from .param_wrapper import ZERO_PARAM_ATTR, zero_param_of
+
+__all__ = ["GatherBuild", "share_key"]
+
+_DTYPE_FLAGS = ("fp16", "bf16", "fp32")  # what ``to_float`` sets on a Cell and every Cell below it
+
+
+def share_key(plan, mark: Optional[str], flags: tuple) -> Optional[tuple]:
+    """The key under which callers share one gather Cell ([Note: shared gather graphs]): its plan's
+    kind and ``graph_key``, its recompute mark and its flags (None: not shared)."""
+    return type(plan), plan.graph_key(), mark, flags
+
+
+class GatherBuild:
+    """The gather Cells of one ``shard_network`` call ([Note: gather Cells built once])."""
+
+    def __init__(self):
+        self._deferred: List[nn.Cell] = []
+        self._ids = set()
+        self._regathered = set()
+
+    def defer(self, caller: nn.Cell) -> None:
+        """Build ``caller``'s gather Cell (from its ``gather_plan``) in ``build``."""
+        self._deferred.append(caller)
+        self._ids.add(id(caller))
+
+    def defers(self, caller: nn.Cell) -> bool:
+        """Whether ``caller``'s gather Cell is still to be built here."""
+        return id(caller) in self._ids
+
+    def regather(self, caller: nn.Cell) -> None:
+        """Mark the collective of ``caller``'s gather for recomputation when it is built ([Note: the
+        collective alone is recomputed] in reshard.py)."""
+        self._regathered.add(id(caller))
+
+    def build(self, callers: list) -> int:
+        """Build, mark and attach every deferred gather Cell: those of ``callers`` (the network's
+        gathering wrappers and groups, in its order) first, then any other that was deferred. Returns
+        how many callers share another's Cell ([Note: shared gather graphs]). Not collective."""
+        graph_mode = ms.get_context("mode") == ms.GRAPH_MODE
+        order = [c for c in callers if self.defers(c)]
+        placed = {id(c) for c in order}
+        order += [c for c in self._deferred if id(c) not in placed]
+        built, shared = {}, 0
+        for caller in order:
+            plan = caller.gather_plan
+            zeropp = plan.zeropp
+            hpz_group = zeropp.hpz_group if zeropp is not None and is_recompute_scoped(caller) else None
+            mark = "collective" if id(caller) in self._regathered else "scope" if is_recompute_scoped(caller) else None
+            flags = tuple((k, v) for k, v in sorted(caller.get_flags().items()) if k in _DTYPE_FLAGS)
+            key = share_key(plan, mark, flags) if graph_mode and hpz_group is None else None
+            gather = built.get(key) if key is not None else None
+            if gather is None:
+                gather = _build(plan, mark, flags)
+                if key is not None:
+                    built[key] = gather
+            else:
+                shared += 1
+            if hpz_group is None:
+                caller.use_gather(gather)
+            else:
+                caller.use_gather(gather, hpz_group)
+            spread_recompute_scope(caller)  # recomputed with its caller: the Cells just attached
+        self._deferred, self._ids = [], set()
+        return shared
+
+    def close(self, params) -> None:
+        """Take this build off the records of ``params`` that carry it. Not collective."""
+        for param in params:
+            record = zero_param_of(param)
+            if record is not None and record.build is self:
+                setattr(param, ZERO_PARAM_ATTR, replace(record, build=None))
+
+
+def _build(plan, mark: Optional[str], flags: tuple) -> nn.Cell:
+    gather = plan.build()
+    if flags:
+        gather.add_flags_recursive(**dict(flags))  # as its caller's ``to_float`` gave the Cells below it
+    if mark == "collective":  # [Note: the collective alone is recomputed] in reshard.py
+        gather.recompute(output_recompute=True)
+        gather.waiting.recompute(output_recompute=True)
+    return gather
