@@ -39,8 +39,8 @@ from mindone_zero.core.comm import init_data_parallel  # noqa: E402
 from mindone_zero.core.comm_plan import PlanContext  # noqa: E402
 from mindone_zero.train.comm_accounting import step_plan  # noqa: E402
 from mindone_zero.zero3 import gather_build  # noqa: E402
-from mindone_zero.zero3.coalesce import ZeroGatherGroup  # noqa: E402
-from mindone_zero.zero3.param_wrapper import gathers_split  # noqa: E402
+from mindone_zero.zero3.coalesce import ZeroGatherGroup, _CoalescedGather  # noqa: E402
+from mindone_zero.zero3.param_wrapper import _GatherShard, gathers_split  # noqa: E402
 from mindone_zero.zero3.state import unit_gathers  # noqa: E402
 from parallel_modules import Dense, shard_network  # noqa: E402
 from tools.lm_model import Block, LMLoss, TransformerLM, build_lm, init_lm_weights, reversal_batch  # noqa: E402
@@ -134,14 +134,33 @@ def _batches(case, step, rank, world):
     return [tuple(Tensor(a[k * MICRO:(k + 1) * MICRO]) for a in arrays) for k in ks]
 
 
+_BUILT = {}  # id(train network) -> gather Cells its prepare_train_network built
+
+
+def _counting_builds():
+    """Count the gather Cells built ([Note: gather Cells built once]): returns (list, undo)."""
+    built, inits = [], {}
+    for cls in (_GatherShard, _CoalescedGather):
+        def init(self, *args, _init=cls.__init__, **kwargs):
+            built.append(self)
+            _init(self, *args, **kwargs)
+        inits[cls], cls.__init__ = cls.__init__, init
+    return built, lambda: [setattr(cls, "__init__", f) for cls, f in inits.items()]
+
+
 def _train(case, units, rank, world, out):
     net = _build(case)
     opt = nn.Adam(net.trainable_params(), learning_rate=1e-2)
-    # the Dense stack's shapes do not divide by 2 on purpose: it shards with the padded rule; the LM's do
-    train = prepare_train_network(net, opt, zero_stage=3, gradient_accumulation_steps=ACCUM, clip_grad=True,
-                                  clip_norm=0.5, reshard_after_forward=case["reshard"], gather_units=units,
-                                  pad_uneven_params=case["model"] == "dense",
-                                  params_split_info=os.path.join(out, "split_info", case["name"] + str(bool(units))))
+    built, undo = _counting_builds()
+    try:
+        # the Dense stack's shapes do not divide by 2 on purpose: it shards with the padded rule; the LM's do
+        train = prepare_train_network(
+            net, opt, zero_stage=3, gradient_accumulation_steps=ACCUM, clip_grad=True, clip_norm=0.5,
+            reshard_after_forward=case["reshard"], gather_units=units, pad_uneven_params=case["model"] == "dense",
+            params_split_info=os.path.join(out, "split_info", case["name"] + str(bool(units))))
+    finally:
+        undo()
+    _BUILT[id(train)] = len(built)
     train.set_train(True)
     losses, shards = [], []
     for step in range(case["steps"]):
@@ -159,11 +178,12 @@ def _train(case, units, rank, world, out):
 
 def _gather_cells(train):
     """[coalesced groups, distinct gather Cells they call, gathering wrappers, distinct gather Cells
-    they call] in ``train``'s network."""
+    they call, gather Cells built by ``prepare_train_network``] in ``train``'s network."""
     cells = [c for _, c in train.network.cells_and_names()]
     groups = [c for c in cells if isinstance(c, ZeroGatherGroup)]
     wrappers = [c for c in cells if gathers_split(c)]
-    return [len(groups), len({id(g.gather) for g in groups}), len(wrappers), len({id(w.gather) for w in wrappers})]
+    return [len(groups), len({id(g.gather) for g in groups}), len(wrappers), len({id(w.gather) for w in wrappers}),
+            _BUILT[id(train)]]
 
 
 def _train_unshared(case, rank, world, out):
