@@ -423,11 +423,9 @@ class ZeroParamWrapper(nn.Cell):
         """
         if not self.sharded:
             return x
-        # PYNATIVE keeps the autograd leaf a Parameter got at creation, with its full shape;
-        # a custom bprop whose input is that leaf is checked against the stale shape. A same-shape
-        # reshape (a view, no copy) gives the custom bprop an input with the shard's real shape.
-        # ``after`` goes to the gather ([Note: gather order]) even when None: an ``if after is not
-        # None`` would compile each branch as a subgraph of its own.
+        # A same-shape reshape (a view): PYNATIVE checks a custom bprop's input against the full shape of
+        # the Parameter's autograd leaf. ``after`` goes to the gather even when None ([Note: gather
+        # order]): an ``if after is not None`` would compile each branch as a subgraph of its own.
         x = _RESHAPE(x, self.shard_shape)
         if self.hpz:
             x = _DEPEND(x, after)
@@ -446,19 +444,15 @@ class ZeroParamWrapper(nn.Cell):
             self.hpz_secondary = _HpzSecondary(gather, hpz_group)
             self.hpz = True
 
-    def enable_zeropp(self, zeropp, hpz: bool) -> None:
-        """Use ZeRO++ options ``zeropp`` (a ``ZeroPPConfig``) for this parameter, if it was built
-        without them: a layer built before ``shard_network`` ([Note: ZeRO++ at build]); ``hpz``:
-        split the gather for hpZ's secondary group ([Note: hpZ]). Only for a wrapper that gathers.
-        Not collective."""
-        gather = self.gather
-        if self.gather_plan.zeropp is None:
+    def enable_zeropp(self, zeropp, hpz_group: Optional[str]) -> None:
+        """``use_gather`` a gather with ZeRO++ options ``zeropp`` (a ``ZeroPPConfig``), rebuilt if this
+        wrapper was built without them, before ``shard_network`` ([Note: ZeRO++ at build]). Not collective."""
+        old = self.gather
+        if old.zeropp is None:
             self.gather_plan = replace(self.gather_plan, zeropp=zeropp)
             self.gather_record = self.gather_plan.record
-            gather = self.gather_plan.build()
-            # MindSpore 2.10 keys parsed Cells by id: keep the replaced Cell alive so no new Cell reuses its id.
-            object.__setattr__(self, "_replaced_gather", self.gather)
-        self.use_gather(gather, zeropp.hpz_group if hpz else None)
+            object.__setattr__(self, "_replaced_gather", old)  # MindSpore 2.10 keys parsed Cells by id: keep it
+        self.use_gather(self.gather_plan.build() if old.zeropp is None else old, hpz_group)
 
     def extend_repr(self):
         return self.gather_plan.describe() if self.sharded else ""

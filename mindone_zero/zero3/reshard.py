@@ -205,7 +205,7 @@ def finish_gathers(network: nn.Cell, options, build) -> Tuple[List[Tuple[str, nn
     if zeropp is not None:
         for wrapper in wrappers:
             if not build.defers(wrapper):  # built before shard_network
-                wrapper.enable_zeropp(zeropp, hpz=zeropp.hpz_group is not None and is_recompute_scoped(wrapper))
+                wrapper.enable_zeropp(zeropp, zeropp.hpz_group if is_recompute_scoped(wrapper) else None)
                 spread_recompute_scope(wrapper)  # the Cells it just built
     return found, callers
 
