@@ -478,7 +478,7 @@ class ParamGather:
 
     def build(self) -> "_GatherShard":
         """The gather Cell (not collective)."""
-        return _GatherShard(self.spec, self.param_dtype, self.group, self.compute_dtype, self.zeropp)
+        return _GatherShard(self)
 
     def graph_key(self) -> tuple:
         """Everything the graph of its gather Cell reads ([Note: shared gather graphs] in gather_build.py)."""
@@ -532,13 +532,13 @@ class _GatherShard(nn.Cell):
     float32.
     """
 
-    def __init__(self, spec: ShardSpec, param_dtype, group: Optional[str], compute_dtype, zeropp=None):
+    def __init__(self, plan: "ParamGather"):
         super().__init__(auto_prefix=False)
-        self.spec, self.group_name, self.zeropp = spec, group, zeropp
+        self.plan, self.zeropp = plan, plan.zeropp
+        self.spec = spec = plan.spec
         # Built from its record, so what it sends is what the CommPlan counts ([Note: comm records]).
-        self.record = record = _gather_record(spec, param_dtype, group, compute_dtype, zeropp)
+        self.record = record = plan.record
         self.param_name = spec.name
-        self.full_shape = spec.shape
         self.group_size = record.group_size
         self.param_dtype = record.param_dtype
         self.pad = spec.pad
@@ -551,7 +551,7 @@ class _GatherShard(nn.Cell):
         self.wire_dtype = record.wire_dtype  # [Note: wire dtype] in core/comm_records.py
         self.cast_before_gather = record.cast_before_gather
         self.cast_after_gather = record.cast_after_gather
-        self.comm = GroupComm(group) if self.gathers else None
+        self.comm = GroupComm(plan.group) if self.gathers else None
         if self.quantize_weights or self.quantize_grads:
             # qwZ quantizes this rank's shard, qgZ each destination's block: the same layout.
             self.block, self.blocks = record.block, record.blocks
@@ -592,8 +592,7 @@ class _GatherShard(nn.Cell):
         return (self.shard_grad(dout),)
 
     def extend_repr(self):
-        return (f"param={self.param_name}, full_shape={self.full_shape}, group_size={self.group_size}, "
-                f"compute_dtype={self.compute_dtype}, gathers={self.gathers}, zeropp={self.zeropp}")
+        return self.plan.describe()
 
 
 # [Note: hpZ]

@@ -20,7 +20,7 @@ from mindone_zero.train.train_step import TrainOneStepWrapper
 from mindone_zero.zero3 import param_wrapper
 from mindone_zero.zero3.backward_reads import backward_reads
 from mindone_zero.zero3.coalesce import ZeroGatherGroup
-from mindone_zero.zero3.param_wrapper import _GatherShard
+from mindone_zero.zero3.param_wrapper import ParamGather
 from parallel_modules import Dense, Embedding, shard_network
 
 KEEP_ALIVE = []
@@ -86,7 +86,7 @@ def test_train_step_plan_without_data_parallelism_is_empty_and_checks_micro_step
 
 # ------------------------------------------------------------------ [Note: wire dtype]
 def _gather(name, shape, compute=None, param=ms.float32):
-    return _GatherShard(ShardSpec(name, shape, 2, 0, True), param, None, compute)
+    return ParamGather(ShardSpec(name, shape, 2, 0, True), param, None, compute).build()
 
 
 @pytest.mark.parametrize("param,compute,wire", [(ms.float32, ms.float16, ms.float16), (ms.float32, ms.bfloat16, ms.bfloat16),
