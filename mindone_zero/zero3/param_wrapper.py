@@ -447,12 +447,13 @@ class ZeroParamWrapper(nn.Cell):
     def enable_zeropp(self, zeropp, hpz_group: Optional[str]) -> None:
         """``use_gather`` a gather with ZeRO++ options ``zeropp`` (a ``ZeroPPConfig``), rebuilt if this
         wrapper was built without them, before ``shard_network`` ([Note: ZeRO++ at build]). Not collective."""
-        old = self.gather
-        if old.zeropp is None:
+        gather = self.gather
+        if gather.zeropp is None:
             self.gather_plan = replace(self.gather_plan, zeropp=zeropp)
             self.gather_record = self.gather_plan.record
-            object.__setattr__(self, "_replaced_gather", old)  # MindSpore 2.10 keys parsed Cells by id: keep it
-        self.use_gather(self.gather_plan.build() if old.zeropp is None else old, hpz_group)
+            object.__setattr__(self, "_replaced_gather", gather)  # MindSpore 2.10 keys parsed Cells by id: keep it
+            gather = self.gather_plan.build()
+        self.use_gather(gather, hpz_group)
 
     def extend_repr(self):
         return self.gather_plan.describe() if self.sharded else ""
