@@ -52,14 +52,15 @@ def _group(name, shape, build):
     return ZeroGatherGroup([param_gather(p, None, None) for p in params], build=build), params
 
 
-GROUPS, WRAPPERS = "abcde", "fghiklm"
+GROUPS, WRAPPERS = "abcde", "fghijklm"
 
 
 class _Readers(nn.Cell):
     """Coalesced groups: a, b alike; c another shape; d, e alike to a but recomputed with themselves.
-    Wrappers: f, g alike; h another shape; i alike but with hpZ in a recomputed region; k, l alike to
-    f but with the collective marked for backward; m alike to f but its parameter was sharded
-    outside the build (built at once)."""
+    Wrappers: f, g alike; h another shape; i alike but with hpZ in a recomputed region; j a
+    parameter kept whole (no all-gather: built at once); k, l alike to f but with the collective
+    marked for backward; m alike to f but its parameter was sharded outside the build (built at
+    once)."""
 
     def __init__(self, build):
         super().__init__()
@@ -76,6 +77,7 @@ class _Readers(nn.Cell):
             param = _param(name, shape, build, zeropp)
             setattr(self, name, ZeroParamWrapper(param))
             self.params.append(param)
+        self.j = ZeroParamWrapper(_param("j", (3, 2), build))  # dim 0 does not divide by 2: kept whole
         self.m = ZeroParamWrapper(_param("m", (4, 2), None))
         self.i.recompute(output_recompute=True)
         build.regather(self.k)
@@ -88,16 +90,17 @@ class _Readers(nn.Cell):
 @pytest.mark.parametrize("mode", [ms.GRAPH_MODE, ms.PYNATIVE_MODE])
 def test_callers_alike_share_one_gather_built_once(built, mode):
     """In GRAPH_MODE b shares a's gather, e shares d's (marked alike), g shares f's and l shares k's;
-    c (another shape), d (marked, a is not), h (another shape), i (hpZ), k (its collective marked, f's
-    is not) and m (built at once, outside the build) keep their own. Every Cell built is called, and
-    each caller keeps its own parameter names. PYNATIVE_MODE shares nothing."""
+    c (another shape), d (marked, a is not), h (another shape), i (hpZ), j (no all-gather), k (its
+    collective marked, f's is not) and m (built at once, outside the build) keep their own. Every
+    Cell built is called, and each caller keeps its own parameter names. PYNATIVE_MODE shares
+    nothing."""
     old = ms.get_context("mode")
     ms.set_context(mode=mode)
     try:
         build = GatherBuild()
         net = _Readers(build)
-        assert len(built) == 1 and net.m.gather is built[0]  # m only: the others wait for the build
-        assert all(build.defers(c) for c in net.callers() if c is not net.m) and not build.defers(net.m)
+        assert [id(c) for c in built] == [id(net.j.gather), id(net.m.gather)]  # at once; the others wait
+        assert [build.defers(c) for c in net.callers()] == [c not in (net.j, net.m) for c in net.callers()]
         shared = build.build(net.callers())
         build.close(net.params)
     finally:
@@ -106,15 +109,16 @@ def test_callers_alike_share_one_gather_built_once(built, mode):
     assert len({id(g) for g in gathers.values()}) == len(built)  # nothing built and left idle
     assert all(zero_param_of(p).build is None for p in net.params)
     if mode == ms.PYNATIVE_MODE:
-        assert shared == 0 and len(built) == 12
+        assert shared == 0 and len(built) == 13
         return
-    assert shared == 4 and len(built) == 8
+    assert shared == 4 and len(built) == 9
     alike = {"b": "a", "e": "d", "g": "f", "l": "k"}
     for name, gather in gathers.items():
         first = alike.get(name, name)
         assert all((gather is gathers[other]) == (alike.get(other, other) == first) for other in gathers), name
     assert [net.b.param_names, net.e.param_names] == [("b.weight", "b.bias"), ("e.weight", "e.bias")]
     assert [net.f.param_name, net.g.param_name, net.l.param_name] == ["f", "g", "l"]
+    assert not net.j.gather.gathers and not net.j.is_split
     assert net.l.gather_record.members == ("l",)
     # marks: the collective of k (and l), re-run in backward; d's gather recomputed with d
     assert net.k.gather.get_flags().get("output_recompute") and in_recompute_scope(net.k.gather.waiting)
