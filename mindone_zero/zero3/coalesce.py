@@ -80,8 +80,9 @@ class _CoalescedGather(nn.Cell):
     """All-gather a tuple of shards in one collective; custom bprop: one reduce-scatter. ``waiting``
     runs it once an input exists ([Note: gather order] in param_wrapper.py)."""
 
-    def __init__(self, record: GatherRecord, gathers: List):
+    def __init__(self, plan: "CoalescedPlan"):
         super().__init__(auto_prefix=False)
+        record = plan.record
         # Built from its record ([Note: comm records] in core/comm_records.py); shared in GRAPH_MODE
         # it keeps the first group's names ([Note: shared gather graphs] in gather_build.py): each
         # ZeroGatherGroup's ``gather_record`` and ``param_names`` are its own.
@@ -94,8 +95,7 @@ class _CoalescedGather(nn.Cell):
         self.cast_after_gather = record.cast_after_gather
         self.padded_shapes = record.padded_shapes
         self.shard_shapes = record.shard_shapes
-        self.full_rows = tuple(g.spec.shape[0] if g.spec.shape else 0 for g in gathers)
-        self.pads = tuple(g.spec.pad for g in gathers)
+        self.full_rows, self.pads = plan.full_rows, plan.pads
         self.layout = PackedLayout([int(np.prod(s)) for s in self.shard_shapes], self.group_size)
         self.comm = GroupComm(record.group)
         self.waiting = _CoalescedWaiting(self)
@@ -154,17 +154,23 @@ class CoalescedPlan:
     gathers: Tuple
     zeropp = None
 
+    @property
+    def full_rows(self) -> tuple:
+        return tuple(g.spec.shape[0] if g.spec.shape else 0 for g in self.gathers)
+
+    @property
+    def pads(self) -> tuple:
+        return tuple(g.spec.pad for g in self.gathers)
+
     def build(self) -> _CoalescedGather:
         """The gather Cell (not collective)."""
-        return _CoalescedGather(self.record, list(self.gathers))
+        return _CoalescedGather(self)
 
     def graph_key(self) -> tuple:
         """Everything the graph of its gather Cell reads ([Note: shared gather graphs] in gather_build.py)."""
         r = self.record
-        specs = [g.spec for g in self.gathers]
         return (r.group, r.group_size, r.param_dtype, r.compute_dtype, r.cast_before_gather, r.cast_after_gather,
-                r.padded_shapes, r.shard_shapes, tuple(s.shape[0] if s.shape else 0 for s in specs),
-                tuple(s.pad for s in specs))
+                r.padded_shapes, r.shard_shapes, self.full_rows, self.pads)
 
 
 def gather_settings(gather) -> tuple:
