@@ -30,8 +30,10 @@ setup(
         "pyyaml",
     ],
     extras_require={
-        # wheel: tests/unit/test_wheel.py; matplotlib: the benchmark pages' figures are tested as their tables are
-        "test": ["pytest", "pytest-timeout", "pytest-xdist", "setuptools", "wheel", "matplotlib"],
+        # wheel: tests/unit/test_wheel.py; matplotlib: the benchmark pages' figures are tested as their tables are;
+        # pytest-xdist: the suite's scheduler subclasses its scope scheduling ([Note: test scheduling] in
+        # tests/scheduling.py; tests/unit/test_scheduling.py runs it)
+        "test": ["pytest>=8,<10", "pytest-timeout", "pytest-xdist>=3.8,<4", "setuptools", "wheel", "matplotlib"],
         # MindOne's documentation stack; tests/unit/test_docs_build.py runs `mkdocs build --strict`.
         # ruff: mkdocstrings formats (wraps) the signatures with it.
         "docs": ["mkdocs>=1.6", "mkdocs-material>=9.5", "mkdocstrings[python]>=0.26", "ruff"],

@@ -10,10 +10,11 @@ import os
 from pathlib import Path
 from typing import Sequence
 
+from scheduling import claim_job
 from tools.dev import launch
 from tools.dev.launch import REPO  # noqa: F401 - the tests read REPO
 
-# Under pytest-xdist two jobs share the cores ([Note: test scheduling] in tests/conftest.py), so a
+# Under pytest-xdist two jobs share the cores ([Note: test scheduling] in tests/scheduling.py), so a
 # job may take up to twice as long as alone: its time limit, a bound for a hung job, doubles.
 TIMEOUT_FACTOR = 2 if os.environ.get("PYTEST_XDIST_WORKER") else 1
 
@@ -23,6 +24,7 @@ def run_msrun_nodes(script: str, nodes: int, workers_per_node: int, out_dir: Pat
     """Run ``script`` as ``nodes`` msrun "machines" on loopback, each with its own ``--node_rank``
     and ``workers_per_node`` workers (ranks node * workers_per_node + i), as a multi-node launch
     would. Raises AssertionError with the log tails if any node fails or the job exceeds ``timeout``."""
+    claim_job(script, nodes * workers_per_node, out_dir, args)
     try:
         launch.run_msrun_nodes(script, nodes, workers_per_node, out_dir, args, timeout * TIMEOUT_FACTOR)
     except launch.MsrunError as err:
@@ -42,8 +44,10 @@ def run_msrun(
 
     The script receives ``--out out_dir`` followed by ``args``. Returns the
     ``subprocess.CompletedProcess``. Raises AssertionError with the worker log tails if the job
-    fails (when ``expect_success``) or exceeds ``timeout`` seconds.
+    fails (when ``expect_success``) or exceeds ``timeout`` seconds, or if this job (script, size,
+    folder and arguments) already ran in this suite run.
     """
+    claim_job(script, nproc, out_dir, [*args, *extra_msrun_args])
     try:
         return launch.run_msrun(script, nproc, out_dir, args, timeout * TIMEOUT_FACTOR, extra_msrun_args,
                                 check=expect_success)

@@ -1,5 +1,5 @@
 """Fixtures that tests of several modules share; the modules that share one are in one xdist group
-(``SHARED_GROUPS`` in tests/conftest.py, [Note: test scheduling])."""
+(``SHARED_GROUPS`` in tests/scheduling.py, [Note: test scheduling])."""
 import pytest
 
 from test_docs_build import ROOT, _build

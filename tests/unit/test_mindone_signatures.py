@@ -94,7 +94,7 @@ def signature_problems(name, theirs, ours) -> list:
     return problems
 
 
-@pytest.mark.parametrize("module, name, params", _cases())
+@pytest.mark.parametrize("module, name, params", list(_cases()))
 def test_each_callable_accepts_mindones_parameters(module, name, params):
     ours = _ours(module, name)
     assert ours is not None, f"{OURS[module].__name__} has no {name} ({module}.{name})"
