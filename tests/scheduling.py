@@ -3,19 +3,19 @@
 tests/conftest.py takes this module's four hooks: ``pytest_configure`` and ``pytest_unconfigure``
 (the folder one suite run's processes share), ``pytest_collection_modifyitems`` (the order and the
 groups, in every worker and in the one process of ``-n 0``) and ``pytest_xdist_make_scheduler``
-(``GroupScheduling``, in the controller). tests/msrun_harness.py calls ``claim_job`` before each
-msrun launch.
+(``GroupScheduling``, in the controller). ``pytest_configure`` tells tests/msrun_harness.py
+where to record the jobs it launches (``claim_job`` there).
 """
-import hashlib
 import json
 import os
-import re
 import shutil
 import tempfile
 from pathlib import Path
 
 import pytest
 from xdist.scheduler import LoadScopeScheduling
+
+import msrun_harness
 
 # [Note: test scheduling]
 # setup.cfg runs the suite in two pytest-xdist workers: while one worker's msrun job sleeps
@@ -112,18 +112,13 @@ def run_dir(config) -> Path:
     return Path(tempfile.gettempdir()) / f"mindone_zero-tests-{uid}"
 
 
-# The folder where this suite run records the msrun jobs it launched (``claim_job``).
-JOBS_DIR = None
-
-
 def pytest_configure(config):
     """The controller (or the one process of ``-n 0``) gives the run an id and makes its folder."""
-    global JOBS_DIR
     if not hasattr(config, "workerinput"):
         if getattr(config.option, "testrunuid", None) is None:
             config.option.testrunuid = os.urandom(8).hex()
         (run_dir(config) / "jobs").mkdir(parents=True, exist_ok=True)
-    JOBS_DIR = run_dir(config) / "jobs"
+    msrun_harness.JOBS_DIR = run_dir(config) / "jobs"
 
 
 def pytest_unconfigure(config):
@@ -169,27 +164,3 @@ class GroupScheduling(LoadScopeScheduling):
         if nodeid not in self._groups:
             raise RuntimeError(f"no worker wrote a group for {nodeid} in {self._folder} ([Note: test scheduling])")
         return self._groups[nodeid]
-
-
-def _job_key(script, nproc: int, out_dir, args) -> str:
-    """One msrun job's identity: its script, size and arguments, with the worker's own temporary
-    folder (``popen-gw<k>``) left out, so that the same job run by two workers has one key."""
-    text = json.dumps([str(script), nproc, str(out_dir), [str(a) for a in args]])
-    return hashlib.sha256(re.sub(r"popen-gw\d+", "popen-gw*", text).encode()).hexdigest()[:24]
-
-
-def claim_job(script, nproc: int, out_dir, args) -> None:
-    """Record that this msrun job runs now; raises AssertionError if it already ran in this suite run
-    (the scheduling split a group: [Note: test scheduling]). Outside a suite run nothing is recorded."""
-    if JOBS_DIR is None:
-        return
-    marker = JOBS_DIR / _job_key(script, nproc, out_dir, args)
-    me = f"{os.environ.get('PYTEST_XDIST_WORKER', 'main')}: {os.environ.get('PYTEST_CURRENT_TEST', '?')}"
-    try:
-        fd = os.open(marker, os.O_WRONLY | os.O_CREAT | os.O_EXCL)
-    except FileExistsError:
-        raise AssertionError(f"the msrun job {script} (N={nproc}, out {out_dir}) already ran in this suite run "
-                             f"({marker.read_text()}); now again ({me}): a group was split between the "
-                             f"workers ([Note: test scheduling])") from None
-    with os.fdopen(fd, "w") as f:
-        f.write(me)

@@ -8,13 +8,15 @@ from pathlib import Path
 
 import pytest
 
+import msrun_harness
 import scheduling
 
 TESTS = Path(__file__).resolve().parents[1]
+ROOT = TESTS.parent
 
 CONFTEST = f"""
 import sys
-sys.path.insert(0, {str(TESTS)!r})
+sys.path[:0] = [{str(ROOT)!r}, {str(TESTS)!r}]
 import pytest
 from scheduling import (pytest_collection_modifyitems, pytest_configure, pytest_unconfigure,
                         pytest_xdist_make_scheduler)
@@ -78,13 +80,13 @@ def test_each_group_runs_whole_on_one_worker(tmp_path, args):
 
 
 def test_a_job_launched_twice_in_one_run_fails_the_second_launch(tmp_path, monkeypatch):
-    monkeypatch.setattr(scheduling, "JOBS_DIR", tmp_path)
+    monkeypatch.setattr(msrun_harness, "JOBS_DIR", tmp_path)
     out = "/tmp/pytest-of-x/pytest-3/popen-gw0/parity_N20"
-    scheduling.claim_job("tests/dist/workers/parity_worker.py", 2, out, ["--cases", json.dumps([1])])
-    scheduling.claim_job("tests/dist/workers/parity_worker.py", 4, out, ["--cases", json.dumps([1])])
-    scheduling.claim_job("tests/dist/workers/parity_worker.py", 2, out, ["--cases", json.dumps([2])])
+    msrun_harness.claim_job("tests/dist/workers/parity_worker.py", 2, out, ["--cases", json.dumps([1])])
+    msrun_harness.claim_job("tests/dist/workers/parity_worker.py", 4, out, ["--cases", json.dumps([1])])
+    msrun_harness.claim_job("tests/dist/workers/parity_worker.py", 2, out, ["--cases", json.dumps([2])])
     with pytest.raises(AssertionError, match=r"parity_worker.py \(N=2.*already ran in this suite run"):
-        scheduling.claim_job("tests/dist/workers/parity_worker.py", 2, out.replace("gw0", "gw1"),
+        msrun_harness.claim_job("tests/dist/workers/parity_worker.py", 2, out.replace("gw0", "gw1"),
                              ["--cases", json.dumps([1])])
 
 

@@ -148,6 +148,18 @@ def _counting_builds():
     return built, lambda: [setattr(cls, "__init__", f) for cls, f in inits.items()]
 
 
+_PLAIN = {}  # what _train gave without units, by what it depends on: each such run once per rank
+
+
+def _train_plain(case, rank, world, out):
+    """``_train(case, None, ...)``, run once for every case with the same model, mode, steps and
+    ``reshard``: several cases compare with the same run without units."""
+    key = (case["model"], case.get("mode"), case["steps"], case["reshard"], case.get("fp16"))
+    if key not in _PLAIN:
+        _PLAIN[key] = _train(case, None, rank, world, out)
+    return _PLAIN[key]
+
+
 def _train(case, units, rank, world, out):
     net = _build(case)
     opt = nn.Adam(net.trainable_params(), learning_rate=1e-2)
@@ -262,11 +274,11 @@ def run_case(case, rank, world, out):
         return _gather_order(rank, out)
     ms.set_context(mode=ms.PYNATIVE_MODE if case.get("mode") == "pynative" else ms.GRAPH_MODE)
     if case["units"]:
-        base_losses, base_shards, base_plan, _, base = _train(case, None, rank, world, out)
+        base_losses, base_shards, base_plan, _, base = _train_plain(case, rank, world, out)
         losses, shards, plan, unit_entries, train = _train(case, _units(case), rank, world, out)
     else:
         base_losses, base_shards, base_plan, _, base = _train_unshared(case, rank, world, out)
-        losses, shards, plan, unit_entries, train = _train(case, None, rank, world, out)
+        losses, shards, plan, unit_entries, train = _train_plain(case, rank, world, out)
     same = [len(a) == len(b) and all(x.shape == y.shape and np.array_equal(x, y) for x, y in zip(a, b))
             for a, b in zip(base_shards, shards)]
     parts = [len(u.groups()) for u in unit_gathers(train.network)]
