@@ -10,6 +10,9 @@ for p in (ROOT, ROOT / "tests"):
     if str(p) not in sys.path:
         sys.path.insert(0, str(p))
 
+from leak_guard import (leak_guard, module_leak_guard, pytest_make_collect_report,  # noqa: E402,F401 - [Note: leak guard]
+                        restore_ms_context)
+
 # [Note: test scheduling]
 # setup.cfg runs the suite in two pytest-xdist workers (``-n 2 --dist loadgroup``): while one
 # worker's msrun job sleeps (msrun's start-up and shutdown, a worker waiting to register with the
