@@ -10,7 +10,8 @@ for p in (ROOT, ROOT / "tests"):
     if str(p) not in sys.path:
         sys.path.insert(0, str(p))
 
-from leak_guard import (leak_guard, module_leak_guard, pytest_make_collect_report,  # noqa: E402,F401 - [Note: leak guard]
+# [Note: leak guard]: the guard of every test and module, and the fixture that restores MindSpore's context
+from leak_guard import (leak_guard, module_leak_guard, pytest_make_collect_report,  # noqa: E402,F401
                         restore_ms_context)
 
 # [Note: test scheduling]
