@@ -10,6 +10,9 @@ for p in (ROOT, ROOT / "tests"):
     if str(p) not in sys.path:
         sys.path.insert(0, str(p))
 
+# [Note: leak guard]: the guard of every test and module, and the fixture that restores MindSpore's context
+from leak_guard import (leak_guard, module_leak_guard, pytest_make_collect_report,  # noqa: E402,F401
+                        restore_ms_context)
 from scheduling import (  # noqa: E402,F401 - after the path setup above; pytest finds the hooks here
     pytest_collection_modifyitems,
     pytest_configure,

@@ -68,10 +68,12 @@ def run_msrun(
     timeout: float = 900,
     extra_msrun_args: Sequence[str] = (),
     expect_success: bool = True,
+    env: dict = None,
 ):
     """Run ``script`` under msrun with ``nproc`` CPU workers; results go to ``out_dir``.
 
-    The script receives ``--out out_dir`` followed by ``args``. Returns the
+    The script receives ``--out out_dir`` followed by ``args``; ``env``: the variables the job asks
+    for beyond ``tools/dev/launch.py``'s ``msrun_env`` ([Note: job environment]). Returns the
     ``subprocess.CompletedProcess``. Raises AssertionError with the worker log tails if the job
     fails (when ``expect_success``) or exceeds ``timeout`` seconds, or if this job (script, size,
     folder and arguments) already ran in this suite run.
@@ -79,7 +81,7 @@ def run_msrun(
     claim_job(script, nproc, out_dir, [*args, *extra_msrun_args])
     try:
         return launch.run_msrun(script, nproc, out_dir, args, timeout * TIMEOUT_FACTOR, extra_msrun_args,
-                                check=expect_success)
+                                check=expect_success, env=env)
     except launch.MsrunError as err:
         raise AssertionError(str(err)) from None
 

@@ -31,7 +31,8 @@ import sys
 import time
 from pathlib import Path
 
-os.environ.setdefault("GLOG_v", "3")  # MindSpore: errors only; must precede its import
+if __name__ == "__main__":  # MindSpore: errors only; must precede its import (an importer keeps its own)
+    os.environ.setdefault("GLOG_v", "3")
 REPO = Path(__file__).resolve().parents[1]
 if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))

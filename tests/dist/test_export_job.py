@@ -113,10 +113,10 @@ def test_exports_match_gathered_params(job, world, case):
 
 @pytest.mark.parametrize("world", WORLDS)
 @pytest.mark.parametrize("case", [c for c in CASES if c["stage"] in (0, 3)], ids=lambda c: c["name"])
+@pytest.mark.usefixtures("pynative_mode")
 def test_fp32_exports_load_into_the_unsharded_network(job, world, case):
     out = job(world)
     full = dict(np.load(out / case["name"] / "full.npz"))
-    ms.set_context(mode=ms.PYNATIVE_MODE)
     for name, layout, dtype, _ in exports(case["i"]):
         if dtype not in (None, "fp32") or layout == "sharded":
             continue

@@ -3,8 +3,10 @@
 every stage, in both orders users write (MindOne's: optimizer and EMA on the full network, then
 ``prepare_train_network``; and ``prepare_network`` first), equal the eagerly built ones bit for bit
 (parameters, master shards, optimizer states, EMA) and train to the same losses. At stage 3 every
-split parameter is only ever held as this rank's block. N=2 and N=4, both split rules, TinyNet's
-uneven shapes. One msrun job per world size (tests/dist/workers/sharded_build_worker.py).
+split parameter is only ever held as this rank's block. N=2: every stage, stages 1-3 with both split
+rules; N=4: stage 1 (padded) and stage 3 (both rules); TinyNet's uneven shapes
+(docs/guides/big-models.md states no more). One msrun job per world size
+(tests/dist/workers/sharded_build_worker.py).
 [Note: delayed initialisation] in mindone_zero/core/materialize.py.
 """
 import json
@@ -19,7 +21,8 @@ pytestmark = pytest.mark.dist
 
 # (stage, pad_uneven_params, order); below stage 3 prepare_network changes nothing, so one order is enough
 CASES_BY_WORLD = {
-    2: [(0, False, "mindone"), (1, False, "mindone"), (1, True, "prepare_first"), (2, True, "mindone")]
+    2: [(0, False, "mindone"), (1, False, "mindone"), (1, True, "prepare_first"), (2, False, "mindone"),
+        (2, True, "mindone")]
     + [(3, pad, order) for pad in (False, True) for order in ("mindone", "prepare_first")]
     + [(3, True, "prepare_first", "no_init_parameters")],  # MindSpore's context: nothing draws in between here
     4: [(1, True, "mindone")] + [(3, pad, order) for pad in (False, True) for order in ("mindone", "prepare_first")],

@@ -3,21 +3,24 @@
 Two msrun jobs (tests/dist/workers/zeropp_worker.py), each running several cases:
 
 * N=2: the demo LM (configs/train_lm.yaml's model with one layer of width 32) for 200 steps
-  without ZeRO++ and with qwZ + qgZ (int8 blocks of 2048), at learning rates 1e-3 and 3e-3: the final
-  loss with quantization within 5% of the unquantized one at 1e-3, within 50% at 3e-3 (where the
-  loss falls fast and the curves cross); vectors (biases, LayerNorm
-  weights) are not quantized.
+  without ZeRO++ and with qwZ + qgZ (int8 blocks of 2048), at learning rates 1e-3 and 3e-3: the
+  median loss of the last 20 steps with quantization within 3% of the unquantized one at 1e-3,
+  within 35% at 3e-3 (where the quantized curve settles about a quarter higher, with spikes);
+  vectors (biases, LayerNorm weights) are not quantized.
 * N=4, hpZ group = each half of the ranks: TinyNet (uneven shapes: dim 0 of 7 and 11 over 4
   ranks, so sharded with ``pad_uneven_params=True``; a LayerNorm through the generic path, an
   Embedding, a Conv2d) trained with and without hpZ
   is bit-identical (losses and final parameters); with all three, the bytes of the quantized tensors
-  the emulation builds and of the float32 vectors agree with ``comm_plan``; the demo LM's plan (built, not trained) with all
+  ``quantize_blocks`` makes for the gathers' block layout and of the float32 vectors agree with
+  ``comm_plan`` (what the compiled graph sends is held against the plan in test_comm_graph.py, case
+  ``s3_hpz``); the demo LM's plan (built, not trained) with all
   three moves at most 0.3 x plain stage 3's bytes across the hpZ groups; qwZ + qgZ in PYNATIVE_MODE;
   bad values raise first.
 """
 import json
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from mindone_zero import estimate_peak_memory
@@ -64,9 +67,12 @@ def _cross_volume(entries):
                if not g.startswith("hpz_") and not (k == "all_reduce" and b == 4))
 
 
-# Final-loss tolerance per learning rate: at 3e-3 the quantized and plain
-# curves cross and differ by tens of percent at any one step (measured +25% at the end), so 50% there.
-FINAL_TOLERANCE = {1e-3: 0.05, 3e-3: 0.5}
+# The end of a run: the median loss of its last END_STEPS steps (one step may be a spike: at 3e-3 the
+# quantized run's loss jumped 7x at one of its last 20 steps). Tolerance per learning rate, from the
+# gaps measured 2026-12-06 (CPU, the same in every run): +0.8% at 1e-3; +26% at 3e-3, where the
+# quantized curve settles higher (its final step +25%; every one of its last 20 steps above plain's).
+END_STEPS = 20
+END_TOLERANCE = {1e-3: 0.03, 3e-3: 0.35}
 
 
 @pytest.mark.parametrize("lr", LRS)
@@ -76,8 +82,8 @@ def test_qwz_qgz_lm_200_steps_final_loss_close_to_plain(n2, lr):
     assert plain["losses"][-1] < 0.1 * plain["losses"][0]  # it learned
     assert quant["losses"] != plain["losses"]  # quantization is really on
     assert quant["losses"][-1] < 0.01 * quant["losses"][0]  # the quantized run learned too
-    gap = abs(quant["losses"][-1] - plain["losses"][-1])
-    assert gap <= FINAL_TOLERANCE[lr] * plain["losses"][-1], (plain["losses"][-1], quant["losses"][-1])
+    end_plain, end_quant = (float(np.median(run["losses"][-END_STEPS:])) for run in (plain, quant))
+    assert abs(end_quant - end_plain) <= END_TOLERANCE[lr] * end_plain, (end_plain, end_quant)
     for rank in range(2):  # replicas agree: every rank ends with the same full parameters
         assert n2(f"lm_quant_{lr:g}", rank)["digests"] == quant["digests"]
 
@@ -103,11 +109,13 @@ def test_hpz_alone_is_bitwise_exact(n4, rank):
 
 @pytest.mark.parametrize("rank", range(4))
 def test_emulated_quantized_tensor_sizes_agree_with_comm_plan(n4, rank):
+    """The sizes of the tensors quantize_blocks makes agree with the plan's block arithmetic. Not a
+    measurement: test_comm_graph.py's s3_hpz reads the compiled graph's collectives for that."""
     result = n4("tiny_all", rank)
     # vectors move float32 ([Note: full-precision tensors]): reduce_scatter counts their gradients
     for kind in ("all_gather", "all_to_all", "reduce_scatter"):
         planned = sum(b for k, g, b, n in result["plan"] if k == kind and not g.startswith("hpz_"))
-        assert result["measured"][kind] > 0 and result["measured"][kind] == planned, kind
+        assert result["emulated"][kind] > 0 and result["emulated"][kind] == planned, kind
     assert all(l == l for l in result["losses"])  # it trains (no NaN)
 
 
@@ -150,4 +158,4 @@ def test_bad_values_raise_before_the_network_is_modified(n4, label, text):
         assert result["message"] is not None and result["message"].startswith(
             "ValueError: For 'prepare_train_network', the argument 'zeropp"), result["message"]
         assert text in result["message"], result["message"]
-        assert result["unchanged"]
+        assert result["unchanged"], result["changed"]  # names, shapes and values; nothing sharded

@@ -20,9 +20,10 @@ from mindone_zero.checkpoint import (gather_full_params, latest_checkpoint, load
 
 ms.set_device("CPU")
 
+pytestmark = pytest.mark.usefixtures("pynative_mode")  # restored after each test ([Note: leak guard])
+
 
 def _train_net(tmp_path, ema=True, accum=2):
-    ms.set_context(mode=ms.PYNATIVE_MODE)
     net = init_weights(TinyNet())
     train = prepare_train_network(LossNet(net), make_optimizer(net.trainable_params()), ema=EMA(net, 0.9) if ema else None,
                                   gradient_accumulation_steps=accum, params_split_info=str(tmp_path / "info"))

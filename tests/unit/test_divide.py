@@ -9,6 +9,9 @@ from mindspore import Tensor, nn
 
 from mindone_zero.core.comm import divide
 
+# the tests set the mode they need; it is put back after each ([Note: leak guard] in tests/leak_guard.py)
+pytestmark = pytest.mark.usefixtures("restore_ms_context")
+
 
 class _Both(nn.Cell):
     def __init__(self, n):

@@ -242,6 +242,7 @@ def test_convert_sharded_failure_half_way_leaves_nothing(tmp_path, monkeypatch):
 
 @pytest.mark.parametrize("dtype, max_shard_size, name", [(None, None, "full.ckpt"), ("bf16", None, "full.safetensors"),
                                                          ("fp16", "200B", "full/")])
+@pytest.mark.usefixtures("pynative_mode")
 def test_save_full_checkpoint_one_process_streams(tmp_path, monkeypatch, dtype, max_shard_size, name):
     """World 1 (no communication): the export equals gather_full_params cast with numpy, and each
     gathered array is gone before the next gather (the multi-process version: tests/dist/test_export_job.py)."""
@@ -249,7 +250,6 @@ def test_save_full_checkpoint_one_process_streams(tmp_path, monkeypatch, dtype, 
     from mindone_zero import EMA, gather_full_params, prepare_train_network, save_full_checkpoint
     from mindone_zero.checkpoint import online
 
-    ms.set_context(mode=ms.PYNATIVE_MODE)
     net = init_weights(TinyNet())
     train = prepare_train_network(LossNet(net), make_optimizer(net.trainable_params()), ema=EMA(net, 0.9),
                                   params_split_info=str(tmp_path / "info"))

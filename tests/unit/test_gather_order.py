@@ -31,6 +31,9 @@ from mindone_zero.zero3.param_wrapper import ZeroParamWrapper
 from parallel_modules import Conv2d, Dense, Embedding, shard_network
 
 ms.set_device("CPU")
+
+# the tests set the mode they need; it is put back after each ([Note: leak guard] in tests/leak_guard.py)
+pytestmark = pytest.mark.usefixtures("restore_ms_context")
 TIE_SCOPE = "ZeroParamWrapper/gather-_GatherShard/waiting-_ShardWaiting/Depend"
 KEEP_ALIVE = []
 

@@ -1,6 +1,9 @@
 """gather_units ([Note: gather units] in mindone_zero/zero3/units.py) in one process: bad values and
 code that cannot be threaded raise before anything is modified, naming the argument and the value
-(or the Cell and method); in a group of one rank a unit computes what the unsharded network does."""
+(or the Cell and method); in a group of one rank a unit computes what the unsharded network does.
+The entry points' checks run in ParallelMode.DATA_PARALLEL (the ``data_parallel`` fixture), where
+prepare_network and prepare_train_network shard and write the split info; outside it they modify
+nothing at all."""
 import numpy as np
 import pytest
 import mindspore as ms
@@ -12,6 +15,9 @@ from parallel_modules import Dense, recomputed_cells, shard_network
 from tools.lm_model import Block, TransformerLM, build_lm, init_lm_weights, reversal_batch
 
 ms.set_device("CPU")
+
+# the tests set the mode they need; it is put back after each ([Note: leak guard] in tests/leak_guard.py)
+pytestmark = pytest.mark.usefixtures("restore_ms_context")
 
 LM = {"vocab_size": 32, "d_model": 16, "n_layers": 2, "d_ff": 24, "max_len": 16, "n_heads": 2}
 
@@ -29,6 +35,7 @@ def _lm():
 
 @pytest.mark.parametrize("value", [Block, [], (), ("Block",), (Block, 3), (nn.Dense(2, 2),), "Block"])
 @pytest.mark.parametrize("where", ["shard_network", "prepare_network", "prepare_train_network"])
+@pytest.mark.usefixtures("data_parallel")
 def test_not_a_tuple_of_cell_classes(where, value, tmp_path):
     net = LossNet(init_weights(TinyNet()))
     before = snapshot_params(net)
@@ -47,6 +54,7 @@ def test_not_a_tuple_of_cell_classes(where, value, tmp_path):
 
 
 @pytest.mark.parametrize("stage", [0, 1, 2])
+@pytest.mark.usefixtures("data_parallel")
 def test_stage_below_3(stage, tmp_path):
     net = LossNet(init_weights(TinyNet()))
     with pytest.raises(ValueError, match=rf"For 'prepare_network', the argument 'gather_units' applies to zero_stage "

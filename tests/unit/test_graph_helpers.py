@@ -11,6 +11,9 @@ from mindone_zero.core.slicing import copy_slice, cut_args, narrow, narrow_cut, 
 
 ms.set_device("CPU")
 
+# the tests set the mode they need; it is put back after each ([Note: leak guard] in tests/leak_guard.py)
+pytestmark = pytest.mark.usefixtures("restore_ms_context")
+
 CUTS = [((5, 7), 0, 1, 3), ((5, 7), 1, 0, 7), ((5, 7), 1, 6, 1), ((5, 7), -1, 2, 4), ((2, 3, 4), 2, 1, 2),
         ((9,), 0, 4, 5)]
 

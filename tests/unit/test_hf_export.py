@@ -179,12 +179,12 @@ def test_cli_strip_prefix_and_copy_files_from(tmp_path, capsys):
     assert err.value.code == 2 and "'copy_files_from' needs 'max_shard_size'" in capsys.readouterr().err
 
 
+@pytest.mark.usefixtures("pynative_mode")
 def test_save_full_checkpoint_hands_back_a_hugging_face_folder(tmp_path):
     """World 1: the names without the loss Cell's prefix, the companion files, the metadata."""
     from models import LossNet, TinyNet, init_weights, make_optimizer
     from mindone_zero import EMA, gather_full_params, prepare_train_network, save_full_checkpoint
 
-    ms.set_context(mode=ms.PYNATIVE_MODE)
     hf = _hf_folder(str(tmp_path / "hf"))
     net = init_weights(TinyNet())
     train = prepare_train_network(LossNet(net), make_optimizer(net.trainable_params()), ema=EMA(net, 0.9),

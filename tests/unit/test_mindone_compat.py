@@ -28,6 +28,9 @@ from mindone_zero.zero3.layers import ZeroCell
 
 ms.set_device("CPU")
 
+# the tests set the mode they need; it is put back after each ([Note: leak guard] in tests/leak_guard.py)
+pytestmark = pytest.mark.usefixtures("restore_ms_context")
+
 
 class ForeignEMA(nn.Cell):
     """MindOne's EMA interface, none of mindone_zero's code."""

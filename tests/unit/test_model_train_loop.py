@@ -13,6 +13,9 @@ from models import SparseCELoss, TinyNet, global_batch, init_weights
 from mindone_zero import prepare_train_network
 
 ms.set_device("CPU")
+
+# the tests set the mode they need; it is put back after each ([Note: leak guard] in tests/leak_guard.py)
+pytestmark = pytest.mark.usefixtures("restore_ms_context")
 STEPS = 4
 
 

@@ -16,6 +16,9 @@ from mindone_zero.memory.measure import KINDS, LOCATIONS, measure_model_states
 from mindone_zero.offload import OffloadConfig, StepHyper, host_rule_for, host_step, set_fault_hook
 
 ms.set_device("CPU")
+
+# the tests set the mode they need; it is put back after each ([Note: leak guard] in tests/leak_guard.py)
+pytestmark = pytest.mark.usefixtures("restore_ms_context")
 KEEP_ALIVE = []  # MindSpore caches compiled Cells by id: keep every case's Cells alive
 RTOL = 1e-6
 

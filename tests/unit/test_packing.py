@@ -9,6 +9,9 @@ from mindone_zero.core.packing import PackedLayout
 from mindone_zero.core.partition import ShardSpec, split_array
 from mindone_zero.train.fusion import BucketedComm
 
+# the tests set the mode they need; it is put back after each ([Note: leak guard] in tests/leak_guard.py)
+pytestmark = pytest.mark.usefixtures("restore_ms_context")
+
 SHAPES = [(7, 15), (15, 3), (5,), (8, 2), (1, 4)]
 
 

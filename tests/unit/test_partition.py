@@ -1,4 +1,5 @@
 """Shard arithmetic of mindone_zero/core/partition.py: [Note: padding] on shapes that do not divide."""
+import dataclasses
 import json
 
 import numpy as np
@@ -158,7 +159,7 @@ def test_shard_spec_json_round_trip(spec):
 def test_shard_spec_is_frozen_and_normalises_shape():
     spec = ShardSpec("w", [np.int64(7), 3], 2, 1, True)
     assert spec.shape == (7, 3) and all(type(s) is int for s in spec.shape)
-    with pytest.raises(Exception):
+    with pytest.raises(dataclasses.FrozenInstanceError, match="cannot assign to field 'rank'"):
         spec.rank = 0
     with pytest.raises(ValueError, match=r"'group_size' must be a positive integer, but got 0\."):
         ShardSpec("w", (7,), 0, 0, True)

@@ -1,6 +1,9 @@
 """Bad input to the entry points raises before any work, naming the argument and the value.
 
-One process, no communication: outside ParallelMode.DATA_PARALLEL a stage > 0 falls back to 0.
+One process, no communication. The checks of "before any work" run in ParallelMode.DATA_PARALLEL
+(the ``data_parallel`` fixture: a group of one rank) at stage 3, where a check made too late would
+find the network sharded and the split info written; outside it a stage > 0 falls back to 0 and
+nothing would be modified anyway (``test_stage_falls_back_to_zero_outside_data_parallel``).
 """
 import logging
 import os
@@ -44,13 +47,19 @@ def opt(net):
     (dict(pad_uneven_params="yes"), TypeError, ["'pad_uneven_params'", "'yes'"]),
     (dict(shard_ema=1), TypeError, ["'shard_ema'", "1"]),
 ])
-def test_prepare_train_network_rejects(net, opt, kwargs, exc, words, tmp_path):
-    kwargs.setdefault("params_split_info", str(tmp_path / "info"))
+@pytest.mark.parametrize("stage", [3, 0])
+@pytest.mark.usefixtures("data_parallel")
+def test_prepare_train_network_rejects(net, opt, kwargs, exc, words, stage, tmp_path):
+    """At stage 3 a check made after the work began would find the network sharded or the split info
+    written; at stage 0 the value is an error too."""
+    kwargs = dict(dict(zero_stage=stage, params_split_info=str(tmp_path / "info")), **kwargs)
+    before = snapshot_params(net)
     with pytest.raises(exc) as info:
         prepare_train_network(net, opt, **kwargs)
     for word in words:
         assert word in str(info.value)
-    assert not (tmp_path / "info").exists()  # raised before any work
+    assert_params_untouched(net, before)  # raised before any work: nothing sharded
+    assert not (tmp_path / "info").exists()  # and no split info written
 
 
 @pytest.mark.parametrize("call", [
@@ -92,11 +101,12 @@ def test_network_must_be_a_cell(opt):
         prepare_network("net", zero_stage=3)
 
 
+@pytest.mark.usefixtures("data_parallel")
 def test_prepare_network_rejects_a_non_bool_split_rule(net):
-    before = {p.name: tuple(p.shape) for p in net.get_parameters()}
+    before = snapshot_params(net)
     with pytest.raises(TypeError, match="'pad_uneven_params' must be a bool, but got 'no'"):
         prepare_network(net, zero_stage=3, pad_uneven_params="no")
-    assert {p.name: tuple(p.shape) for p in net.get_parameters()} == before
+    assert_params_untouched(net, before)
 
 
 def test_prepare_ema_and_network_check_stage(net):
@@ -114,6 +124,7 @@ def test_ema_decay_range(net, decay):
         EMA(net, ema_decay=decay)
 
 
+@pytest.mark.usefixtures("pynative_mode")  # the mode it trains in, whatever the test before it left
 def test_stage_falls_back_to_zero_outside_data_parallel(net, opt, caplog, tmp_path):
     with caplog.at_level(logging.WARNING, logger="mindone_zero.train.zero_helper"):
         train = prepare_train_network(net, opt, zero_stage=2, params_split_info=str(tmp_path / "info"))

@@ -22,7 +22,8 @@ from mindone_zero.checkpoint.writers import stream_checkpoint
 from mindone_zero.core.partition import ShardSpec, set_zero_spec, split_array
 
 ms.set_device("CPU")
-ms.set_context(mode=ms.PYNATIVE_MODE)
+pytestmark = pytest.mark.usefixtures("pynative_mode")  # restored after each test ([Note: leak guard])
+
 BF16 = np.dtype("bfloat16")
 CALLER = "For 'load_full_checkpoint'"
 

@@ -1,4 +1,7 @@
-"""reshard_after_forward: a value that is not a bool raises before anything is modified."""
+"""reshard_after_forward: a value that is not a bool raises before anything is modified.
+
+In ParallelMode.DATA_PARALLEL (a group of one rank, the ``data_parallel`` fixture), where stage 3
+shards the network and writes the split info: outside it nothing would be modified anyway."""
 import pytest
 import mindspore as ms
 
@@ -7,6 +10,7 @@ from mindone_zero import prepare_network, prepare_train_network
 from parallel_modules import shard_network
 
 ms.set_device("CPU")
+pytestmark = pytest.mark.usefixtures("data_parallel")
 
 BAD = [
     (2, ValueError, "must be a bool, but got 2; an int (re-gather from a smaller group) is not supported: ZeRO++'s "

@@ -20,6 +20,9 @@ from mindone_zero.train.fusion import FusionConfig
 from mindone_zero.train.train_step import OffloadTrainOneStepWrapper, StepSettings
 
 ms.set_device("CPU")
+
+# the tests set the mode they need; it is put back after each ([Note: leak guard] in tests/leak_guard.py)
+pytestmark = pytest.mark.usefixtures("restore_ms_context")
 KEEP_ALIVE = []  # MindSpore caches compiled Cells by id: keep every case's Cells alive
 
 

@@ -55,7 +55,8 @@ import sys
 import time
 from pathlib import Path
 
-os.environ.setdefault("GLOG_v", "3")
+if __name__ == "__main__":  # MindSpore: errors only; must precede its import (an importer keeps its own)
+    os.environ.setdefault("GLOG_v", "3")
 REPO = Path(__file__).resolve().parents[2]
 if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
@@ -388,17 +389,8 @@ def _job(args, out: Path, job: str, tag: str = "", env=None, depths=None, row=No
     flags += ["--cache_stages", *map(str, args.cache_stages)]
     flags += [] if args.units else ["--no_units"]
     flags += ["--mindone"] if args.mindone else []
-    saved = {k: os.environ.get(k) for k in (env or {})}
-    os.environ.update(env or {})
-    try:
-        run_msrun(Path(__file__), args.world_size, out, flags, timeout=args.timeout_s, caller="benchmark_compile",
-                  log_dir=out / "msrun_logs" / f"{job}{tag}")
-    finally:
-        for k, v in saved.items():
-            if v is None:
-                os.environ.pop(k, None)
-            else:
-                os.environ[k] = v
+    run_msrun(Path(__file__), args.world_size, out, flags, timeout=args.timeout_s, caller="benchmark_compile",
+              log_dir=out / "msrun_logs" / f"{job}{tag}", env=env)  # [Note: job environment]
     with open(out / f"{job}{tag}_rank0.json") as f:
         return json.load(f)
 

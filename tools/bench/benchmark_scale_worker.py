@@ -22,7 +22,8 @@ import os
 import sys
 from pathlib import Path
 
-os.environ.setdefault("GLOG_v", "3")
+if __name__ == "__main__":  # MindSpore: errors only; must precede its import (an importer keeps its own)
+    os.environ.setdefault("GLOG_v", "3")
 REPO = Path(__file__).resolve().parents[2]
 if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))

@@ -63,12 +63,25 @@ def free_port() -> int:
 # with the defaults and 10.0 s with these. The heartbeat's timeout (MS_NODE_TIMEOUT, 30 s) is unchanged.
 JOB_ENV = {"MS_DEV_LAUNCH_BLOCKING": "1", "MS_RETRY_INTERVAL_LOWER": "1", "MS_RETRY_INTERVAL_UPPER": "2"}
 
+# [Note: job environment]
+# What a job compiles is decided by the job, not by the shell that launched it. A developer's own
+# ``MS_COMPILER_CACHE_*`` would point every job at one cache, which loads the k-th graph blindly
+# ([Note: compile cache] in tools/compile_cache.py), and ``MS_DEV_*`` / ``MS_JIT_*`` change how
+# MindSpore compiles or runs (IR dumps, pass switches, launch modes); a test process that leaked them
+# would hand them to every later job. So ``msrun_env`` drops them from the caller's environment,
+# except ``MS_DEV_LAUNCH_BLOCKING`` ([Note: blocking launches]: the caller may choose). A job that
+# needs one asks for it: ``extra`` of ``msrun_env``, ``env`` of ``run_msrun`` (the compile benchmark's
+# cache and IR dumps), or the job sets it itself (tools/train.py's ``train.compile_cache``).
+CALLER_DROPPED = ("MS_COMPILER_CACHE_", "MS_DEV_", "MS_JIT_")
+CALLER_KEPT = ("MS_DEV_LAUNCH_BLOCKING",)
+
 
 def msrun_env(extra: Optional[dict] = None) -> dict:
-    """This process's environment with the repository first on ``PYTHONPATH`` (so that a worker
-    imports this checkout), ``GLOG_v=3`` (MindSpore: errors only) and ``JOB_ENV`` ([Note: blocking
-    launches], [Note: retry interval]) where the caller's environment does not set them, and ``extra``."""
-    env = dict(os.environ)
+    """This process's environment without the variables of ``CALLER_DROPPED`` ([Note: job
+    environment]), with the repository first on ``PYTHONPATH`` (so that a worker imports this
+    checkout), ``GLOG_v=3`` (MindSpore: errors only) and ``JOB_ENV`` ([Note: blocking launches],
+    [Note: retry interval]) where the caller's environment does not set them, and ``extra``."""
+    env = {k: v for k, v in os.environ.items() if k in CALLER_KEPT or not k.startswith(CALLER_DROPPED)}
     env["PYTHONPATH"] = os.pathsep.join([str(REPO), env.get("PYTHONPATH", "")])
     env.setdefault("GLOG_v", "3")
     for name, value in JOB_ENV.items():
@@ -104,8 +117,8 @@ def log_tails(log_dir, lines: int = 60) -> str:
     return "\n".join(chunks) or f"(no worker logs in {log_dir})"
 
 
-def _start(cmd: List[str], cwd: Path) -> subprocess.Popen:
-    return subprocess.Popen(cmd, cwd=str(cwd), env=msrun_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+def _start(cmd: List[str], cwd: Path, env: Optional[dict]) -> subprocess.Popen:
+    return subprocess.Popen(cmd, cwd=str(cwd), env=msrun_env(env), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                             text=True, start_new_session=True)
 
 
@@ -152,10 +165,11 @@ def _failure(caller: str, job: str, result, timeout: float, log_dir) -> MsrunErr
 
 def run_msrun(script, nproc: int, out_dir, args: Sequence[str] = (), timeout: float = 900,
               extra_msrun_args: Sequence[str] = (), check: bool = True, log_dir=None,
-              caller: str = "run_msrun") -> subprocess.CompletedProcess:
+              caller: str = "run_msrun", env: Optional[dict] = None) -> subprocess.CompletedProcess:
     """Run ``script`` (relative to the repository or absolute) under msrun with ``nproc`` workers
     on this machine, in ``out_dir`` (created): the script receives ``--out out_dir`` (absolute)
-    followed by ``args``. Logs go to ``log_dir`` (default ``out_dir/msrun_logs``).
+    followed by ``args``. Logs go to ``log_dir`` (default ``out_dir/msrun_logs``). The job's
+    environment is ``msrun_env(env)``: ``env`` is what the job asks for beyond it ([Note: job environment]).
 
     Returns:
         The ``subprocess.CompletedProcess`` with msrun's exit code and output.
@@ -167,17 +181,18 @@ def run_msrun(script, nproc: int, out_dir, args: Sequence[str] = (), timeout: fl
     out_dir.mkdir(parents=True, exist_ok=True)
     log_dir = Path(log_dir).resolve() if log_dir is not None else out_dir / "msrun_logs"
     cmd = msrun_command(script, nproc, log_dir, ["--out", str(out_dir), *args], extra_msrun_args)
-    result = _wait_all([_start(cmd, out_dir)], [cmd], timeout)[0]
+    result = _wait_all([_start(cmd, out_dir, env)], [cmd], timeout)[0]
     if result.returncode is None or (check and result.returncode != 0):
         raise _failure(caller, f"{resolve_script(script).name} (N={nproc})", result, timeout, log_dir)
     return result
 
 
 def run_msrun_nodes(script, nodes: int, workers_per_node: int, out_dir, args: Sequence[str] = (),
-                    timeout: float = 900, caller: str = "run_msrun_nodes") -> List[subprocess.CompletedProcess]:
+                    timeout: float = 900, caller: str = "run_msrun_nodes",
+                    env: Optional[dict] = None) -> List[subprocess.CompletedProcess]:
     """Run ``script`` as ``nodes`` msrun "machines" on loopback, each with its own ``--node_rank``
     and ``workers_per_node`` workers (ranks node * workers_per_node + i), as a multi-node launch
-    would; node 0 is the master host. Arguments and logs as ``run_msrun`` (logs in
+    would; node 0 is the master host. Arguments, environment and logs as ``run_msrun`` (logs in
     ``out_dir/msrun_logs_node<k>``).
 
     Returns:
@@ -195,7 +210,7 @@ def run_msrun_nodes(script, nodes: int, workers_per_node: int, out_dir, args: Se
         cmds.append(msrun_command(script, nodes * workers_per_node, log_dirs[-1], ["--out", str(out_dir), *args],
                                   ["--master_addr=127.0.0.1", f"--master_port={port}", f"--node_rank={node}"],
                                   local_worker_num=workers_per_node, launcher=launcher))
-    results = _wait_all([_start(cmd, out_dir) for cmd in cmds], cmds, timeout)
+    results = _wait_all([_start(cmd, out_dir, env) for cmd in cmds], cmds, timeout)
     failures = [_failure(caller, f"{resolve_script(script).name} node {node} of {nodes}", result, timeout, log_dir)
                 for node, (result, log_dir) in enumerate(zip(results, log_dirs)) if result.returncode != 0]
     if failures:

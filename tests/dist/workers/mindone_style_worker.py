@@ -26,7 +26,7 @@ from mindspore.communication import create_group, get_group_size
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", ".."))
 from msrun_harness import worker_args  # noqa: E402
-from models import FactoredOptimizer, ScriptEMA, SparseCELoss as LossNet  # noqa: E402
+from models import FactoredOptimizer, ScriptEMA, SparseCELoss as LossNet, changed_params, snapshot_params  # noqa: E402
 
 from mindone_zero import prepare_train_network  # noqa: E402
 from mindone_zero.checkpoint import gather_full_params  # noqa: E402
@@ -233,15 +233,17 @@ def run_error_checks(out, rank):
         net = build_net()
         kwargs = dict(optimizer=nn.Adam(net.trainable_params()))
         kwargs.update(make(net))
-        shapes = {id(p): tuple(p.shape) for p in net.get_parameters()}
+        loss_net = LossNet(net)
+        before = snapshot_params(loss_net)
         info = os.path.join(out, f"errors_{key}_info")
         try:
-            prepare_train_network(LossNet(net), zero_stage=3, params_split_info=info, **kwargs)
+            prepare_train_network(loss_net, zero_stage=3, params_split_info=info, **kwargs)
             message = None
         except (TypeError, ValueError) as e:
             message = f"{type(e).__name__}: {e}"
-        unchanged = all(tuple(p.shape) == shapes[id(p)] and not hasattr(p, "zero_spec") for p in net.get_parameters())
-        results[key] = {"message": message, "unchanged": unchanged, "no_file": not os.path.exists(info)}
+        changed = changed_params(loss_net, before)  # names, shapes, values, no shard spec
+        results[key] = {"message": message, "unchanged": not changed, "changed": changed,
+                        "no_file": not os.path.exists(info)}
     with open(os.path.join(out, f"errors_rank{rank}.json"), "w") as f:
         json.dump(results, f)
 

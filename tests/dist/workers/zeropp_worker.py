@@ -9,10 +9,12 @@ Cases (a JSON list from the test, run in order in one job; every rank writes
   shapes, Dense + Embedding + LayerNorm + Conv2d) at stage 3 and train ``steps`` optimizer steps
   (0: build only); ``hpz`` adds ``hpz_group`` = this rank's half of the world ({0..N/2-1} or
   {N/2..N-1}). Writes the loss of every step, a digest of every final full parameter (sha256 of
-  its float32 bytes), the comm plan's entries, Φ (fp32 parameter bytes) and ``measured``: the
+  its float32 bytes), the comm plan's entries, Φ (fp32 parameter bytes) and ``emulated``: the
   bytes of the int8 values and scales that ``quantize_blocks`` produces for every ZeRO++ gather
   on this rank's shard and gradient shapes (the tensors the CPU emulation moves, counted at 1 byte
-  per int8 value, as natively), and of the float32 tensors of the parameters kept in full precision, ``hpz_bytes`` (``memory_measure.hpz_secondary_bytes``) and
+  per int8 value, as natively), and of the float32 tensors of the parameters kept in full precision
+  (computed from the gathers' own block layout, so not a measurement: tests/dist/test_comm_graph.py
+  reads what the compiled graph sends), ``hpz_bytes`` (``memory_measure.hpz_secondary_bytes``) and
   ``quantized``: the full shapes of the parameters whose gathers quantize (by name).
 * ``{"name": "errors"}``: bad ``zeropp`` values against a network that must stay unmodified.
 """
@@ -36,7 +38,7 @@ from mindone_zero.core.comm import init_data_parallel, world_group  # noqa: E402
 from mindone_zero.memory.measure import hpz_secondary_bytes  # noqa: E402
 from mindone_zero.core.quantize import quantize_blocks  # noqa: E402
 from mindone_zero.zero3.state import zeropp_wrappers  # noqa: E402
-from tests.models import LossNet, TinyNet, init_weights, micro_batch  # noqa: E402
+from tests.models import LossNet, TinyNet, changed_params, init_weights, micro_batch, snapshot_params  # noqa: E402
 from tests.msrun_harness import worker_args  # noqa: E402
 from tools.lm_model import LMLoss, build_lm, init_lm_weights, reversal_batch  # noqa: E402
 
@@ -74,10 +76,10 @@ def _build(model, zeropp, reshard, lr):
     return train, phi
 
 
-def _measured_bytes(train):
+def _emulated_bytes(train):
     """Native bytes of the tensors this rank's ZeRO++ gathers move, per kind: the quantized tensors
-    ``quantize_blocks`` produces, and the float32 tensors of the parameters kept in full precision
-    ([Note: full-precision tensors] in zeropp.py)."""
+    ``quantize_blocks`` produces for the gathers' block layout, and the float32 tensors of the
+    parameters kept in full precision ([Note: full-precision tensors] in zeropp.py)."""
     total = {"all_gather": 0, "all_to_all": 0, "reduce_scatter": 0}
     for wrapper in zeropp_wrappers(train.network).values():
         gather = wrapper.gather
@@ -129,7 +131,7 @@ def run_train(case, rank, world, out):
     digests = {k: hashlib.sha256(np.ascontiguousarray(v, np.float32).tobytes()).hexdigest() for k, v in full.items()}
     plan = train.comm_plan
     result = {"losses": losses, "digests": digests, "plan": [list(e) for e in plan.entries], "phi": phi,
-              "measured": _measured_bytes(train), "hpz_bytes": hpz_secondary_bytes(train),
+              "emulated": _emulated_bytes(train), "hpz_bytes": hpz_secondary_bytes(train),
               "quantized": _quantized_shapes(train), "split": _split_shapes(train),
               "seconds": {"first_step": first - start, "rest": time.time() - first}}
     _write(out, case["name"], rank, result)
@@ -149,16 +151,15 @@ def run_errors(case, rank, world, out):
     for label, zeropp, kwargs in bad:
         loss_net = _loss_net("tiny")
         KEEP_ALIVE.append(loss_net)
-        before = {p.name: tuple(p.shape) for p in loss_net.get_parameters()}
+        before = snapshot_params(loss_net)
         optimizer = nn.AdamWeightDecay(loss_net.trainable_params(), learning_rate=1e-3)
         try:
             prepare_train_network(loss_net, optimizer, zero_stage=3, zeropp=zeropp, **kwargs)
             message = None
         except (TypeError, ValueError) as err:
             message = f"{type(err).__name__}: {err}"
-        after = {p.name: tuple(p.shape) for p in loss_net.get_parameters()}
-        sharded = any(hasattr(p, "zero_spec") for p in loss_net.get_parameters())
-        results[label] = {"message": message, "unchanged": before == after and not sharded}
+        changed = changed_params(loss_net, before)  # names, shapes, values, no shard spec
+        results[label] = {"message": message, "unchanged": not changed, "changed": changed}
     _write(out, "errors", rank, results)
 
 

@@ -51,8 +51,10 @@ def test_key_changes_with_world_size_and_source(tmp_path):
 
 
 def test_enable_sets_mindspore_environment_to_the_keyed_folder(tmp_path, monkeypatch):
-    monkeypatch.delenv("MS_COMPILER_CACHE_ENABLE", raising=False)
-    monkeypatch.delenv("MS_COMPILER_CACHE_PATH", raising=False)
+    # setenv, not delenv(raising=False): monkeypatch then undoes what enable_compile_cache sets, whether the
+    # variables were set before or not ([Note: leak guard] in tests/leak_guard.py); and the folder replaces them
+    monkeypatch.setenv("MS_COMPILER_CACHE_ENABLE", "0")
+    monkeypatch.setenv("MS_COMPILER_CACHE_PATH", str(tmp_path / "elsewhere"))
     cfg = load_config(str(CONFIG), {})
     folder = enable_compile_cache(tmp_path / "cache", cfg, 2)
     assert folder == (tmp_path / "cache" / cache_key(cfg, 2)).resolve() and folder.is_dir()

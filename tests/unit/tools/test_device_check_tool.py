@@ -5,6 +5,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from tools import device_check
 
 ROOT = Path(__file__).resolve().parents[3]
@@ -25,6 +27,7 @@ def test_device_check_passes_in_one_cpu_process(tmp_path):
     assert not _lines(proc.stdout, "FAIL")
 
 
+@pytest.mark.usefixtures("restore_ms_context")  # main() sets the mode it checks
 def test_a_failed_check_fails_the_run(monkeypatch, capsys, tmp_path):
     """One FAIL line per failed check and exit status 1 (a check forced to fail, in this process)."""
     def broken():

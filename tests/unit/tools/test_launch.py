@@ -21,6 +21,8 @@ with open(os.path.join(log_dir, "worker_0.log"), "w") as f:
     f.write("[WARNING] ME(1): noise\\nTraceback: boom\\n")
 with open("argv.json", "w") as f:
     json.dump(args, f)
+with open("env.json", "w") as f:
+    json.dump(dict(os.environ), f)
 mode = os.environ["FAKE_MSRUN"]
 if mode == "hang":  # a worker that outlives its launcher unless the whole group is killed
     child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"])
@@ -136,3 +138,26 @@ def test_jobs_launch_ops_blocking_and_retry_often_unless_the_caller_says_otherwi
     monkeypatch.setenv("MS_DEV_LAUNCH_BLOCKING", "0")
     assert msrun_env()["MS_DEV_LAUNCH_BLOCKING"] == "0"
     assert msrun_env({"MS_DEV_LAUNCH_BLOCKING": "1"})["MS_DEV_LAUNCH_BLOCKING"] == "1"
+
+
+def test_the_callers_compile_settings_stay_out_of_a_job_unless_it_asks(fake_msrun, tmp_path, monkeypatch):
+    """[Note: job environment]: a developer's MS_COMPILER_CACHE_*, MS_DEV_* and MS_JIT_* do not reach the
+    job (MS_DEV_LAUNCH_BLOCKING does: [Note: blocking launches]); what the job asks for (``env``) does."""
+    fake_msrun("ok")
+    mine = {"MS_COMPILER_CACHE_ENABLE": "1", "MS_COMPILER_CACHE_PATH": "/shared/cache",
+            "MS_DEV_DUMP_IR_PASSES": "graph_build", "MS_JIT_MODULES": "mine", "MS_DEV_LAUNCH_BLOCKING": "0",
+            "MS_RETRY_INTERVAL_LOWER": "3"}
+    for name, value in mine.items():
+        monkeypatch.setenv(name, value)
+
+    def job_env(out, **kwargs):
+        run_msrun("tools/train.py", 1, out, timeout=60, **kwargs)
+        env = json.loads((out / "env.json").read_text())
+        return {k: env[k] for k in sorted(env) if k.startswith(("MS_COMPILER_CACHE_", "MS_DEV_", "MS_JIT_", "MS_RETRY"))}
+
+    kept = {"MS_DEV_LAUNCH_BLOCKING": "0", "MS_RETRY_INTERVAL_LOWER": "3", "MS_RETRY_INTERVAL_UPPER": "2"}
+    assert job_env(tmp_path / "plain") == kept
+    asked = {"MS_COMPILER_CACHE_ENABLE": "1", "MS_COMPILER_CACHE_PATH": str(tmp_path / "cache"),
+             "MS_DEV_DUMP_IR_PASSES": "hwopt_common_final_graph"}
+    assert job_env(tmp_path / "asked", env=asked) == dict(kept, **asked)
+    assert msrun_env()["PYTHONPATH"].split(os.pathsep)[0] == str(REPO)
