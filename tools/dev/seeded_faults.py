@@ -34,6 +34,7 @@ import fcntl
 import os
 import re
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
@@ -232,7 +233,7 @@ def make_scratch(repo: Path = REPO, root: Optional[str] = None) -> Path:
     return scratch
 
 
-def test_env() -> Dict[str, str]:
+def run_env() -> Dict[str, str]:
     """The environment of a test run: no byte-code written (a restored file must not meet the
     faulted one's cache), no compile cache."""
     env = {k: v for k, v in os.environ.items() if k not in SCRUBBED_ENV and not k.startswith("PYTEST_")}
@@ -256,7 +257,7 @@ def check_imports(scratch: Path) -> None:
     ``scratch`` first on a job's ``PYTHONPATH``, and a process started elsewhere with that
     ``PYTHONPATH`` (an msrun worker) finds the library in ``scratch`` too. (``find_spec`` answers as
     an import would, editable installs included, without importing MindSpore.)"""
-    env = test_env()
+    env = run_env()
     lines = subprocess.run([sys.executable, "-c", _FIND], cwd=scratch, env=env, capture_output=True, text=True,
                            check=True).stdout.split()
     worker = dict(env, PYTHONPATH=lines[3])
@@ -314,36 +315,38 @@ class Outcome:
     detail: str = ""
 
 
-def run_tests(scratch: Path, tests: Sequence[str], dist: bool, timeout: float, tag: str) -> Tuple[int, List[str], str]:
-    """(pytest's exit code, the tests that failed or errored, the output's tail) of ``tests`` run in
-    ``scratch``, one process (``-n 0``), under the machine's lock when ``dist``. Exit code -1: timed out."""
+def run_tests(scratch: Path, tests: Sequence[str], dist: bool, timeout: float,
+              tag: str) -> Tuple[int, List[str], str, float]:
+    """(pytest's exit code, the tests that failed or errored, the output's tail, seconds it ran) of
+    ``tests`` run in ``scratch``, one process (``-n 0``), under the machine's lock when ``dist`` (the
+    wait for it not counted). Exit code -1: timed out."""
     basetemp = scratch / ".seeded_faults_tmp"
     basetemp.mkdir(exist_ok=True)
     cmd = [sys.executable, "-m", "pytest", *tests, "-q", "-n", "0", "-p", "no:cacheprovider", "-rfE",
            "--basetemp", str(basetemp / tag)]
     with machine_lock(dist):
+        start = time.monotonic()
         try:
-            proc = subprocess.run(cmd, cwd=scratch, env=test_env(), capture_output=True, text=True, timeout=timeout)
+            proc = subprocess.run(cmd, cwd=scratch, env=run_env(), capture_output=True, text=True, timeout=timeout)
         except subprocess.TimeoutExpired as err:
             out = err.stdout.decode(errors="replace") if isinstance(err.stdout, bytes) else (err.stdout or "")
-            return -1, [], out[-3000:]
+            return -1, [], out[-3000:], time.monotonic() - start
+        seconds = time.monotonic() - start
     failed = []
     for line in proc.stdout.splitlines():
         m = _SUMMARY.match(line)
         if m and m.group(2) not in failed:
             failed.append(m.group(2))
-    return proc.returncode, failed, (proc.stdout + proc.stderr)[-3000:]
+    return proc.returncode, failed, (proc.stdout + proc.stderr)[-3000:], seconds
 
 
 def run_fault(scratch: Path, fault: Fault, timeout: float) -> Outcome:
     """Apply ``fault`` in ``scratch``, run its tests, put the file back."""
-    start = time.monotonic()
     try:
         with fault_applied(scratch, fault):
-            code, failed, tail = run_tests(scratch, fault.tests, fault.dist, timeout, fault.name)
+            code, failed, tail, seconds = run_tests(scratch, fault.tests, fault.dist, timeout, fault.name)
     except ValueError as err:
         return Outcome(fault, "stale", detail=str(err))
-    seconds = time.monotonic() - start
     if code == 1 and failed:
         return Outcome(fault, "caught", failed, seconds)
     if code == 0:
@@ -355,7 +358,7 @@ def run_fault(scratch: Path, fault: Fault, timeout: float) -> Outcome:
 def run_baseline(scratch: Path, faults: Sequence[Fault], timeout: float) -> Tuple[bool, str]:
     """Run every test of ``faults`` once on the unfaulted copy: (whether all passed, the output's tail)."""
     tests = list(dict.fromkeys(t for f in faults for t in f.tests))
-    code, failed, tail = run_tests(scratch, tests, any(f.dist for f in faults), timeout, "baseline")
+    code, failed, tail, _ = run_tests(scratch, tests, any(f.dist for f in faults), timeout, "baseline")
     return code == 0, (f"failed: {failed}\n{tail}" if code else "")
 
 
@@ -372,7 +375,8 @@ def _cell(text: str) -> str:
 
 
 def table(outcomes: Sequence[Outcome]) -> str:
-    """The Markdown table of ``outcomes``: fault, file, tests run, result, tests that failed, seconds."""
+    """The Markdown table of ``outcomes``: fault, file, tests run, result, tests that failed, and the
+    seconds the tests ran (a wait for the machine's lock not counted)."""
     rows = ["| fault | file | tests run | result | failed tests | s |", "|---|---|---|---|---|---:|"]
     for o in outcomes:
         failed = o.failed[:3] + ([f"(+{len(o.failed) - 3} more)"] if len(o.failed) > 3 else [])
@@ -391,7 +395,8 @@ def page(fields: dict, outcomes: Sequence[Outcome], seconds: float) -> str:
     caught = sum(o.status == "caught" for o in outcomes)
     return "\n\n".join([
         "# Seeded faults", stamp(fields),
-        f"{caught} of {len(outcomes)} faults caught, in {seconds:.0f} s (wall time of the whole run).",
+        f"{caught} of {len(outcomes)} faults caught. The tests ran {sum(o.seconds for o in outcomes):.0f} s; the "
+        f"whole run took {seconds:.0f} s of wall time (the copy, waits for the machine's lock included).",
         table(outcomes), "The faults:", bugs([o.fault for o in outcomes])]) + "\n"
 
 
@@ -426,6 +431,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         return 0
     fields = stamp_fields()
     start = time.monotonic()
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # a killed run still removes its copy
     scratch = make_scratch()
     print(f"scratch copy: {scratch}", flush=True)
     try:

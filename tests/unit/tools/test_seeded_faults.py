@@ -60,7 +60,7 @@ def test_pytest_exit_codes_give_the_status(tmp_path, monkeypatch, code, failed, 
     fault = BY_NAME["latest_checkpoint_is_incomplete"]
     (tmp_path / fault.file).parent.mkdir(parents=True)
     (tmp_path / fault.file).write_text((REPO / fault.file).read_text())
-    monkeypatch.setattr(seeded_faults, "run_tests", lambda *a: (code, list(failed), "tail"))
+    monkeypatch.setattr(seeded_faults, "run_tests", lambda *a: (code, list(failed), "tail", 1.0))
     outcome = seeded_faults.run_fault(tmp_path, fault, 60)
     assert (outcome.status, outcome.failed) == (status, failed)
     assert (tmp_path / fault.file).read_text() == (REPO / fault.file).read_text()  # put back
