@@ -17,8 +17,9 @@ loaded. A fault is *caught* when its tests fail (pytest exits 1), *missed* when 
 
 A run of tests under ``tests/dist`` launches msrun jobs: the tool takes the machine's lock
 (``flock /tmp/mz_dist.lock``, as the developers' guide asks of every msrun run) around each such
-pytest run, and waits for it when another job holds it. Faults run one after the other, never side
-by side. ``--baseline`` first runs every selected test on the copy without any fault, so that a
+pytest run, and waits for it when another job holds it; run under ``flock /tmp/mz_dist.lock`` itself,
+it sees that its caller holds the lock and runs everything under it. Faults run one after the other,
+never side by side. ``--baseline`` first runs every selected test on the copy without any fault, so that a
 test that fails anyway is not counted as a catch.
 
 Prints a Markdown table (fault, file, the tests run, caught or missed, the tests that failed, and
@@ -281,10 +282,38 @@ def fault_applied(scratch: Path, fault: Fault):
         path.write_text(original)
 
 
+def _parent(pid: int) -> int:
+    """The parent of process ``pid`` (0 when unknown)."""
+    try:
+        return int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1])
+    except (OSError, IndexError, ValueError):
+        return 0
+
+
+def held_by_an_ancestor(lock: str = LOCK) -> bool:
+    """Whether a process this one descends from holds the ``flock`` of ``lock`` (this tool run as
+    ``flock LOCK python tools/dev/seeded_faults.py``), read from ``/proc/locks``."""
+    try:
+        st = os.stat(lock)
+        locks = Path("/proc/locks").read_text().splitlines()
+    except OSError:
+        return False
+    where = f"{os.major(st.st_dev):02x}:{os.minor(st.st_dev):02x}:{st.st_ino}"
+    holders = {int(p[4]) for p in (line.split() for line in locks)
+               if len(p) > 5 and p[1] == "FLOCK" and p[5] == where}  # waiters' lines have "->" in p[1]
+    pid = os.getpid()
+    while pid > 1:
+        if pid in holders:
+            return True
+        pid = _parent(pid)
+    return False
+
+
 @contextlib.contextmanager
 def machine_lock(needed: bool, lock: str = LOCK):
-    """The machine-wide msrun lock (``flock LOCK``) for the block when ``needed``."""
-    if not needed:
+    """The machine-wide msrun lock (``flock LOCK``) for the block when ``needed``, unless a process
+    this one descends from holds it already (taking it again would wait for ever)."""
+    if not needed or held_by_an_ancestor(lock):
         yield
         return
     with open(lock, "a") as f:

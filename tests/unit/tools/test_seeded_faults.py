@@ -3,6 +3,7 @@ exactly once, its bug changes the file and leaves it valid Python) and names tes
 list cannot rot unnoticed; the tool tells caught, missed and broken runs apart; and one cheap fault
 runs end to end in a copy that imports itself, leaving the copy as it found it."""
 import ast
+import fcntl
 import re
 import shutil
 from dataclasses import replace
@@ -95,3 +96,15 @@ def test_a_copy_that_would_import_another_checkout_is_refused(tmp_path):
     shutil.rmtree(scratch / "mindone_zero")  # the tests would import whatever else is installed, or nothing
     with pytest.raises(RuntimeError, match="must import itself"):
         seeded_faults.check_imports(scratch)
+
+
+def test_the_lock_is_taken_unless_this_process_or_an_ancestor_holds_it(tmp_path):
+    lock = str(tmp_path / "dist.lock")
+    with seeded_faults.machine_lock(True, lock):  # nobody holds it: taken at once
+        assert seeded_faults.held_by_an_ancestor(lock)
+    assert not seeded_faults.held_by_an_ancestor(lock)
+    with open(lock, "a") as f:  # as `flock LOCK python tools/dev/seeded_faults.py` holds it for the tool
+        fcntl.flock(f, fcntl.LOCK_EX)
+        assert seeded_faults.held_by_an_ancestor(lock)
+        with seeded_faults.machine_lock(True, lock):  # would wait for ever if it took the lock again
+            pass
