@@ -23,6 +23,7 @@ from mindone_zero import (EMA, ZeroHelper, convert_checkpoints, prepare_ema, pre
 from mindone_zero.checkpoint import atomic_save_checkpoint
 from mindone_zero.core.comm import world_group
 from mindone_zero.core.partition import is_split_candidate, mark_shard_flag, split_all, user_opted_out
+from mindone_zero.memory.measure import measure_model_states
 from mindone_zero.train.optimizer_states import find_optimizer_states
 from mindone_zero.zero3.layers import ZeroCell
 
@@ -188,6 +189,24 @@ def test_our_ema_swaps_and_restores_exactly(net):
     assert all((w.asnumpy() == 0.25).all() for w in ema.net_weight)
     assert ema.swap_after_eval() is True
     assert all(np.array_equal(w.asnumpy(), t) for w, t in zip(ema.net_weight, trained))
+
+
+@pytest.mark.parametrize("stage", [0, 3])
+def test_a_frozen_parameter_gets_no_ema_weight(data_parallel, stage, tmp_path):
+    """MindOne's ``trainable_only=True`` (the default): the EMA holds a weight for each trainable
+    parameter and none for a frozen one, so that a fine-tune of a frozen base keeps no second copy of
+    it (at stage 3 such a weight would be whole on every rank); ``trainable_only=False`` averages
+    every parameter."""
+    net = LossNet(init_weights(TinyNet()))
+    net.net.embedding.embedding_table.requires_grad = False
+    trainable = net.trainable_params()
+    ema = EMA(net)
+    assert [w.name for w in ema.net_weight] == [p.name for p in trainable]
+    assert [e.name for e in ema.ema_weight] == ["ema." + p.name for p in trainable]
+    assert len(EMA(net, trainable_only=False).ema_weight) == len(list(net.get_parameters()))
+    train = prepare_train_network(net, make_optimizer(trainable), zero_stage=stage, ema=ema,
+                                  params_split_info=str(tmp_path / "info"))
+    assert measure_model_states(train)["ema"] == sum(p.asnumpy().nbytes for p in trainable)  # a group of one
 
 
 def test_wrapper_has_mindone_attributes(net, tmp_path):

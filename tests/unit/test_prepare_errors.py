@@ -165,3 +165,18 @@ def _batch():
     ids = Tensor(rng.integers(0, 11, size=(2, 5)).astype(np.int32))
     labels = Tensor(rng.integers(0, 7, size=(2,)).astype(np.int32))
     return ids, labels, Tensor(1.0, ms.float32)
+
+
+def test_an_optimizer_zero_cannot_shard_raises_before_stage_3_cuts_anything(net, tmp_path):
+    """In ParallelMode.DATA_PARALLEL (a group of one rank, so stage 3 really cuts the network), an
+    optimizer whose states ZeRO cannot shard raises before any parameter is cut or file written."""
+    before = snapshot_params(net)
+    info = str(tmp_path / "info")
+    ms.set_auto_parallel_context(parallel_mode=ParallelMode.DATA_PARALLEL)
+    try:
+        with pytest.raises(ValueError, match="'row.net.embedding.embedding_table' of shape \\(11, 1\\)"):
+            prepare_train_network(net, FactoredOptimizer(net.trainable_params()), zero_stage=3, params_split_info=info)
+    finally:
+        ms.reset_auto_parallel_context()
+    assert_params_untouched(net, before)
+    assert not os.path.exists(info)
