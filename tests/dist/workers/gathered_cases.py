@@ -1,0 +1,110 @@
+"""The parity job's ``gathered`` cases (tests/dist/test_gathered.py): ``gathered_parameters`` and
+``gather_full_params`` of some parameters, on the LoRA model of tests/lora_models.py at stage 3.
+
+``run_gathered_case(case, out, rank, world)`` trains two steps in the case's mode, then records what
+each call gives on this rank, in one JSON (arrays as lists) and the adapter file rank 0 saves inside
+the block. Collective: every rank runs it.
+"""
+import os
+import traceback
+
+import numpy as np
+import mindspore as ms
+from mindspore import Tensor, nn
+
+from lora_models import build_own_lora
+from models import LossNet, make_optimizer, micro_batch
+from mindone_zero import gather_full_params, gathered_parameters, prepare_network, prepare_train_network
+from mindone_zero.core.partition import split_array
+
+
+def _train(case, rank, world):
+    net = build_own_lora()
+    train = prepare_train_network(LossNet(net), make_optimizer(net.trainable_params(), "momentum"), zero_stage=3,
+                                  pad_uneven_params=True, clip_grad=True)
+    train.set_train(True)
+    for step in range(2):
+        ids, labels = micro_batch(step, rank, world, 0, 1)
+        train(Tensor(ids), Tensor(labels), Tensor(1.0, ms.float32))
+    return net, train
+
+
+def _error(fn):
+    try:
+        fn()
+    except (TypeError, ValueError, RuntimeError) as err:
+        return f"{type(err).__name__}: {err}"
+    return None
+
+
+def _enter(params, **kwargs):
+    with gathered_parameters(params, **kwargs):
+        pass
+
+
+def _inside(net, params, out, rank, mode):
+    """Shapes and values inside a block over ``params``, the network's bytes there, the adapter saved on rank 0."""
+    seen = {}
+    with gathered_parameters(params):
+        for p in net.get_parameters():
+            seen[p.name] = p.asnumpy().tolist()
+        held = sum(p.nbytes for p in net.get_parameters())
+        if rank == 0:
+            ms.save_checkpoint([{"name": p.name, "data": p} for p in params], os.path.join(out, f"adapter_{mode}.ckpt"))
+        for p in params:  # dropped on exit: no modifier_rank
+            p.set_data(Tensor(np.full(p.shape, 7.0, np.float32)))
+    return seen, int(held)
+
+
+def _modified(net, rank, world):
+    """``modifier_rank=1``: rank 1's values become everyone's shards; the others' are ignored."""
+    weight = net.q_proj.base_layer.weight
+    full = np.arange(int(np.prod(weight.zero_spec.shape)), dtype=np.float32).reshape(weight.zero_spec.shape)
+    with gathered_parameters([weight], modifier_rank=1):
+        weight.set_data(Tensor(full if rank == 1 else -full))
+    expected = split_array(full, world, weight.zero_spec.rank)
+    return bool(np.array_equal(weight.asnumpy(), expected))
+
+
+def run_gathered_case(case, out, rank, world) -> dict:
+    """The case's findings on this rank, or ``{"error": traceback}`` (the test fails with it; the job goes on)."""
+    try:
+        return _findings(case, out, rank, world)
+    except Exception:  # noqa: BLE001 - reported to the test
+        return {"error": traceback.format_exc()}
+
+
+def _findings(case, out, rank, world) -> dict:
+    ms.set_context(mode=ms.GRAPH_MODE if case["mode"] == "graph" else ms.PYNATIVE_MODE)
+    net, train = _train(case, rank, world)
+    adapter = net.trainable_params()
+    before = {p.name: p.asnumpy().copy() for p in net.get_parameters()}
+    shard_bytes = sum(p.nbytes for p in net.get_parameters())
+    seen, held = _inside(net, adapter + [net.embed.embedding_table], out, rank, case["mode"])
+    after = {p.name: p.asnumpy() for p in net.get_parameters()}
+    other = prepare_network(nn.Dense(4, 4), zero_stage=3)
+    stage1 = nn.Dense(4, 2)
+    errors_before = {p.name: p.asnumpy().copy() for p in net.get_parameters()}
+    errors = {
+        "two_networks": _error(lambda: _enter(adapter + other.trainable_params())),
+        "rank_out_of_range": _error(lambda: _enter(adapter, modifier_rank=world)),
+        "not_parameters": _error(lambda: _enter([Tensor(np.ones(2, np.float32))])),
+    }
+    unchanged = all(np.array_equal(p.asnumpy(), errors_before[p.name]) for p in net.get_parameters())
+    with gathered_parameters(stage1.trainable_params()):  # nothing of it is sharded: passes through
+        whole = [tuple(p.shape) for p in stage1.trainable_params()]
+    full = gather_full_params(train, rank0_only=True, trainable_only=True)
+    named = gather_full_params(train, names=["net.head.weight"])
+    return {
+        "shapes_inside": {k: list(np.shape(v)) for k, v in seen.items()},
+        "inside": {k: v for k, v in seen.items()},
+        "held_inside": held, "held_outside": int(shard_bytes),
+        "full_bytes": {p.name: int(np.prod(p.zero_spec.shape)) * p.itemsize for p in net.get_parameters()},
+        "shard_bytes": {p.name: int(p.nbytes) for p in net.get_parameters()},
+        "listed": [p.name for p in adapter] + [net.embed.embedding_table.name],
+        "resharded": all(np.array_equal(after[k], before[k]) for k in before),
+        "errors": errors, "unchanged_after_errors": unchanged, "whole": [list(s) for s in whole],
+        "modifier": _modified(net, rank, world),
+        "full_trainable": {k: v.tolist() for k, v in full.items()},
+        "named": {k: v.tolist() for k, v in named.items()},
+    }
