@@ -51,6 +51,7 @@ def test_on_exit_the_shards_are_back_and_a_modifier_rank_hands_its_values_to_all
     _, out = parity_jobs(WORLD)
     for r in _results(out, name):
         assert r["resharded"]  # changes made inside without modifier_rank are dropped
+        assert r["same_loss_after"]  # the compiled network runs on the shards given back
         assert r["modifier"]  # modifier_rank=1: every rank's block is of rank 1's value
 
 
@@ -82,3 +83,36 @@ def test_an_adapter_is_exported_inside_the_block_and_by_name(parity_jobs, name):
         np.testing.assert_array_equal(saved[param].asnumpy(), np.array(value, np.float32), err_msg=param)
     for r in ranks:
         assert list(r["named"]) == ["net.head.weight"] and np.shape(r["named"]["net.head.weight"]) == (7, 8)
+
+
+@pytest.mark.parity_world(WORLD)
+@pytest.mark.parametrize("name", CASES)
+def test_frozen_parameters_are_saved_resumed_and_exported_like_sharded_ones(parity_jobs, name):
+    """The per-rank save holds each frozen parameter's block (split in the split-info files) and no
+    optimizer state of it; resumed in one process (resharding 2 -> 1) and exported, the frozen base
+    is the model's initial value, the adapter the trained one."""
+    from lora_models import build_own_lora
+    from models import LossNet, make_optimizer
+    from mindone_zero import load_train_state, prepare_train_network
+
+    _, out = parity_jobs(WORLD)
+    ranks = _results(out, name)
+    mode = name.split("_")[-1]
+    step = out / f"ckpt_{mode}" / "step_00000002"
+    initial = {f"net.{p.name}": p.asnumpy() for p in build_own_lora().get_parameters()}
+    frozen = [n for n in initial if "lora_" not in n and "norm" not in n]
+    for r in range(WORLD):
+        info = json.loads((step / "params_info" / f"params_split_info_{r}.json").read_text())
+        assert all(info[n]["split"] for n in frozen)
+        states = ms.load_checkpoint(str(step / f"optimizer_rank{r}.ckpt"))
+        assert not [k for k in states if any(k.endswith(n) for n in frozen)], sorted(states)
+    net = build_own_lora()
+    train = prepare_train_network(LossNet(net), make_optimizer(net.trainable_params(), "momentum"))
+    assert load_train_state(train, str(out / f"ckpt_{mode}")) == 2
+    exported = ms.load_checkpoint(str(out / f"export_{mode}.ckpt"))
+    for p in train.network.get_parameters():
+        np.testing.assert_array_equal(exported[p.name].asnumpy(), p.asnumpy(), err_msg=p.name)
+        if p.name in frozen:
+            np.testing.assert_array_equal(p.asnumpy(), initial[p.name], err_msg=p.name)
+        elif p.name in ranks[0]["full_trainable"]:
+            np.testing.assert_array_equal(p.asnumpy(), np.array(ranks[0]["full_trainable"][p.name], np.float32))

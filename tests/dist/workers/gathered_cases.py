@@ -14,14 +14,16 @@ from mindspore import Tensor, nn
 
 from lora_models import build_own_lora
 from models import LossNet, make_optimizer, micro_batch
-from mindone_zero import gather_full_params, gathered_parameters, prepare_network, prepare_train_network
+from mindone_zero import (gather_full_params, gathered_parameters, prepare_network, prepare_train_network,
+                          save_full_checkpoint, save_train_state)
 from mindone_zero.core.partition import split_array
 
 
-def _train(case, rank, world):
+def _train(case, out, rank, world):
     net = build_own_lora()
     train = prepare_train_network(LossNet(net), make_optimizer(net.trainable_params(), "momentum"), zero_stage=3,
-                                  pad_uneven_params=True, clip_grad=True)
+                                  pad_uneven_params=True, clip_grad=True,
+                                  params_split_info=os.path.join(out, f"{case['name']}_info"))
     train.set_train(True)
     for step in range(2):
         ids, labels = micro_batch(step, rank, world, 0, 1)
@@ -76,8 +78,11 @@ def run_gathered_case(case, out, rank, world) -> dict:
 
 def _findings(case, out, rank, world) -> dict:
     ms.set_context(mode=ms.GRAPH_MODE if case["mode"] == "graph" else ms.PYNATIVE_MODE)
-    net, train = _train(case, rank, world)
+    net, train = _train(case, out, rank, world)
     adapter = net.trainable_params()
+    ids, labels = micro_batch(2, rank, world, 0, 1)
+    batch = (Tensor(ids), Tensor(labels), Tensor(1.0, ms.float32))
+    loss_before = float(train.network(*batch).asnumpy())  # the compiled loss network, on the shards
     before = {p.name: p.asnumpy().copy() for p in net.get_parameters()}
     shard_bytes = sum(p.nbytes for p in net.get_parameters())
     seen, held = _inside(net, adapter + [net.embed.embedding_table], out, rank, case["mode"])
@@ -93,8 +98,12 @@ def _findings(case, out, rank, world) -> dict:
     unchanged = all(np.array_equal(p.asnumpy(), errors_before[p.name]) for p in net.get_parameters())
     with gathered_parameters(stage1.trainable_params()):  # nothing of it is sharded: passes through
         whole = [tuple(p.shape) for p in stage1.trainable_params()]
+    loss_after = float(train.network(*batch).asnumpy())  # the same graph, on the shards given back
     full = gather_full_params(train, rank0_only=True, trainable_only=True)
     named = gather_full_params(train, names=["net.head.weight"])
+    # the frozen base in checkpoints: a per-rank save (resumed in one process by the test) and the export
+    save_train_state(train, os.path.join(out, f"ckpt_{case['mode']}"), 2)
+    save_full_checkpoint(train, os.path.join(out, f"export_{case['mode']}.ckpt"))
     return {
         "shapes_inside": {k: list(np.shape(v)) for k, v in seen.items()},
         "inside": {k: v for k, v in seen.items()},
@@ -103,6 +112,7 @@ def _findings(case, out, rank, world) -> dict:
         "shard_bytes": {p.name: int(p.nbytes) for p in net.get_parameters()},
         "listed": [p.name for p in adapter] + [net.embed.embedding_table.name],
         "resharded": all(np.array_equal(after[k], before[k]) for k in before),
+        "same_loss_after": loss_after == loss_before,
         "errors": errors, "unchanged_after_errors": unchanged, "whole": [list(s) for s in whole],
         "modifier": _modified(net, rank, world),
         "full_trainable": {k: v.tolist() for k, v in full.items()},
