@@ -77,27 +77,34 @@ def run_way(way: str, args, pretrained: Path, out: Path) -> list:
     return [json.loads((job / f"{way}_rank{r}.json").read_text()) for r in range(args.world)]
 
 
+def _ways(results: dict) -> list:
+    """(way, label) of ``WAYS`` that ``results`` has (a page drawn again from a run before a way was added)."""
+    return [(way, label) for way, label in WAYS if way in results]
+
+
 def render(results: dict, model_bytes: int, largest: int, world: int) -> str:
     """The Markdown table: per phase, the largest per-rank growth / M for each way, and the goals."""
     names = _phases({"ways": results})
-    head = "| phase | " + " | ".join(label for _, label in WAYS) + " | goal (sharded ways) |"
-    lines = [head, "|---|" + "---:|" * (len(WAYS) + 1)]
+    ways = _ways(results)
+    head = "| phase | " + " | ".join(label for _, label in ways) + " | goal (sharded ways) |"
+    lines = [head, "|---|" + "---:|" * (len(ways) + 1)]
     for name in names:
         cells = ["-" if _growth(results[way], name) is None else f"{_growth(results[way], name) / model_bytes:.2f}"
-                 for way, _ in WAYS]
+                 for way, _ in ways]
         goal = "-" if "train step" in name else f"<= {GOAL_SHARE}"
         lines.append(f"| {name} (max over ranks, x M) | " + " | ".join(cells) + f" | {goal} |")
     exports = [f"{next(p['growth'] for p in results[w][0]['phases'] if p['name'] == 'export') / largest:.2f}"
-               for w, _ in WAYS]
+               for w, _ in ways]
     lines.append("| export, rank 0 (x the largest tensor) | " + " | ".join(exports) + f" | <= {GOAL_EXPORT} |")
-    held = [f"{max(r['held_after_steps'] for r in results[w]) / model_bytes:.2f}" for w, _ in WAYS]
+    held = [f"{max(r['held_after_steps'] for r in results[w]) / model_bytes:.2f}" for w, _ in ways]
     lines.append("| held after the steps (x M) | " + " | ".join(held) + " | - |")
-    peaks = [f"{max(r['peak'] for r in results[w]) / model_bytes:.2f}" for w, _ in WAYS]
-    lines.append("| peak of the whole run (max over ranks, x M) | " + " | ".join(peaks) + " | - |")
-    frozen = results["lora"]
-    share = max(r["frozen_held"] for r in frozen) / (frozen[0]["frozen_full"] / world)
-    lines.append("| frozen bytes held per rank (x their full bytes / N) | " + " | ".join(
-        "-" if w != "lora" else f"{share:.2f}" for w, _ in WAYS) + f" | <= {GOAL_FROZEN} |")
+    if "lora" in results:
+        peaks = [f"{max(r['peak'] for r in results[w]) / model_bytes:.2f}" for w, _ in ways]
+        lines.append("| peak of the whole run (max over ranks, x M) | " + " | ".join(peaks) + " | - |")
+        frozen = results["lora"]
+        share = max(r["frozen_held"] for r in frozen) / (frozen[0]["frozen_full"] / world)
+        lines.append("| frozen bytes held per rank (x their full bytes / N) | " + " | ".join(
+            "-" if w != "lora" else f"{share:.2f}" for w, _ in ways) + f" | <= {GOAL_FROZEN} |")
     return (f"N={world}, ZeRO stage 3, GRAPH_MODE, AdamWeightDecay. M = {model_bytes / 1e9:.2f} GB (the model's fp32 "
             f"bytes); a rank's block is {1 / world:.2f} M; the largest tensor is {largest / 2 ** 20:.0f} MiB. Each "
             f"phase: the peak resident set (VmHWM, reset before the phase) above the resident set when the phase "
@@ -148,10 +155,10 @@ def intro(data: dict) -> list:
             f"two moments, each split {world} ways), so holding {held:.2f} M is expected, not a leak: the rest is "
             f"the step's graph, gathered layers and the allocator's pools; the steps' growth ({steps:.2f} M at "
             "most) includes the optimizer's moments, to which MindSpore gives memory when the first step "
-            "compiles, and the step's gradients.",
+            "compiles, and the step's gradients."] + ([
             f"The LoRA fine-tune (rank {data.get('lora_rank', LORA_RANK)} on every layer, the base frozen) shards its frozen base too: "
             f"expect each rank to hold 1/{world} of it and no gradient or optimizer state for it, so far less "
-            "than full fine-tuning after the steps; its export writes the adapter only."]
+            "than full fine-tuning after the steps; its export writes the adapter only."] if "lora" in data["ways"] else [])
 
 
 def draw(plt, data: dict):
@@ -160,7 +167,7 @@ def draw(plt, data: dict):
     m, names = data["model_bytes"], _phases(data)
     held = "held after the steps"
     series = {}
-    for way, label in WAYS:
+    for way, label in _ways(data["ways"]):
         ranks = data["ways"][way]
         series[label] = [None if _growth(ranks, n) is None else _growth(ranks, n) / m for n in names]
         series[label].append(max(r["held_after_steps"] for r in ranks) / m)
