@@ -14,18 +14,18 @@ from mindspore import Tensor, nn
 
 from lora_models import build_own_lora
 from models import LossNet, make_optimizer, micro_batch
-from mindone_zero import (gather_full_params, gathered_parameters, prepare_network, prepare_train_network,
-                          save_full_checkpoint, save_train_state)
+from mindone_zero import (gather_full_params, gathered_parameters, load_train_state, prepare_network,
+                          prepare_train_network, save_full_checkpoint, save_train_state)
 from mindone_zero.core.partition import split_array
 
 
-def _train(case, out, rank, world):
+def _train(case, out, rank, world, steps=2):
     net = build_own_lora()
     train = prepare_train_network(LossNet(net), make_optimizer(net.trainable_params(), "momentum"), zero_stage=3,
                                   pad_uneven_params=True, clip_grad=True,
                                   params_split_info=os.path.join(out, f"{case['name']}_info"))
     train.set_train(True)
-    for step in range(2):
+    for step in range(steps):
         ids, labels = micro_batch(step, rank, world, 0, 1)
         train(Tensor(ids), Tensor(labels), Tensor(1.0, ms.float32))
     return net, train
@@ -104,6 +104,10 @@ def _findings(case, out, rank, world) -> dict:
     # the frozen base in checkpoints: a per-rank save (resumed in one process by the test) and the export
     save_train_state(train, os.path.join(out, f"ckpt_{case['mode']}"), 2)
     save_full_checkpoint(train, os.path.join(out, f"export_{case['mode']}.ckpt"))
+    resumed_net, resumed = _train(dict(case, name=case["name"] + "_resumed"), out, rank, world, steps=0)
+    load_train_state(resumed, os.path.join(out, f"ckpt_{case['mode']}"))
+    same_resumed = all(np.array_equal(a.asnumpy(), b.asnumpy())
+                       for a, b in zip(net.get_parameters(), resumed_net.get_parameters()))
     return {
         "shapes_inside": {k: list(np.shape(v)) for k, v in seen.items()},
         "inside": {k: v for k, v in seen.items()},
@@ -113,6 +117,7 @@ def _findings(case, out, rank, world) -> dict:
         "listed": [p.name for p in adapter] + [net.embed.embedding_table.name],
         "resharded": all(np.array_equal(after[k], before[k]) for k in before),
         "same_loss_after": loss_after == loss_before,
+        "resumed_equal": same_resumed,
         "errors": errors, "unchanged_after_errors": unchanged, "whole": [list(s) for s in whole],
         "modifier": _modified(net, rank, world),
         "full_trainable": {k: v.tolist() for k, v in full.items()},
