@@ -127,3 +127,22 @@ def test_gathered_parameters_checks_its_arguments_before_anything_changes():
     np.testing.assert_array_equal(net.weight.asnumpy(), before)
     with gathered_parameters(net.weight, modifier_rank=0):  # one process: nothing is split over ranks
         assert net.weight.shape == (2, 4)
+
+
+def test_gather_full_params_of_some_parameters():
+    """By name or trainable only; a wrong selection raises before any gather."""
+    from mindone_zero import gather_full_params, prepare_train_network
+
+    dense = nn.Dense(4, 2)
+    dense.bias.requires_grad = False
+    net = nn.WithLossCell(dense, nn.MSELoss())
+    train = prepare_train_network(net, nn.SGD(net.trainable_params()), zero_stage=3)
+    assert list(gather_full_params(train, trainable_only=True)) == ["weight"]
+    assert list(gather_full_params(train, names=["bias"])) == ["bias"]
+    with pytest.raises(TypeError, match="'names' must be an iterable of str"):
+        gather_full_params(train, names="bias")
+    with pytest.raises(ValueError, match=r"'names' holds names that 'train_net' does not have among its trainable "
+                                         r"parameters: \['bias'\]"):
+        gather_full_params(train, names=["bias"], trainable_only=True)
+    with pytest.raises(TypeError, match="'trainable_only' must be a bool"):
+        gather_full_params(train, trainable_only=1)
