@@ -146,3 +146,26 @@ def test_gather_full_params_of_some_parameters():
         gather_full_params(train, names=["bias"], trainable_only=True)
     with pytest.raises(TypeError, match="'trainable_only' must be a bool"):
         gather_full_params(train, trainable_only=1)
+
+
+def _inside_a_graph(params):
+    @ms.jit
+    def step(x):
+        with gathered_parameters(params):
+            y = x + 1
+        return y
+
+    return step(Tensor(np.ones(2, np.float32)))
+
+
+def test_gathered_parameters_inside_a_compiled_graph_raises_and_changes_nothing():
+    """A graph compiles no ``gathered_parameters`` block: MindSpore refuses it when it compiles (the object
+    is not a ``jit_class``), and a traced call raises our RuntimeError; no parameter changed."""
+    from mindone_zero.core.ms_internals import in_compiled_graph
+
+    net = prepare_network(nn.Dense(4, 2), zero_stage=3)
+    before = net.weight.asnumpy().copy()
+    with pytest.raises((TypeError, RuntimeError)):
+        _inside_a_graph(net.trainable_params())
+    np.testing.assert_array_equal(net.weight.asnumpy(), before)
+    assert in_compiled_graph() is False
