@@ -150,5 +150,6 @@ def test_only_the_collective_is_marked_for_the_regather(job, case, size):
         whole = [m for m in marks if m[2] and not m[3]]
         # the rest are the top Cell's own gathers: its reads stay gathered ([Note: reshard after forward])
         assert all("." not in m[0] for m in marks if m not in alone + whole), (case, marks)
-        assert len(alone) > len(marks) / 2, (case, marks)
+        # most of the other Cells' gathers (the top Cell's reads, the frozen one's among them, stay gathered)
+        assert len(alone) > len([m for m in marks if "." in m[0]]) / 2, (case, marks)
         assert set(report["regathered"]) == {name for m in alone + whole for name in m[1]}, (case, marks)
