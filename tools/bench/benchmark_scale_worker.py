@@ -74,14 +74,15 @@ class LoraDense(nn.Cell):
         return result
 
 
-def lora_stack(layers: int, width: int, r: int = LORA_RANK) -> DenseStack:
-    """``DenseStack`` with LoRA of rank ``r`` on every layer, the base frozen (a LoRA fine-tune's model)."""
-    net = DenseStack(layers, width)
-    for i in range(layers):
-        net.net[i] = LoraDense(net.net[i], r)
-    for p in net.get_parameters():
-        p.requires_grad = "lora_" in p.name
-    return net
+class LoraStack(DenseStack):
+    """``DenseStack`` with LoRA of rank ``r`` on every layer, the base frozen (a LoRA fine-tune's model):
+    parameters ``net.<i>.base_layer.*`` and ``net.<i>.lora_{A,B}.default.weight``."""
+
+    def __init__(self, layers: int, width: int, r: int = LORA_RANK):
+        nn.Cell.__init__(self)
+        self.net = nn.SequentialCell([LoraDense(nn.Dense(width, width), r) for _ in range(layers)])
+        for p in self.get_parameters():
+            p.requires_grad = "lora_" in p.name
 
 
 def frozen_bytes(net) -> tuple:
@@ -111,7 +112,7 @@ def phases(case: dict, rank: int):
     def build():
         if case["way"] == "lora":
             with sharded_init():
-                state["net"] = lora_stack(layers, width, case.get("lora_rank", LORA_RANK))
+                state["net"] = LoraStack(layers, width, case.get("lora_rank", LORA_RANK))
         elif case["way"] != "mindone":
             with sharded_init():
                 state["net"] = DenseStack(layers, width)
