@@ -8,6 +8,7 @@ from .memory.estimate import estimate_model_states_memory, estimate_peak_memory
 from .train.prepare import prepare_ema, prepare_network, prepare_train_network
 from .train.train_step import TrainOneStepWrapper
 from .train.zero_helper import ZeroHelper
+from .zero3.gathered import gathered_parameters
 from .zero3.layers import PARALLEL_MODULES
 from .zero3.zeropp import ZeroPPConfig
 
@@ -32,5 +33,6 @@ __all__ = [
     "ZeroPPConfig",
     "create_hybrid_groups",
     "sharded_init",
+    "gathered_parameters",
 ]
 

@@ -30,25 +30,35 @@ from .resume import _check_train_net
 __all__ = ["gather_full_params", "save_full_checkpoint"]
 
 
-def gather_full_params(train_net, rank0_only: bool = False, include_ema: bool = False) -> Dict[str, np.ndarray]:
+def gather_full_params(train_net, rank0_only: bool = False, include_ema: bool = False, *, names=None,
+                       trainable_only: bool = False) -> Dict[str, np.ndarray]:
     """Full, unpadded tensors of ``train_net``'s network (and EMA) on every rank, or on rank 0 only.
 
-    Collective over the world (every rank must call it): sharded tensors (network parameters at
-    stage 3, EMA weights at stages >= 1) are all-gathered over the optimizer parallel group one
-    at a time, eagerly (PYNATIVE for the call, the previous mode restored). Whole tensors are
-    copied. Peak extra memory on a rank is the returned dict plus one padded tensor.
+    Collective over the world (every rank must call it, with the same arguments): sharded tensors
+    (network parameters at stage 3, frozen ones included, EMA weights at stages >= 1) are
+    all-gathered over the optimizer parallel group one at a time, eagerly (PYNATIVE for the call, the
+    previous mode restored). Whole tensors are copied. Peak extra memory on a rank is the returned
+    dict plus one padded tensor: ask for some parameters only (``names``, ``trainable_only``) to hold
+    an adapter, not the model. A ``save_pretrained(state_dict=...)`` that wants MindSpore tensors
+    gets ``{name: mindspore.Tensor(value) for name, value in full.items()}``.
 
     Args:
         train_net (TrainOneStepWrapper): from ``prepare_train_network``.
         rank0_only (bool): other ranks take part in the gathers but return ``{}``.
         include_ema (bool): add the EMA weights under their names ``ema.<param name>``.
+        names (Iterable[str]): only these (network parameter names, ``ema.<param name>`` for EMA
+            weights); None (default): every one.
+        trainable_only (bool): only the network's trainable parameters (``requires_grad``), and
+            the EMA weights with ``include_ema``.
 
     Returns:
         dict: parameter name -> numpy array, in the network's order, then the EMA's.
 
     Raises:
-        TypeError: ``train_net`` is not a TrainOneStepWrapper.
-        ValueError: ``include_ema`` is True but ``train_net`` has no EMA.
+        TypeError: ``train_net`` is not a TrainOneStepWrapper, ``names`` is a str or holds a
+            non-str, ``trainable_only`` is not a bool.
+        ValueError: ``include_ema`` is True but ``train_net`` has no EMA; ``names`` holds a name
+            that ``train_net`` does not have (or that ``trainable_only`` leaves out).
 
     Examples:
         >>> from mindspore import nn
@@ -64,15 +74,24 @@ def gather_full_params(train_net, rank0_only: bool = False, include_ema: bool = 
         At stage 3, on every rank (tests/dist/test_checkpoint_resume.py runs this call):
 
         >>> full = gather_full_params(train_net, rank0_only=True)  # {} on others
+
+        A LoRA adapter only, handed to ``mindone.peft``'s ``save_pretrained`` on rank 0 (its
+        names without the loss Cell's ``net.``; tests/dist/test_gathered.py runs these calls):
+
+        >>> full = gather_full_params(train_net, rank0_only=True, trainable_only=True)
+        >>> adapter = {k[len("net."):]: ms.Tensor(v) for k, v in full.items()}
+        >>> peft_model.save_pretrained("adapter", state_dict=adapter,
+        ...                            is_main_process=rank == 0)
     """
     caller = "gather_full_params"
     _check_train_net(train_net, caller)
     _check_include_ema(train_net, include_ema, caller)
     layout = build_layout(train_net, caller)
+    items = _selected(_full_items(train_net, layout, include_ema), names, trainable_only, caller)
     keep = not rank0_only or layout.rank == 0
     out = {}
     with eager_mode():
-        for it in _full_items(train_net, layout, include_ema):
+        for it in items:
             value = _full_value(train_net, layout, it)
             if keep:
                 out[it.param.name] = value
@@ -91,6 +110,27 @@ def _full_items(train_net, layout, include_ema: bool) -> List:
         weights = {id(e) for e in train_net.ema.ema_weight}
         items = items + [it for it in layout.items["ema"] if id(it.param) in weights]
     return items
+
+
+def _selected(items: List, names, trainable_only: bool, caller: str) -> List:
+    """The ``items`` that ``names`` and ``trainable_only`` ask for (checked first: nothing is gathered
+    when one is wrong)."""
+    if not isinstance(trainable_only, bool):
+        raise TypeError(f"For '{caller}', the argument 'trainable_only' must be a bool, but got {trainable_only!r}.")
+    if trainable_only:
+        items = [it for it in items if it.kind != "params" or it.param.requires_grad]
+    if names is None:
+        return items
+    names = names if isinstance(names, str) else list(names)
+    if isinstance(names, str) or not all(isinstance(n, str) for n in names):
+        raise TypeError(f"For '{caller}', the argument 'names' must be an iterable of str (parameter names), but got "
+                        f"{names!r}.")
+    wanted = set(names)
+    unknown = sorted(wanted - {it.param.name for it in items})
+    if unknown:
+        raise ValueError(f"For '{caller}', the argument 'names' holds names that 'train_net' does not have"
+                         f"{' among its trainable parameters' if trainable_only else ''}: {unknown[:5]}.")
+    return [it for it in items if it.param.name in wanted]
 
 
 def _is_gathered(layout, it) -> bool:

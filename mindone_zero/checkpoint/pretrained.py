@@ -31,6 +31,7 @@ from ..train.inventory import inventory
 from ..train.train_step import TrainOneStepWrapper
 from .hf_index import read_index
 from .naming import prefix_mapper
+from .peft_names import peft_names
 from .agreement import agree, attempt
 from .readers import SafetensorsFile, open_checkpoint
 
@@ -70,6 +71,12 @@ def load_full_checkpoint(network, path, *, strict: bool = True, strip_prefix: Op
     before training starts: ``set_data`` installs new tensors. String entries of a ``.ckpt``
     (``append_dict``) are ignored. With ``optimizer_offload`` load into the network from
     ``prepare_network`` instead (the host-side masters are out of reach here).
+
+    A network wrapped by PEFT (``peft``, ``mindone.peft``: tuner layers holding the original as
+    ``base_layer``) takes its base model's checkpoint as it is: a file name that matches no
+    parameter is matched to the parameter PEFT renamed (``base_model.model.`` and ``.base_layer``
+    taken out), after the prefixes or ``name_map``, and the adapters (``lora_A``, ``lora_B``, ...),
+    which no base checkpoint holds, keep their values and are not reported missing.
 
     Args:
         network (nn.Cell): the network from ``prepare_network`` (at stage 3 its split parameters hold
@@ -134,12 +141,15 @@ def _plan(network, path, strict, strip_prefix, add_prefix, name_map) -> _Plan:
         raise TypeError(f"For '{CALLER}', the argument 'strict' must be a bool, but got {strict!r}.")
     mapper = _name_mapper(strip_prefix, add_prefix, name_map)
     targets = _targets(network)
+    aliases, adapters = peft_names(network.network if isinstance(network, TrainOneStepWrapper) else network)
     source = _open_source(path)
     taken, unexpected = {}, []
     for file_name in source:
         name = mapper(file_name)
         if name is None:
             continue
+        if name not in targets:
+            name = aliases.get(name, name)  # a base model's name in a PEFT-wrapped network
         if name in taken:
             how = "the argument 'name_map'" if name_map is not None else "the arguments 'strip_prefix'/'add_prefix'"
             raise ValueError(f"For '{CALLER}', {how} map both tensors {taken[name]!r} and {file_name!r} of the "
@@ -147,7 +157,7 @@ def _plan(network, path, strict, strip_prefix, add_prefix, name_map) -> _Plan:
         taken[name] = file_name
         if name not in targets:
             unexpected.append(file_name)
-    missing = [name for name in targets if name not in taken]
+    missing = [name for name in targets if name not in taken and name not in adapters]
     if strict and (missing or unexpected):
         raise ValueError(_strict_message(path, source, missing, unexpected))
     items = [(targets[name], source[f], f) for name, f in taken.items() if name in targets]

@@ -9,8 +9,9 @@ comm_plan.py) from the same fields. So the plan cannot count bytes that the Cell
 
 * ``GatherRecord``: one ZeRO-3 gather, per parameter (``ZeroParamWrapper``), coalesced
   (``ZeroGatherGroup``), a gather unit's part or large element (``ZeroUnitGather``), with its
-  ZeRO++ settings (qwZ, qgZ blocks; hpZ's secondary group) and whether backward gathers it again
-  ([Note: dropped re-gathers] in zero3/backward_reads.py).
+  ZeRO++ settings (qwZ, qgZ blocks; hpZ's secondary group), whether backward gathers it again
+  ([Note: dropped re-gathers] in zero3/backward_reads.py) and whether it reduce-scatters gradients
+  (not for frozen parameters).
 * ``BucketRecord``: the buckets of one ``BucketedComm`` (train/fusion.py).
 * ``TrainCommRecord``: what a ``ZeroHelper`` sends besides the network's gathers: the overflow
   flag, its buckets, the clipping norm, the post-step all-gather and the offload agreement.
@@ -67,6 +68,8 @@ class GatherRecord:
             elements, ``blocks`` per shard.
         hpz_group, hpz_size: ZeRO++'s hpZ secondary group (None: no hpZ).
         regather: backward gathers it again (in ``hpz_group`` with hpZ).
+        reduces: backward reduce-scatters the gradients (False for frozen parameters: their
+            gradient is zeros, made without a collective).
     """
 
     kind: str
@@ -85,6 +88,7 @@ class GatherRecord:
     hpz_group: Optional[str] = None
     hpz_size: int = 1
     regather: bool = False
+    reduces: bool = True
 
     @property
     def wire_dtype(self):

@@ -27,6 +27,8 @@ from mindspore import Parameter, Tensor, lazy_inline, mint, nn
 from mindspore._c_expression import MSContext
 from mindspore.common.initializer import initializer
 from mindspore.common.recompute import _RecomputeCell, null_context_fn
+from mindspore.graph.api import _run_in_jit
+from mindspore.graph.jit_context import jit_context
 from mindspore.ops.operations import _inner_ops
 from mindspore.parallel._utils import _get_parallel_mode
 
@@ -37,7 +39,7 @@ __all__ = ["MINDSPORE_VERSION", "Internal", "INTERNALS", "problem", "child_cells
            "LAZY_STATE_PREFIX", "bind_backward_hooks", "has_shard_fn", "lazy_inline_key", "mint_conv_reversed_padding",
            "OPTIMIZER_PARAMETERS", "optimizer_parameters", "parallel_mode", "ascend_soc_supports_feature",
            "init_tensor", "forget_init_tensor", "parameter_base_class", "parameter_subclass",
-           "parameters_without_data"]
+           "parameters_without_data", "in_compiled_graph"]
 
 MINDSPORE_VERSION = "2.10.0"  # every internal below was read from this version's source
 
@@ -300,6 +302,15 @@ def parameters_without_data(on_created: Callable[[Tensor], None], parameter_clas
                 setattr(Parameter, _NEW_ARGS, _PATCH["original"])
 
 
+# ---------------------------------------------------------------------------- compiled code
+
+
+def in_compiled_graph() -> bool:
+    """Whether the caller runs while MindSpore compiles a graph (a ``jit`` function or a ``construct`` in
+    GRAPH_MODE being parsed or traced), where eager collectives and ``set_data`` cannot run."""
+    return bool(_run_in_jit()) or jit_context() is not None
+
+
 # ---------------------------------------------------------------------------- the list, and its check
 
 
@@ -462,6 +473,10 @@ INTERNALS = (
              "parameters_without_data, parameter_subclass, init_tensor: sharded_init's Parameters and their "
              "copies stay without data ([Note: delayed initialisation] in core/materialize.py).",
              lambda: _made_without_data() and parameter_subclass(parameter_base_class(), {})(_zeros(), "p").has_init),
+    Internal("mindspore.graph.api._run_in_jit and mindspore.graph.jit_context.jit_context",
+             "mindspore/graph/api.py, mindspore/graph/jit_context.py", "behaves",
+             "in_compiled_graph: gathered_parameters (zero3/gathered.py) refuses a call inside a compiled graph.",
+             lambda: in_compiled_graph() is False),
     Internal("mindspore.graph.api._CellGraphExecutor.compile", "mindspore/graph/api.py", "callable",
              "tools/dev/compile_census_hook (a development tool): times each graph compile.",
              lambda: _module_attr("mindspore.graph.api", "_CellGraphExecutor", "compile")),

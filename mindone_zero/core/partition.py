@@ -29,6 +29,7 @@ __all__ = [
     "is_int",
     "user_opted_out",
     "is_split_candidate",
+    "is_frozen_candidate",
     "splits_over",
     "check_split_rule_flag",
     "uneven_split_names",
@@ -182,7 +183,13 @@ def merge_arrays(blocks: Sequence[np.ndarray], full_d0: int) -> np.ndarray:
 
 
 # [Note: split rule] The one rule for which Parameters ZeRO shards, at every stage. A *candidate* is
-# trainable, ndim >= 1, and not opted out by the user with ``param.parallel_optimizer = False``. Over a
+# trainable, ndim >= 1, and not opted out by the user with ``param.parallel_optimizer = False``. At
+# stage 3 a *frozen candidate* is one too: a floating Parameter with ``requires_grad=False``, ndim >= 1,
+# not opted out, that no Cell updates in place (``zero3/frozen.py`` names the Cells that do, such as
+# BatchNorm's moving statistics): for a LoRA fine-tune the frozen base is nearly all the memory, and
+# DeepSpeed's and FSDP's stage 3 shard it too. A frozen split parameter is gathered like the others and
+# gets no gradient, no reduce-scatter and no optimizer state; at stages 1-2 it holds no state, so
+# nothing about it changes there. Over a
 # group of N ranks a candidate is split when its dim 0 divides by N (MindOne's rule, the default:
 # MindOne's callers observe it, e.g. its online combine all-gathers every flagged Parameter and must
 # get exact shapes back); the others stay whole on every rank and their gradients are all-reduced.
@@ -225,11 +232,22 @@ def user_opted_out(param) -> bool:
 
 
 def is_split_candidate(param) -> bool:
-    """Whether ``param`` is a candidate for sharding ([Note: split rule]); reads attributes only."""
+    """Whether ``param`` is a trainable candidate for sharding ([Note: split rule]); reads attributes only."""
     return bool(param.requires_grad) and len(param.shape) >= 1 and not user_opted_out(param)
 
 
-def splits_over(param, group_size: int, pad_uneven: bool = False) -> bool:
+_FLOAT_DTYPES = ("Float16", "Float32", "Float64", "BFloat16")
+
+
+def is_frozen_candidate(param) -> bool:
+    """Whether ``param`` is a frozen candidate for sharding at stage 3 ([Note: split rule]): a floating
+    Parameter with ``requires_grad`` False, ndim >= 1, not opted out. Reads attributes only; whether a
+    Cell updates it in place is the caller's to know."""
+    return (not param.requires_grad and len(param.shape) >= 1 and not user_opted_out(param)
+            and str(param.dtype) in _FLOAT_DTYPES)
+
+
+def splits_over(param, group_size: int, pad_uneven: bool = False, frozen: bool = False) -> bool:
     """Whether ZeRO splits ``param`` over ``group_size`` ranks ([Note: split rule]).
 
     Args:
@@ -237,8 +255,9 @@ def splits_over(param, group_size: int, pad_uneven: bool = False) -> bool:
         group_size: ranks in the optimizer parallel group.
         pad_uneven: the padded rule (split every candidate); False: MindOne's (split only when dim 0
             divides).
+        frozen: frozen candidates count too (stage 3, for a parameter no Cell updates in place).
     """
-    if not is_split_candidate(param):
+    if not (is_split_candidate(param) or (frozen and is_frozen_candidate(param))):
         return False
     return bool(pad_uneven) or int(param.shape[0]) % int(group_size) == 0
 

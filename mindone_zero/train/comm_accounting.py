@@ -66,7 +66,10 @@ def add_hpz_secondary(plan: CommPlan, record: GatherRecord, ctx: PlanContext) ->
 
 
 def add_reduce_scatter(plan: CommPlan, record: GatherRecord, ctx: PlanContext) -> None:
-    """A gather's gradient reduce-scatter every micro-step (qgZ: an all-to-all of int8 blocks)."""
+    """A gather's gradient reduce-scatter every micro-step (qgZ: an all-to-all of int8 blocks); none
+    for frozen parameters."""
+    if not record.reduces:
+        return
     n = record.group_size
     if record.quantize_grads:
         plan.add_quantized("all_to_all", record.group, n, n * record.block * record.blocks, n * record.blocks,

@@ -30,7 +30,9 @@ reader is recomputed whole (its code is not direct, a user's ``recompute()``, PY
 recomputed forward needs every gathered tensor again, so every marked gather counts as re-gathered
 (``train/comm_accounting.py``). Known and counted although it does not run: a MatMul's backward
 reads its weight only for the gradient of its other input, so a first layer fed the network's
-inputs (which need no gradient) re-gathers nothing either.
+inputs (which need no gradient) re-gathers nothing either; nor does a frozen layer whose input
+needs no gradient (in a LoRA fine-tune, frozen layers before the first trainable parameter). A
+frozen parameter's gather sends no gradient back, so it has no reduce-scatter to count.
 """
 import ast
 import functools

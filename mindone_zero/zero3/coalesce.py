@@ -39,7 +39,7 @@ COALESCE_MAX_BYTES = LARGE_TENSOR_BYTES
 """Largest padded parameter (bytes, in the dtype it is all-gathered in: [Note: wire dtype] in
 core/comm_records.py) that ``ZeroGatherGroup`` coalesces."""
 
-_RESHAPE, _DEPEND = ops.Reshape(), ops.Depend()
+_RESHAPE, _DEPEND, _ZEROS_LIKE = ops.Reshape(), ops.Depend(), ops.ZerosLike()
 
 
 class _CoalescedWaiting(Waiting):
@@ -65,6 +65,8 @@ class _CoalescedWaiting(Waiting):
 
     def bprop(self, xs, after, out, dout):
         g = self.base
+        if not g.reduces:  # frozen parameters: zeros, no collective
+            return each(_ZEROS_LIKE, xs), after_grad(after)
         grads = ()
         for i in range(len(dout)):
             grads = grads + (pad_dim0(cast_if_needed(dout[i], g.param_dtype), g.pads[i]),)
@@ -88,6 +90,7 @@ class _CoalescedGather(nn.Cell):
         # ZeroGatherGroup's ``gather_record`` and ``param_names`` are its own.
         self.param_names = record.members
         self.group_size = record.group_size
+        self.reduces = record.reduces
         self.param_dtype = record.param_dtype
         self.compute_dtype = record.compute_dtype
         self.wire_dtype = record.wire_dtype  # [Note: wire dtype] in core/comm_records.py
@@ -170,14 +173,15 @@ class CoalescedPlan:
         """Everything the graph of its gather Cell reads ([Note: shared gather graphs] in gather_build.py)."""
         r = self.record
         return (r.group, r.group_size, r.param_dtype, r.compute_dtype, r.cast_before_gather, r.cast_after_gather,
-                r.padded_shapes, r.shard_shapes, self.full_rows, self.pads)
+                r.padded_shapes, r.shard_shapes, self.full_rows, self.pads, r.reduces)
 
 
 def gather_settings(gather) -> tuple:
-    """What parameters must share to be gathered in one collective: group, dtypes, ZeRO++ options.
+    """What parameters must share to be gathered in one collective: group, dtypes, ZeRO++ options, and
+    whether their gradients go back (frozen parameters are gathered apart from trainable ones).
     ``gather``: a ``ParamGather`` (or a ``_GatherShard``) of ``param_wrapper.py``."""
     record = gather.record
-    return (record.group, record.group_size, record.param_dtype, record.compute_dtype, gather.zeropp)
+    return (record.group, record.group_size, record.param_dtype, record.compute_dtype, gather.zeropp, record.reduces)
 
 
 def coalesced_record(gathers: Sequence, kind: str = "coalesced") -> GatherRecord:

@@ -52,7 +52,9 @@ class ZeroCell(LayerGathers, nn.Cell):
     ``carry.py``): flags such as ``to_float``, train/grad mode, hooks, plain attributes, extra
     parameters and child Cells, and ``recompute()``, re-applied around the new ``construct``.
     ``shard_network`` does not rewrite the ``construct`` of a ZeroCell: it gathers its parameters
-    itself.
+    itself. A ZeroCell is not an instance of the layer it replaces (``isinstance(layer, nn.Dense)``
+    is False), on purpose: a library that picks layers by type (PEFT's LoRA) would read their
+    weights outside a graph, where they are shards. Apply such a library before sharding.
 
     Args:
         net (nn.Cell): the layer to take over, of a type the class accepts (``PARALLEL_MODULES``

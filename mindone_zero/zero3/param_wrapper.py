@@ -6,9 +6,11 @@ the full tensor in forward and, in its custom ``bprop``, reduce-scatters the gra
 shard's shape (mean over the group). All communication goes through ``mindone_zero.core.comm``.
 
 Which parameters are split is [Note: split rule] in ``mindone_zero/core/partition.py``. The
-gradient of a trainable one kept whole is local (the train wrapper all-reduces it); a non-trainable
-one (BatchNorm moving statistics, which the forward pass updates in place and so cannot live as
-shards) is left untouched. ``shard_parameter`` says what each gets (``zero_spec``, ``zero_param``).
+gradient of a trainable one kept whole is local (the train wrapper all-reduces it). A frozen one is
+split too (a LoRA fine-tune's base), gathered like the others, and its gather's backward returns
+zeros without communicating; running state that a Cell updates in place (BatchNorm's moving
+statistics: ``frozen.py``) is left untouched. ``shard_parameter`` says what each gets
+(``zero_spec``, ``zero_param``).
 
 [Note: gather order]
 A stage-3 gather depends only on its shard Parameter, so a device scheduler may start every gather
@@ -62,7 +64,8 @@ from ..core.comm_records import GatherRecord
 from ..core.quantize import block_layout
 from ..core.packing import ITEMSIZE
 from ..core.materialize import block_of, materialize, set_value
-from ..core.partition import ShardSpec, check_split_rule_flag, set_zero_spec, splits_over, zero_spec_of
+from ..core.partition import (ShardSpec, check_split_rule_flag, is_frozen_candidate, set_zero_spec, splits_over,
+                              zero_spec_of)
 from ..core.run_mode import in_pynative
 from ..core.slicing import copy_slice
 from ..core.stage import StagePolicy, check_stage
@@ -144,20 +147,25 @@ ZERO_PARAM_ATTR = "zero_param"
 
 @dataclass(frozen=True)
 class ZeroParam:
-    """What ZeRO-3 decided for one trainable Parameter, stamped on it as ``param.zero_param`` when
-    it is sharded (``shard_parameter``): every gather built for it reads this record ([Note: ZeRO++
-    at build]), so options travel with the parameter, not beside the calls.
+    """What ZeRO-3 decided for one Parameter (trainable, or frozen and floating), stamped on it as
+    ``param.zero_param`` when it is sharded (``shard_parameter``): every gather built for it reads
+    this record ([Note: ZeRO++ at build]), so options travel with the parameter, not beside the calls.
 
     Attributes:
         spec (ShardSpec): its layout (also ``param.zero_spec``, for users and MindOne's callers).
         zeropp (ZeroPPConfig): the ZeRO++ options of its gathers (qwZ, qgZ, hpZ's group), or None.
         build (GatherBuild): while ``shard_network`` builds the network, what builds its gather
             Cells ([Note: gather Cells built once] in gather_build.py); None otherwise.
+        group (str): the group it is sharded over, as given (None: the world group).
+        owner (object): the ``shard_network`` call that sharded it (one token per call), None for
+            ``shard_parameter`` alone: ``gathered_parameters`` refuses parameters of two networks.
     """
 
     spec: ShardSpec
     zeropp: Optional[ZeroPPConfig] = None
     build: Optional[object] = None
+    group: Optional[str] = None
+    owner: Optional[object] = None
 
 
 def zero_param_of(param) -> Optional[ZeroParam]:
@@ -180,8 +188,11 @@ def shard_parameter(param: Parameter, group: Optional[str] = None, pad_uneven: b
     The same Parameter object keeps its name; its data becomes this rank's padded block
     (``ShardSpec.shard_shape``), ``param.zero_spec`` records the layout and ``param.zero_param``
     the ``ZeroParam`` record its gathers are built from (the layout and ``zeropp``). A trainable
-    parameter that stays whole also gets them (``split=False``). A non-trainable parameter gets
-    neither; the returned spec then has ``split=False``. A parameter built without data
+    parameter that stays whole also gets them (``split=False``), and so does a frozen floating
+    parameter (``requires_grad=False``): it is split by the same rule, and its gathers send back no
+    gradient. Any other non-trainable parameter (an integer counter, a 0-d value) gets neither; the
+    returned spec then has ``split=False``. ``shard_network`` keeps state that a Cell updates in
+    place (BatchNorm's moving statistics) whole, without a record. A parameter built without data
     (``no_init_parameters``) runs its initializer here, one tensor at a time ([Note: delayed
     initialisation] in ``mindone_zero/core/materialize.py``).
 
@@ -227,9 +238,10 @@ def shard_parameter(param: Parameter, group: Optional[str] = None, pad_uneven: b
 
 
 def cut_parameter(param: Parameter, group: Optional[str], pad_uneven: bool, zeropp: Optional[ZeroPPConfig],
-                  build=None) -> ShardSpec:
+                  build=None, frozen: bool = True, owner=None) -> ShardSpec:
     """``shard_parameter`` after its argument checks; a record it stamps carries ``build`` ([Note:
-    gather Cells built once] in gather_build.py)."""
+    gather Cells built once] in gather_build.py) and ``owner`` (``ZeroParam.owner``). ``frozen``: a
+    frozen candidate is sharded (False for state a Cell updates in place: ``frozen.py``)."""
     size, rank = group_size_and_rank(group)
     spec = zero_spec_of(param)
     if spec is not None:
@@ -239,15 +251,15 @@ def cut_parameter(param: Parameter, group: Optional[str], pad_uneven: bool, zero
                 f"ranks, but the argument 'group' ({group or world_group()!r}) has {size} ranks."
             )
         return spec
-    spec = ShardSpec(param.name, tuple(param.shape), size, rank, splits_over(param, size, pad_uneven))
+    spec = ShardSpec(param.name, tuple(param.shape), size, rank, splits_over(param, size, pad_uneven, frozen))
     # One parameter at a time, in the network's order ([Note: delayed initialisation] in core/materialize.py)
     if spec.split:
         set_value(param, block_of(param, spec))
     else:
         materialize(param)
-    if param.requires_grad:
+    if param.requires_grad or (frozen and is_frozen_candidate(param)):
         set_zero_spec(param, spec)
-        setattr(param, ZERO_PARAM_ATTR, ZeroParam(spec, zeropp, build))
+        setattr(param, ZERO_PARAM_ATTR, ZeroParam(spec, zeropp, build, group, owner))
     return spec
 
 
@@ -472,10 +484,11 @@ class ParamGather:
     group: Optional[str]
     compute_dtype: object
     zeropp: Optional[ZeroPPConfig] = None
+    frozen: bool = False  # requires_grad False: no gradient goes back ([Note: split rule] in core/partition.py)
 
     @cached_property
     def record(self) -> GatherRecord:
-        return _gather_record(self.spec, self.param_dtype, self.group, self.compute_dtype, self.zeropp)
+        return _gather_record(self.spec, self.param_dtype, self.group, self.compute_dtype, self.zeropp, self.frozen)
 
     def build(self) -> "_GatherShard":
         """The gather Cell (not collective)."""
@@ -487,12 +500,13 @@ class ParamGather:
         quantized = (record.block, record.blocks) if record.quantize_weights or record.quantize_grads else ()
         return (self.group, spec.group_size, spec.split, tuple(spec.shape), tuple(spec.padded_shape),
                 tuple(spec.shard_shape), self.param_dtype, record.compute_dtype, record.quantize_weights,
-                record.quantize_grads) + quantized
+                record.quantize_grads, record.reduces) + quantized
 
     def describe(self) -> str:
         record = self.record
         return (f"param={self.spec.name}, full_shape={self.spec.shape}, group_size={record.group_size}, "
-                f"compute_dtype={record.compute_dtype}, gathers={record.gathers}, zeropp={self.zeropp}")
+                f"compute_dtype={record.compute_dtype}, gathers={record.gathers}, zeropp={self.zeropp}"
+                + (", frozen" if self.frozen else ""))
 
 
 def param_gather(param: Parameter, group: Optional[str], compute_dtype,
@@ -502,7 +516,7 @@ def param_gather(param: Parameter, group: Optional[str], compute_dtype,
     Not collective."""
     record = zero_param_of(param)
     spec = record.spec if record is not None else spec
-    return ParamGather(spec, param.dtype, group, compute_dtype, record and record.zeropp)
+    return ParamGather(spec, param.dtype, group, compute_dtype, record and record.zeropp, not param.requires_grad)
 
 
 def gathers_split(cell: nn.Cell) -> bool:
@@ -510,18 +524,20 @@ def gathers_split(cell: nn.Cell) -> bool:
     record = cell.gather_record if isinstance(cell, ZeroParamWrapper) else None
     return record is not None and record.gathers
 
-def _gather_record(spec: ShardSpec, param_dtype, group: Optional[str], compute_dtype, zeropp) -> GatherRecord:
+def _gather_record(spec: ShardSpec, param_dtype, group: Optional[str], compute_dtype, zeropp,
+                   frozen: bool = False) -> GatherRecord:
     """The record a parameter's gather is built from ([Note: comm records] in core/comm_records.py)."""
     gathers = spec.split and spec.group_size > 1
     # [Note: full-precision tensors] in zeropp.py: vectors and small tensors are not quantized.
     quantizes = gathers and zeropp is not None and zeropp.quantizes(spec.shape)
-    weights, grads = quantizes and zeropp.quantize_weights, quantizes and zeropp.quantize_gradients
+    weights, grads = quantizes and zeropp.quantize_weights, quantizes and zeropp.quantize_gradients and not frozen
     block, blocks = 0, 0
     if weights or grads:
         block, blocks, _ = block_layout(int(np.prod(spec.shard_shape)), zeropp.block_size)
     compute_dtype = param_dtype if compute_dtype is None else compute_dtype
     return GatherRecord("param", group or world_group(), spec.group_size, (spec.name,), (tuple(spec.padded_shape),),
-                        (tuple(spec.shard_shape),), param_dtype, compute_dtype, gathers, weights, grads, block, blocks)
+                        (tuple(spec.shard_shape),), param_dtype, compute_dtype, gathers, weights, grads, block, blocks,
+                        reduces=not frozen)
 
 
 class _GatherShard(nn.Cell):
@@ -547,6 +563,8 @@ class _GatherShard(nn.Cell):
         self.compute_dtype = record.compute_dtype
         # A split parameter in a group of one is already whole; no collective is needed.
         self.gathers = record.gathers
+        self.reduces = record.reduces  # a frozen parameter's gradient is zeros, not communicated
+        self.shard_shape = tuple(spec.shard_shape)
         self.quantize_weights = record.quantize_weights
         self.quantize_grads = record.quantize_grads
         self.wire_dtype = record.wire_dtype  # [Note: wire dtype] in core/comm_records.py
@@ -578,7 +596,10 @@ class _GatherShard(nn.Cell):
         return self.waiting.construct(x, None)  # PYNATIVE_MODE ([Note: gather order])
 
     def shard_grad(self, dout):
-        """This rank's block of the group mean of ``dout``, in the parameter's dtype; collective."""
+        """This rank's block of the group mean of ``dout``, in the parameter's dtype; collective. Zeros
+        of the shard's shape for a frozen parameter, without a collective."""
+        if not self.reduces:
+            return ops.zeros(self.shard_shape, self.param_dtype)
         grad = cast_if_needed(dout, self.param_dtype)
         if self.gathers:
             grad = pad_dim0(grad, self.pad)

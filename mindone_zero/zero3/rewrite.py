@@ -14,7 +14,11 @@ touching the user's classes:
    (``x``: ``construct``'s first input, [Note: gather order] in param_wrapper.py; none in other
    methods), a ``ZeroParamWrapper`` held by the reading Cell (``apply_rewrites`` says which readers
    share one). ``self.<p>.shape`` becomes the full shape as a constant (no gather), and
-   ``self.<p> is None`` is left alone.
+   ``self.<p> is None``, ``.dtype`` and ``.ndim`` are left alone (a shard's are the parameter's).
+   A chain through a local variable bound to one, or through a subscript whose key is known only
+   when the code runs (PEFT's ``lora_A = self.lora_A[adapter]``), stands for every value of the
+   container (``static_lookup.candidates``): its metadata reads are handled the same way, and
+   calling such a Cell is a call like any other.
 2. Unsupported uses raise at this point, naming the Cell, the method and the parameter: a store
    or ``del`` of a sharded parameter, an in-place op (``assign``, ``scatter_*``) on it, a read of
    a container (ParameterTuple, list, dict) holding one, a decorated method that must be
@@ -59,74 +63,18 @@ from ..core.ms_internals import cell_member, lazy_inline_key, own_params
 from .carry import is_recompute_scoped
 from .param_wrapper import GATHER_SUFFIX, ZeroParamWrapper, compute_dtype_of
 from .rewrite_plan import MethodPlan, ParamRead, RewriteAnalysis, RewritePlan
+from .static_lookup import METADATA, MISSING, Method, candidates, contains_split, follow, lookup, subscript_key
 from .unit_threading import thread_units, unreached_note
 from .units import UNIT_ARG
 
 __all__ = ["RewritePlan", "plan_rewrites", "apply_rewrites", "SUPER_PREFIX"]
 
 SUPER_PREFIX = "_zero3_super_"
-_MISSING = object()
 _INPLACE_WORDS = ("assign", "scatter")
-
-
-class _Method:
-    """A plain function found on a Cell's class: a call target to analyse."""
-
-    def __init__(self, cell, name):
-        self.cell, self.name = cell, name
 
 
 def _zero_error(msg: str) -> ValueError:
     return ValueError(f"For 'shard_network', the argument 'network' {msg}")
-
-
-def _lookup(obj, name):
-    """``obj.name`` found without running ``__getattr__`` or descriptors other than properties;
-    ``_Method`` for a plain method, ``_MISSING`` when it cannot be found statically."""
-    if isinstance(obj, nn.Cell):
-        member = cell_member(obj, name, _MISSING)
-        if member is not _MISSING:
-            return member
-        d = obj.__dict__
-        if name in d:
-            return d[name]
-        cls_attr = inspect.getattr_static(type(obj), name, _MISSING)
-        if isinstance(cls_attr, types.FunctionType):
-            return _Method(obj, name)
-        if isinstance(cls_attr, property):
-            try:
-                return getattr(obj, name)
-            except Exception:  # a property that fails here cannot be followed statically
-                return _MISSING
-        return cls_attr
-    if isinstance(obj, (int, float, str, bool, type(None))):
-        return _MISSING
-    try:
-        return inspect.getattr_static(obj, name, _MISSING)
-    except Exception:
-        return _MISSING
-
-
-def _follow(obj, steps):
-    """The object at the end of a chain that resolved entirely through Cells."""
-    for _, step in steps:
-        obj = _lookup(obj, step) if isinstance(step, str) else obj[step]
-    return obj
-
-
-def _subscript_key(node: ast.Subscript):
-    sl = node.slice
-    if isinstance(sl, ast.Constant) and isinstance(sl.value, (int, str)):
-        return sl.value
-    return _MISSING
-
-
-def _contains_split(obj, split_ids: Set[int]) -> bool:
-    if isinstance(obj, (ParameterTuple, list, tuple)):
-        return any(isinstance(p, Parameter) and id(p) in split_ids for p in obj)
-    if isinstance(obj, dict):
-        return any(isinstance(p, Parameter) and id(p) in split_ids for p in obj.values())
-    return False
 
 
 class _ChainReads(ast.NodeTransformer):
@@ -138,6 +86,32 @@ class _ChainReads(ast.NodeTransformer):
         self.after = after  # construct's first input: each gather waits for it ([Note: gather order])
         self.unit = planner.units.get(id(plan.cell))
         self.where = plan.where(mplan)
+        self.locals = {}  # local name -> the objects it may stand for (static_lookup.candidates)
+
+    def visit_FunctionDef(self, node):
+        if not self.locals:
+            self.locals = self._local_candidates(node)
+        return self.generic_visit(node)
+
+    def _local_candidates(self, func: ast.FunctionDef) -> dict:
+        """{local name: the objects it may stand for} for names bound only by plain assignments
+        (``lora_A = self.lora_A[adapter]``), over all of them; a name bound otherwise is unknown."""
+        stores, assigns = {}, []
+        for node in ast.walk(func):
+            if isinstance(node, ast.Name) and isinstance(node.ctx, ast.Store):
+                stores[node.id] = stores.get(node.id, 0) + 1
+            if isinstance(node, ast.Assign) and len(node.targets) == 1 and isinstance(node.targets[0], ast.Name):
+                assigns.append(node)
+        plain = {}
+        for node in assigns:
+            plain[node.targets[0].id] = plain.get(node.targets[0].id, 0) + 1
+        found = {}
+        for node in assigns:
+            name = node.targets[0].id
+            objs = candidates(node.value, self.self_name, self.plan.cell, found)
+            ok = objs is not None and plain[name] == stores[name] and found.get(name, ()) is not None
+            found[name] = found.get(name, []) + objs if ok else None
+        return {k: v for k, v in found.items() if v is not None}
 
     def _chain(self, node):
         """[(node, step)] from ``self`` outwards, or None when not rooted at ``self``."""
@@ -146,8 +120,8 @@ class _ChainReads(ast.NodeTransformer):
             if isinstance(node, ast.Attribute):
                 steps.append((node, node.attr))
             else:
-                key = _subscript_key(node)
-                if key is _MISSING:
+                key = subscript_key(node)
+                if key is MISSING:
                     return None
                 steps.append((node, key))
             node = node.value
@@ -160,12 +134,12 @@ class _ChainReads(ast.NodeTransformer):
         obj = self.plan.cell
         for i, (_, step) in enumerate(steps):
             if isinstance(step, str):
-                obj = _lookup(obj, step)
+                obj = lookup(obj, step)
             else:
                 try:
                     obj = obj[step]
                 except Exception:
-                    return i, _MISSING
+                    return i, MISSING
             if not isinstance(obj, nn.Cell):
                 return i, obj
         return -1, None
@@ -184,8 +158,8 @@ class _ChainReads(ast.NodeTransformer):
             return ast.Subscript(value=ast.Name(id=UNIT_ARG, ctx=ast.Load()), slice=ast.Constant(k), ctx=ast.Load())
         path = "__".join(re.sub(r"\W", "_", str(s)) for _, s in steps[: i + 1])
         attr = path + GATHER_SUFFIX
-        existing = _lookup(self.plan.cell, attr)
-        if existing is not _MISSING and attr not in self.plan.reads:
+        existing = lookup(self.plan.cell, attr)
+        if existing is not MISSING and attr not in self.plan.reads:
             raise _zero_error(f"already has an attribute {attr!r} in {self.where}; cannot add a gather for it.")
         self.plan.reads[attr] = ParamRead(attr, param, compute_dtype_of(self.plan.cell))
         self.planner.referenced.add(id(param))
@@ -197,9 +171,37 @@ class _ChainReads(ast.NodeTransformer):
     def visit_Attribute(self, node):
         steps = self._chain(node)
         if steps is None:
-            self._check_unresolved(node)
-            return self.generic_visit(node)
+            return self._indirect_read(node)
         return self._rewrite_chain(node, steps)
+
+    def _indirect_read(self, node):
+        """A chain through a local variable or a subscript whose key is known only when the code runs
+        (PEFT's ``lora_A = self.lora_A[adapter]; lora_A.weight.dtype``): what it may stand for
+        (``candidates``) decides. ``.dtype`` and ``.ndim`` of a shard are the full parameter's, ``.shape``
+        becomes a constant when every candidate has the same full shape; a value read of a sharded
+        parameter this way cannot be gathered and raises (calling the Cell that holds it is fine)."""
+        meta = node.attr in METADATA + ("shape",) and isinstance(node.value, (ast.Attribute, ast.Subscript))
+        target = node.value if meta else node
+        found = candidates(target, self.self_name, self.plan.cell, self.locals)
+        split = [p for p in found or () if isinstance(p, Parameter) and id(p) in self.planner.split_ids]
+        named = found is None and isinstance(target, ast.Attribute) and target.attr in self.planner.split_attr_names
+        if meta and (split or named):
+            if node.attr in METADATA:
+                return node
+            shapes = {tuple(p.shape) for p in split}
+            if len(split) == len(found or ()) and len(shapes) == 1:
+                self.mplan.has_reads = True  # the unrewritten code would see the shard's shape
+                return ast.Tuple(elts=[ast.Constant(int(d)) for d in shapes.pop()], ctx=ast.Load())
+        if found is None:
+            self._check_unresolved(node)
+        elif split and isinstance(node.ctx, ast.Load):
+            raise _zero_error(
+                f"reads the sharded parameter(s) {sorted({p.name for p in split})} through `{ast.unparse(node)}` "
+                f"(a local variable or a subscript whose key is known only when the code runs) in {self.where}; "
+                f"a gather cannot be put there. Call the Cell that holds it, read it as self.<child>.<name> "
+                f"(constant keys are fine), or set its parallel_optimizer to False."
+            )
+        return self.generic_visit(node)
 
     def _check_unresolved(self, node):
         """A read like ``layer.weight`` on a local cannot be resolved; if the name is that of a
@@ -229,13 +231,15 @@ class _ChainReads(ast.NodeTransformer):
             if not isinstance(steps[i][0].ctx, ast.Load) or (i + 1 < len(steps) and
                                                             not isinstance(node.ctx, ast.Load)):
                 raise _zero_error(f"stores to or deletes the sharded parameter {obj.name!r} in {self.where}.")
+            if i + 1 < len(steps) and steps[i + 1][1] in METADATA:
+                return node  # a shard's dtype and ndim are the full parameter's: no gather
             if i + 1 < len(steps) and steps[i + 1][1] == "shape":
                 self.planner.referenced.add(id(obj))
                 self.mplan.has_reads = True  # the unrewritten code would see the shard's shape
                 shape = ast.Tuple(elts=[ast.Constant(int(d)) for d in obj.shape], ctx=ast.Load())
                 return self._replace_prefix(node, steps, i + 1, shape)
             return self._replace_prefix(node, steps, i, self._gather_call(steps, i, obj))
-        if _contains_split(obj, self.planner.split_ids):
+        if contains_split(obj, self.planner.split_ids):
             raise _zero_error(
                 f"reads a container holding sharded parameters (self.{'.'.join(str(s) for _, s in steps[:i + 1])})"
                 f" in {self.where}; parameters must be read one by one as attributes, or set their "
@@ -270,10 +274,10 @@ class _ChainRewriter(_ChainReads):
             steps = self._chain(func)
             if steps is not None:
                 i, obj = self._resolve(steps)
-                if isinstance(obj, _Method) and i == len(steps) - 1:
+                if isinstance(obj, Method) and i == len(steps) - 1:
                     self.planner.schedule(obj.cell, obj.name)
                     self.mplan.calls.append((node, id(obj.cell), obj.name))
-                target = _follow(self.plan.cell, steps) if i == -1 else None
+                target = follow(self.plan.cell, steps) if i == -1 else None
                 if isinstance(target, ZeroParamWrapper):
                     # Hand-written ZeRO-3 code (`self.w_gather(self.w)`) already gathers: leave it.
                     self._mark_args(node)
@@ -304,7 +308,7 @@ class _ChainRewriter(_ChainReads):
         if isinstance(obj, Parameter) and id(obj) in self.planner.split_ids:
             raise _zero_error(
                 f"updates the sharded parameter {obj.name!r} in place ({name}) in {self.where}; a gathered copy "
-                f"cannot be updated in place. Set its parallel_optimizer to False or requires_grad to False."
+                f"cannot be updated in place. Set its parallel_optimizer to False to keep it whole."
             )
 
     def _is_super(self, node) -> bool:

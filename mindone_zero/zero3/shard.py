@@ -9,10 +9,11 @@ from mindspore.communication import GlobalComm
 from ..core.comm import group_size_and_rank, world_group
 from ..core.ms_internals import child_cells, has_config_recompute, set_child
 from ..core.packing import itemsize_of
-from ..core.partition import WHOLE_WARN_SHARE, is_split_candidate, mark_shard_flag, splits_over, whole_candidates, \
-    zero_spec_of
+from ..core.partition import (WHOLE_WARN_SHARE, is_frozen_candidate, is_split_candidate, mark_shard_flag, splits_over,
+                              whole_candidates, zero_spec_of)
 
 from .carry import carry_hooks, check_carryable, reapply_recompute, recompute_options
+from .frozen import in_place_state
 from .layers import PARALLEL_MODULES, ZeroCell
 from .options import Stage3Options
 from .gather_build import GatherBuild
@@ -103,7 +104,11 @@ def shard_network(network: nn.Cell, group: Optional[str] = None, parallel_module
     same Parameter object with the same name, and has ``param.zero_spec`` (a ``ShardSpec`` with
     ``split=True``). The other trainable parameters (0-d, opted out, dim 0 not dividing) stay
     whole with ``zero_spec.split == False``; their gradients stay local (a train wrapper
-    all-reduces them). Non-trainable parameters keep their data (no ``zero_spec``). Every
+    all-reduces them). Frozen floating parameters (``requires_grad=False``: a LoRA fine-tune's
+    base) follow the same rule; they are gathered in forward and send no gradient back. Running
+    state that a Cell updates in place (BatchNorm's moving statistics, ``IN_PLACE_STATE_CELLS``
+    in ``zero3/frozen.py``) and other non-trainable parameters keep their data (no
+    ``zero_spec``); ``param.parallel_optimizer = False`` keeps a frozen weight whole too. Every
     Parameter's ``parallel_optimizer`` then says whether this rank holds a shard of it, as after
     ``prepare_train_network`` (the user's opt-out is kept: [Note: split rule] in partition.py).
 
@@ -212,19 +217,21 @@ def _shard(network, cells: tuple, group, match, options: Stage3Options):
     replaced = {id(child) for _, _, child in slots}
     recomputed = _recompute_records(cells, replaced)
     params = tuple(p for _, p in network.parameters_and_names())
-    trainable = [p for p in params if p.requires_grad]
+    in_place = in_place_state(cells)  # frozen state a Cell writes: never sharded ([Note: split rule])
     size = group_size_and_rank(group)[0]
-    split_ids = {id(p) for p in trainable if splits_over(p, size, options.pad_uneven_params)}
+    split_ids = {id(p) for p in params if splits_over(p, size, options.pad_uneven_params, id(p) not in in_place)}
     plans = plan_rewrites(network, cells, params, split_ids, replaced, units)
-    build = GatherBuild()
+    build, owner = GatherBuild(), object()  # owner: this call, on every record (ZeroParam.owner)
     try:
         # Every parameter first, in the network's order ([Note: delayed initialisation]), with its record,
         # before any layer Cell is built ([Note: ZeRO++ at build] in param_wrapper.py); the record
         # carries the build ([Note: gather Cells built once] in gather_build.py).
         for param in params:
-            cut_parameter(param, group, options.pad_uneven_params, options.zeropp, build)
+            cut_parameter(param, group, options.pad_uneven_params, options.zeropp, build, id(param) not in in_place,
+                          owner)
         network, new_cells = _replace_cells(network, slots, match, group)
-        _warn_whole(trainable, size)
+        _warn_whole([p for p in params if is_split_candidate(p) or (is_frozen_candidate(p) and id(p) not in in_place)],
+                    size)
         apply_rewrites(plans, group, options.reshard_after_forward)
         record_rewritten_reads(plans, units)
         attach_unit_gathers(list({id(u): u for u in units.values()}.values()), group, build)
@@ -242,10 +249,9 @@ def _shard(network, cells: tuple, group, match, options: Stage3Options):
     return network
 
 
-def _warn_whole(trainable, size: int) -> None:
+def _warn_whole(candidates, size: int) -> None:
     """One warning naming the big parameters MindOne's split rule leaves whole ([Note: split rule])."""
-    whole = whole_candidates([(p.name, zero_spec_of(p), itemsize_of(p.dtype)) for p in trainable
-                              if is_split_candidate(p)], WHOLE_WARN_SHARE)
+    whole = whole_candidates([(p.name, zero_spec_of(p), itemsize_of(p.dtype)) for p in candidates], WHOLE_WARN_SHARE)
     if not whole:
         return
     listed = ", ".join(f"{name} ({nbytes / 2 ** 20:.2f} MiB, {share:.1%})" for name, nbytes, share in whole)

@@ -4,7 +4,7 @@ from pathlib import Path
 import pytest
 
 from msrun_harness import run_msrun
-from parity_cases import CASES, GRAPH_CASES, reference_spec_of
+from parity_cases import CASES, GATHERED_CASES, GRAPH_CASES, LORA_CASES, reference_spec_of
 from zero_results import compute_references
 
 _HERE = Path(__file__).resolve().parent
@@ -27,7 +27,8 @@ def parity_jobs(tmp_path_factory):
         if world not in done:
             out = tmp_path_factory.mktemp(f"parity_N{world}")
             try:
-                cases = CASES[world] + GRAPH_CASES[world]  # and test_comm_graph.py's compiled graphs
+                # and test_comm_graph.py's compiled graphs, test_lora.py's fine-tunes, test_gathered.py's blocks
+                cases = CASES[world] + GRAPH_CASES[world] + LORA_CASES[world] + GATHERED_CASES[world]
                 run_msrun("tests/dist/workers/parity_worker.py", world, out, ["--cases", json.dumps(cases)],
                           timeout=1500)
                 compute_references(out, [reference_spec_of(c) for c in CASES[world]])

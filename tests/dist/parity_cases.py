@@ -127,11 +127,35 @@ GRAPH_CASES = {
         dict(kind="graph", name="s1_offload", stage=1, offload=True, clip=True, optimizer="momentum"),
         dict(kind="graph", name="s3_offload", stage=3, offload=True, optimizer="momentum"),
         dict(kind="graph", name="s3_lm", stage=3, net="lm", clip=True),
+        dict(kind="graph", name="s3_lora", stage=3, net="lora", clip=True),  # frozen: gathers, no reduce-scatter
     ],
     4: [dict(kind="graph", name="s3_hpz", stage=3, net="noscalar", zeropp=_QUANT, hpz=True),
         dict(kind="graph", name="s2_hybrid", stage=2, hybrid=True, clip=True),
         dict(kind="graph", name="s3_hybrid", stage=3, hybrid=True)],
 }
+
+
+# Issue 57: a LoRA fine-tune at every stage, its base frozen (tests/lora_models.py): the suite's own LoRA layer
+# with PEFT's structure, and mindone.peft's where it imports (otherwise its cases write why and the tests
+# skip), compared with stage 0 of the same network at every step. GRAPH_MODE with accumulation and clipping
+# (padded rule: the vocabulary and the classes do not divide); the own layer at stage 3 in PYNATIVE_MODE too.
+LORA_STEPS = 5
+
+
+def _lora_cases(world):
+    cases = [_case(f"lora_s{stage}_graph", stage, accum=2, clip=True, optimizer="momentum", steps=LORA_STEPS,
+                   net="lora") for stage in STAGES]
+    if world == 2:
+        cases.append(_case("lora_s3_pynative", 3, "pynative", 2, True, "momentum", steps=LORA_STEPS, net="lora"))
+    cases += [_case(f"lora_peft_s{stage}_graph", stage, accum=2, clip=True, optimizer="momentum", steps=LORA_STEPS,
+                    net="lora_peft") for stage in (0, 3)]
+    return cases
+
+
+LORA_CASES = {world: _lora_cases(world) for world in (2, 4)}
+# gathered_parameters and gather_full_params of some parameters, on that model at stage 3 after two steps
+# (tests/dist/test_gathered.py, tests/dist/workers/gathered_cases.py), in both modes.
+GATHERED_CASES = {2: [dict(kind="gathered", name=f"gathered_{mode}", mode=mode) for mode in MODES], 4: []}
 
 
 def reference_spec_of(case):

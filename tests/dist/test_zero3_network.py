@@ -23,7 +23,7 @@ RECOMPUTE_CASES = ["graph_recompute", "pynative_recompute"]
 SIZES = [2, 4]
 # 0-d and parallel_optimizer=False (the last one inside a ZeRO-3 Dense of RecomputeNet)
 REPLICATED = {"net.temperature", "net.keep", "net.head.out.bias"}
-UNSHARDED = {"net.frozen"}  # requires_grad=False: untouched, no zero_spec
+FROZEN = {"net.frozen"}  # requires_grad=False: split by the same rule ([Note: split rule]), no gradient
 
 
 @pytest.fixture(scope="module")
@@ -74,7 +74,7 @@ def test_grads_are_reduce_scattered_means(job, case, size):
     """Split params: this rank's block of the mean over ranks; replicated: local gradient."""
     _, grad_tol = _tolerances(case)
     for rep in _reports(job(size), case, size):
-        assert set(rep["grads"]) == set(rep["params"]) - UNSHARDED
+        assert set(rep["grads"]) == set(rep["params"]) - FROZEN
         for name, g in rep["grads"].items():
             assert g["shape"] == g["expected_shape"] == rep["params"][name]["shape"], (rep["rank"], name, g)
             assert g["max_abs"] <= grad_tol * max(1.0, g["scale"]), (rep["rank"], name, g)
@@ -85,10 +85,7 @@ def test_grads_are_reduce_scattered_means(job, case, size):
 def test_params_hold_padded_one_over_n(job, case, size):
     for rep in _reports(job(size), case, size):
         for name, p in rep["params"].items():
-            if name in UNSHARDED:
-                assert not p["has_spec"] and p["shape"] == p["full_shape"], name
-                continue
-            assert p["split"] is (name not in REPLICATED), name
+            assert p["split"] is (name not in REPLICATED), name  # the frozen one too
             assert p["shape"] == p["expected_shape"], (name, p)
             assert p["nbytes"] == p["expected_nbytes"], (name, p)
         table = rep["params"]["net.embed.embedding_table"]
@@ -153,5 +150,6 @@ def test_only_the_collective_is_marked_for_the_regather(job, case, size):
         whole = [m for m in marks if m[2] and not m[3]]
         # the rest are the top Cell's own gathers: its reads stay gathered ([Note: reshard after forward])
         assert all("." not in m[0] for m in marks if m not in alone + whole), (case, marks)
-        assert len(alone) > len(marks) / 2, (case, marks)
+        # most of the other Cells' gathers (the top Cell's reads, the frozen one's among them, stay gathered)
+        assert len(alone) > len([m for m in marks if "." in m[0]]) / 2, (case, marks)
         assert set(report["regathered"]) == {name for m in alone + whole for name in m[1]}, (case, marks)

@@ -65,16 +65,24 @@ def test_wrappers_read_the_zeropp_options_from_their_parameter_record():
 
 
 def test_a_layer_with_a_frozen_parameter_decides_its_gathers_from_the_parameter_layout():
-    """A frozen parameter has no record (``shard_parameter`` leaves it whole, no ``zero_spec``): the
-    layer decides from the layout ``shard_parameter`` returns, gathers per parameter, and computes
-    what the layer it took over computes."""
+    """A frozen weight is split by the same rule as the trainable bias ([Note: split rule]), but the two
+    are never coalesced: their gathers differ in whether a gradient goes back (``gather_settings``).
+    The frozen one's gather sends zeros back without a collective; the layer computes what the layer
+    it took over computes."""
     from mindspore import nn
     import parallel_modules as pm
+    from mindone_zero.zero3.coalesce import gather_settings
+    from mindone_zero.zero3.param_wrapper import param_gather
     dense = nn.Dense(4, 3)
     dense.weight.requires_grad = False
     x = Tensor(np.arange(8, dtype=np.float32).reshape(2, 4))
     expected = dense(x).asnumpy()
     layer = pm.Dense(dense, zero_stage=3)
-    assert not layer.zero_coalesce and not hasattr(layer.weight, "zero_spec") and layer.bias.zero_spec.split
+    assert not layer.zero_coalesce and layer.weight.zero_spec.split and layer.bias.zero_spec.split
+    frozen, trainable = (param_gather(p, None, None) for p in (layer.weight, layer.bias))
+    assert frozen.frozen and not frozen.record.reduces and trainable.record.reduces
+    assert gather_settings(frozen) != gather_settings(trainable)
+    grad = layer.weight_zero_gather.gather.shard_grad(Tensor(np.ones((3, 4), np.float32)))
+    assert grad.shape == (3, 4) and not grad.asnumpy().any()
     np.testing.assert_allclose(layer(x).asnumpy(), expected, rtol=1e-6)
 

@@ -77,9 +77,9 @@ def test_shard_network_structure():
     # construct's gathers wait for its input ([Note: gather order])
     assert "gamma_zero_gather(self.gamma, input_x)" in inspect.getsource(type(net.body[1]).construct)
     specs = {p.name: getattr(p, "zero_spec", None) for _, p in net.parameters_and_names()}
-    assert specs["frozen"] is None
+    assert specs["frozen"].split  # a frozen floating parameter follows the split rule ([Note: split rule])
     assert not specs["temperature"].split and not specs["keep"].split
-    assert all(s.split for n, s in specs.items() if n not in ("frozen", "temperature", "keep"))
+    assert all(s.split for n, s in specs.items() if n not in ("temperature", "keep"))
     assert specs["embed.embedding_table"].shape == (zm.VOCAB, zm.EMB)
 
 
@@ -187,10 +187,12 @@ def test_shard_parameter_rules():
     opted = Parameter(Tensor(np.ones(3, np.float32)), name="o")
     opted.parallel_optimizer = False
     frozen = Parameter(Tensor(np.ones(3, np.float32)), name="f", requires_grad=False)
+    counter = Parameter(Tensor(np.zeros(3, np.int32)), name="c", requires_grad=False)
     spec = shard_parameter(trainable)
     assert spec.split and trainable.zero_spec is spec and shard_parameter(trainable) is spec
     assert not shard_parameter(scalar).split and not shard_parameter(opted).split
-    assert not shard_parameter(frozen).split and not hasattr(frozen, "zero_spec")
+    assert shard_parameter(frozen).split and frozen.zero_spec.split  # a frozen weight: the same rule
+    assert not shard_parameter(counter).split and not hasattr(counter, "zero_spec")  # not floating
     with pytest.raises(TypeError, match="'param' must be a Parameter"):
         shard_parameter(Tensor(np.ones(2, np.float32)))
     with pytest.raises(TypeError, match="'compute_dtype' must be None or a float dtype"):
@@ -570,7 +572,7 @@ def test_shard_network_marks_which_parameters_are_shards():
     net[2].bias.requires_grad = False
     net = pm.shard_network(net)
     flags = {p.name: p.parallel_optimizer for p in net.get_parameters()}
-    assert flags == {"0.weight": True, "0.bias": True, "1.scale": False, "2.weight": True, "2.bias": False}
+    assert flags == {"0.weight": True, "0.bias": True, "1.scale": False, "2.weight": True, "2.bias": True}
     assert net[1].scale.zero_opt_out is True and net[0].weight.zero_opt_out is False
 
 

@@ -31,8 +31,10 @@ from tools.bench.report import add_docs_flag  # noqa: E402
 from tools.dev.launch import run_msrun  # noqa: E402
 
 WAYS = (("mindone", "MindOne's way"), ("sharded", "sharded, prepare_network first"),
-        ("sharded_mindone_order", "sharded, MindOne's order"))
+        ("sharded_mindone_order", "sharded, MindOne's order"), ("lora", "LoRA, base frozen (sharded)"))
 GOAL_SHARE, GOAL_EXPORT = 0.35, 2.0  # issue 35: every phase but the steps <= 0.35 M; export <= 2x largest tensor
+LORA_RANK = 8  # the "lora" way's adapters on every layer
+GOAL_FROZEN = 1.05  # issue 57: a LoRA fine-tune's frozen base, per rank, <= full / N + 5 % (padding)
 
 
 def _tensors(layers: int, width: int):
@@ -68,28 +70,41 @@ def write_pretrained(path: Path, fmt: str, layers: int, width: int) -> Path:
 def run_way(way: str, args, pretrained: Path, out: Path) -> list:
     """Each rank's result of one way's job."""
     case = dict(way=way, layers=args.layers, width=args.width, steps=args.steps, pretrained=str(pretrained),
-                export=str(out / f"export_{way}.safetensors"))
+                export=str(out / f"export_{way}.safetensors"), lora_rank=LORA_RANK)
     job = out / way
     run_msrun("tools/bench/benchmark_scale_worker.py", args.world, job, ["--case", json.dumps(case)],
               timeout=args.timeout, caller="benchmark_scale")
     return [json.loads((job / f"{way}_rank{r}.json").read_text()) for r in range(args.world)]
 
 
+def _ways(results: dict) -> list:
+    """(way, label) of ``WAYS`` that ``results`` has (a page drawn again from a run before a way was added)."""
+    return [(way, label) for way, label in WAYS if way in results]
+
+
 def render(results: dict, model_bytes: int, largest: int, world: int) -> str:
     """The Markdown table: per phase, the largest per-rank growth / M for each way, and the goals."""
     names = _phases({"ways": results})
-    head = "| phase | " + " | ".join(label for _, label in WAYS) + " | goal (sharded ways) |"
-    lines = [head, "|---|" + "---:|" * (len(WAYS) + 1)]
+    ways = _ways(results)
+    head = "| phase | " + " | ".join(label for _, label in ways) + " | goal (sharded ways) |"
+    lines = [head, "|---|" + "---:|" * (len(ways) + 1)]
     for name in names:
         cells = ["-" if _growth(results[way], name) is None else f"{_growth(results[way], name) / model_bytes:.2f}"
-                 for way, _ in WAYS]
+                 for way, _ in ways]
         goal = "-" if "train step" in name else f"<= {GOAL_SHARE}"
         lines.append(f"| {name} (max over ranks, x M) | " + " | ".join(cells) + f" | {goal} |")
     exports = [f"{next(p['growth'] for p in results[w][0]['phases'] if p['name'] == 'export') / largest:.2f}"
-               for w, _ in WAYS]
+               for w, _ in ways]
     lines.append("| export, rank 0 (x the largest tensor) | " + " | ".join(exports) + f" | <= {GOAL_EXPORT} |")
-    held = [f"{max(r['held_after_steps'] for r in results[w]) / model_bytes:.2f}" for w, _ in WAYS]
+    held = [f"{max(r['held_after_steps'] for r in results[w]) / model_bytes:.2f}" for w, _ in ways]
     lines.append("| held after the steps (x M) | " + " | ".join(held) + " | - |")
+    if "lora" in results:
+        peaks = [f"{max(r['peak'] for r in results[w]) / model_bytes:.2f}" for w, _ in ways]
+        lines.append("| peak of the whole run (max over ranks, x M) | " + " | ".join(peaks) + " | - |")
+        frozen = results["lora"]
+        share = max(r["frozen_held"] for r in frozen) / (frozen[0]["frozen_full"] / world)
+        lines.append("| frozen bytes held per rank (x their full bytes / N) | " + " | ".join(
+            "-" if w != "lora" else f"{share:.2f}" for w, _ in ways) + f" | <= {GOAL_FROZEN} |")
     return (f"N={world}, ZeRO stage 3, GRAPH_MODE, AdamWeightDecay. M = {model_bytes / 1e9:.2f} GB (the model's fp32 "
             f"bytes); a rank's block is {1 / world:.2f} M; the largest tensor is {largest / 2 ** 20:.0f} MiB. Each "
             f"phase: the peak resident set (VmHWM, reset before the phase) above the resident set when the phase "
@@ -128,7 +143,7 @@ def intro(data: dict) -> list:
     world, m = data["world"], data["model_bytes"]
     states = states_per_rank(world)
     held = max(max(r["held_after_steps"] for r in ranks) for way, ranks in data["ways"].items()
-               if way != "mindone") / m
+               if way not in ("mindone", "lora")) / m
     steps = max(_growth(ranks, name) or 0 for ranks in data["ways"].values() for name in _phases(data)
                 if "train step" in name) / m
     return [f"The peak memory each phase of a model's life adds on a rank at ZeRO stage 3 (build, load the "
@@ -140,7 +155,10 @@ def intro(data: dict) -> list:
             f"two moments, each split {world} ways), so holding {held:.2f} M is expected, not a leak: the rest is "
             f"the step's graph, gathered layers and the allocator's pools; the steps' growth ({steps:.2f} M at "
             "most) includes the optimizer's moments, to which MindSpore gives memory when the first step "
-            "compiles, and the step's gradients."]
+            "compiles, and the step's gradients."] + ([
+            f"The LoRA fine-tune (rank {data.get('lora_rank', LORA_RANK)} on every layer, the base frozen) shards its frozen base too: "
+            f"expect each rank to hold 1/{world} of it and no gradient or optimizer state for it, so far less "
+            "than full fine-tuning after the steps; its export writes the adapter only."] if "lora" in data["ways"] else [])
 
 
 def draw(plt, data: dict):
@@ -149,7 +167,7 @@ def draw(plt, data: dict):
     m, names = data["model_bytes"], _phases(data)
     held = "held after the steps"
     series = {}
-    for way, label in WAYS:
+    for way, label in _ways(data["ways"]):
         ranks = data["ways"][way]
         series[label] = [None if _growth(ranks, n) is None else _growth(ranks, n) / m for n in names]
         series[label].append(max(r["held_after_steps"] for r in ranks) / m)
@@ -189,7 +207,7 @@ def main(argv=None) -> int:
     pretrained = write_pretrained(out / "pretrained", args.format, args.layers, args.width)
     results = {way: run_way(way, args, pretrained, out) for way, _ in WAYS}
     data = {"world": args.world, "format": args.format, "layers": args.layers, "width": args.width,
-            "steps": args.steps, "model_bytes": sum(4 * int(np.prod(s)) for _, s in _tensors(args.layers, args.width)),
+            "steps": args.steps, "lora_rank": LORA_RANK, "model_bytes": sum(4 * int(np.prod(s)) for _, s in _tensors(args.layers, args.width)),
             "largest": 4 * args.width * args.width, "ways": results}
     print(render_page(data))
     (out / "results.json").write_text(json.dumps(data, indent=1))

@@ -24,6 +24,7 @@ from mindspore.communication import create_group
 
 from mindone_zero import prepare_train_network
 from mindone_zero.core.comm import NATIVE_ITEMSIZE, NATIVE_OP, NATIVE_SCALE, NATIVE_SHARE
+from lora_models import build_own_lora
 from models import LossNet, SparseCELoss, TinyNet, init_weights, make_optimizer, micro_batch
 from tools.lm_model import LMLoss, build_lm, init_lm_weights, reversal_batch
 
@@ -96,6 +97,10 @@ def _network(case, rank, world):
         loss = LMLoss(init_lm_weights(build_lm(LM), 0))
         arrays = reversal_batch(1, 0, 4 * world, 8, LM["vocab_size"])
         inputs = tuple(Tensor(a[rank * 4:(rank + 1) * 4]) for a in arrays)
+    elif net == "lora":  # its base frozen (tests/lora_models.py)
+        loss = LossNet(build_own_lora())
+        ids, labels = micro_batch(0, rank, world, 0, 1)
+        inputs = (Tensor(ids), Tensor(labels), Tensor(1.0, ms.float32))
     elif net == "wide":
         loss = SparseCELoss(Wide())
         rng = np.random.default_rng(rank)

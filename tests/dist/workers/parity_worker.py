@@ -20,6 +20,8 @@ sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", ".."))
 from msrun_harness import worker_args  # noqa: E402
 from models import FactoredOptimizer, LossNet, TinyNet, init_weights, make_optimizer, micro_batch  # noqa: E402
 from comm_graph import run_graph_case  # noqa: E402
+from gathered_cases import run_gathered_case  # noqa: E402
+from lora_models import build_own_lora, build_peft_lora, frozen_report, mindone_peft_missing  # noqa: E402
 
 from mindone_zero import ZeroHelper, create_hybrid_groups, prepare_network, prepare_train_network  # noqa: E402
 from mindone_zero.core.comm import GroupComm, group_members, init_data_parallel, world_group  # noqa: E402
@@ -64,12 +66,27 @@ def offload_argument(where, out):
     return where == "host"
 
 
+LORA_NETS = {"lora": build_own_lora, "lora_peft": build_peft_lora}  # tests/dist/test_lora.py
+
+
+def _network(case):
+    kind = case.get("net", "full")
+    if kind in LORA_NETS:
+        return LORA_NETS[kind]()
+    net = init_weights(TinyNet(with_scalar=kind != "noscalar"))
+    if kind == "fp16":
+        net.head.to_float(ms.float16)
+    return net
+
+
 def run_case(case, out, rank, world, hybrid):
     ms.set_context(mode=ms.GRAPH_MODE if case["mode"] == "graph" else ms.PYNATIVE_MODE)
     groups = dict(optimizer_parallel_group=hybrid[0], dp_group=hybrid[1]) if case.get("hybrid") else {}
-    net = init_weights(TinyNet(with_scalar=case.get("net", "full") != "noscalar"))
-    if case.get("net") == "fp16":
-        net.head.to_float(ms.float16)
+    if case.get("net") == "lora_peft" and mindone_peft_missing():  # the test skips, saying why
+        with open(os.path.join(out, f"{case['name']}_rank{rank}.json"), "w") as f:
+            json.dump({"skipped": mindone_peft_missing()}, f)
+        return
+    net = _network(case)
     loss_net = LossNet(net)
     units = tuple({"TinyNet": TinyNet, "Dense": nn.Dense}[name] for name in case.get("units", ())) or None
     if case.get("prepare_first"):
@@ -117,6 +134,7 @@ def run_case(case, out, rank, world, hybrid):
                    "split": [bool(s.split) for s in layout.specs], "memory": measure_model_states(train),
                    "offload": train.zero_helper.host_offload.store.location if train.offload else None,
                    "plan": [list(e) for e in plan.entries], "recomputed": list(recomputed_cells(loss_net)),
+                   "frozen": frozen_report(net),
                    "calls_per_step": {k: v / case["steps"] for k, v in counter.counts.items()} if counter else None}, f)
 
 
@@ -176,6 +194,9 @@ def main():
         if case.get("kind") == "graph":  # tests/dist/test_comm_graph.py
             with open(os.path.join(out, f"graph_{case['name']}_rank{rank}.json"), "w") as f:
                 json.dump(run_graph_case(case, out, rank, world, hybrid, keep_alive), f)
+        elif case.get("kind") == "gathered":  # tests/dist/test_gathered.py
+            with open(os.path.join(out, f"{case['name']}_rank{rank}.json"), "w") as f:
+                json.dump(run_gathered_case(case, out, rank, world), f)
         else:
             run_case(case, out, rank, world, hybrid)
         print(f"rank {rank}: case {case['name']} done", flush=True)

@@ -28,9 +28,13 @@ def test_pretrained_file_holds_every_tensor(tmp_path, fmt):
     assert all(v.dtype == np.float32 and np.isfinite(v).all() and v.std() > 0 for v in got.values())
 
 
-def _way(growths, held):
+def _way(growths, held, frozen=None):
     phases = [{"name": n, "growth": g} for n, g in growths.items()]
-    return [{"phases": phases, "held_after_steps": held}, {"phases": phases, "held_after_steps": held // 2}]
+    ranks = [{"phases": phases, "held_after_steps": held, "peak": held + 100},
+             {"phases": phases, "held_after_steps": held // 2, "peak": held // 2 + 100}]
+    for rank in ranks:
+        rank.update(frozen or {})
+    return ranks
 
 
 def test_table_in_multiples_of_the_model_and_of_the_largest_tensor():
@@ -42,16 +46,21 @@ def test_table_in_multiples_of_the_model_and_of_the_largest_tensor():
                          "optimizer + prepare_train_network": 20, "3 train steps": 1500, "export": 150}, 1900),
         "sharded_mindone_order": _way({"build": 0, "optimizer + prepare_train_network": 300, "load pretrained": 10,
                                        "3 train steps": 1500, "export": 150}, 1900),
+        "lora": _way({"build": 0, "prepare_network": 330, "load pretrained": 10, "optimizer + prepare_train_network": 5,
+                      "3 train steps": 400, "export": 20}, 500, {"frozen_held": 260, "frozen_full": 1000}),
     }
     table = bs.render(results, m, largest, world=4)
     rows = [line for line in table.splitlines() if line.startswith("| ")][1:]
     assert [r.split(" (")[0] for r in rows] == ["| build", "| prepare_network", "| load pretrained",
                                                 "| optimizer + prepare_train_network", "| 3 train steps",
-                                                "| export", "| export, rank 0", "| held after the steps"]
-    assert "| load pretrained (max over ranks, x M) | 2.00 | 0.01 | 0.01 | <= 0.35 |" in rows
-    assert "| prepare_network (max over ranks, x M) | - | 0.33 | - | <= 0.35 |" in rows
-    assert "| export, rank 0 (x the largest tensor) | 6.40 | 1.50 | 1.50 | <= 2.0 |" in rows
-    assert "| held after the steps (x M) | 1.95 | 1.90 | 1.90 | - |" in rows
+                                                "| export", "| export, rank 0", "| held after the steps",
+                                                "| peak of the whole run", "| frozen bytes held per rank"]
+    assert "| load pretrained (max over ranks, x M) | 2.00 | 0.01 | 0.01 | 0.01 | <= 0.35 |" in rows
+    assert "| prepare_network (max over ranks, x M) | - | 0.33 | - | 0.33 | <= 0.35 |" in rows
+    assert "| export, rank 0 (x the largest tensor) | 6.40 | 1.50 | 1.50 | 0.20 | <= 2.0 |" in rows
+    assert "| held after the steps (x M) | 1.95 | 1.90 | 1.90 | 0.50 | - |" in rows
+    assert "| peak of the whole run (max over ranks, x M) | 2.05 | 2.00 | 2.00 | 0.60 | - |" in rows
+    assert "| frozen bytes held per rank (x their full bytes / N) | - | - | - | 1.04 | <= 1.05 |" in rows
 
 
 @pytest.mark.parametrize("arg", ["--layers", "--width", "--world", "--steps", "--timeout"])
@@ -68,10 +77,12 @@ def test_the_page_opens_with_the_model_states_a_rank_holds_after_the_steps():
         "mindone": _way({"build": 1000, "3 train steps": 700, "export": 10}, 1500),
         "sharded": _way({"build": 0, "prepare_network": 300, "3 train steps": 1200, "export": 10}, 1420),
         "sharded_mindone_order": _way({"build": 0, "3 train steps": 1210, "export": 10}, 1410),
+        "lora": _way({"build": 0, "3 train steps": 300, "export": 10}, 400, {"frozen_held": 250, "frozen_full": 1000}),
     }
     data = {"world": 4, "format": "safetensors", "model_bytes": m, "largest": 100, "ways": results}
     assert bs.states_per_rank(4) == 1.0 and bs.states_per_rank(8) == 0.5
-    what, expect = bs.PAGE.intro(data)
+    what, expect, lora = bs.PAGE.intro(data)
+    assert "The LoRA fine-tune (rank 8 on every layer, the base frozen)" in lora
     assert "(4 + 4 + 8) / 4 / 4 = 1.00 M per rank" in expect
     assert "so holding 1.42 M is expected" in expect  # the sharded ways' largest, MindOne's left out
     assert "the steps' growth (1.21 M at most)" in expect
