@@ -5,8 +5,10 @@ Three msrun jobs, each run once per module, in this order (later jobs read earli
 * A (N=2): 10 straight steps per stage (EMA, dynamic loss scale, clipping; GRAPH_MODE except
   stage 2 in PYNATIVE_MODE), saving at steps 5 and 10; stage 2 also saves at step
   7 with rank 1 failing half-way through; a stage-2 run with accumulation saved between micro-steps; a stage-3 run of a
-  network whose dims divide by 2 and 4 (what MindOne's JSON can describe).
-* C (N=4): resumes of A's stage-2 and stage-3 step-5 checkpoints (2 -> 4) to step 10, saving;
+  network whose dims divide by 2 and 4 (what MindOne's JSON can describe); a stage-3 run with a
+  frozen base (``FROZEN``: sharded, padded, no optimizer state).
+* C (N=4): resumes of A's stage-2 and stage-3 step-5 checkpoints (2 -> 4) to step 10, saving, the
+  frozen-base one among them;
   5 straight stage-1 steps; 3 straight steps of a hybrid stage-2 run (optimizer groups of 2,
   replicated over dp groups); loading A's mid-accumulation checkpoint (must fail).
 * B (N=2): resumes of A's checkpoints (same world: bitwise), of C's (4 -> 2, and 2 -> 4 -> 2 at
@@ -34,6 +36,8 @@ from mindone_zero.core.partition import padding_rows
 WORKER = "tests/dist/workers/checkpoint_worker.py"
 EVAL_SEED = 99  # checkpoint_worker.EVAL_SEED
 RTOL, ATOL = 1e-5, 1e-6
+# a LoRA fine-tune's shape: a frozen base (padded at N=2 and N=4: 11 and 7 rows) beside trainable tensors
+FROZEN = ["embedding.embedding_table", "head.weight"]
 
 
 def _a_cases():
@@ -50,6 +54,7 @@ def _a_cases():
         dict(name="s1_off_fault", stage=1, offload="file", ckpt="s1_off_fault", saves=[5, 10],
              step_fault={"step": 7, "rank": 1}),
         dict(name="s2_mr", stage=2, pad=False, ckpt="s2_mr", saves=[5, 10]),
+        dict(name="s3_frz", stage=3, frozen=FROZEN, ckpt="s3_frz", saves=[5, 10]),
     ]
 
 
@@ -61,6 +66,7 @@ def _c_cases(a):
         dict(name="hyb_s2", stage=2, hybrid=True, ckpt="hyb_s2", saves=[3], end=3),
         dict(name="r2to4_s3_off", stage=3, offload="host", load=f"{a}/s3_off", load_step=5),
         dict(name="r2to4_s2_mr", stage=2, pad=False, load=f"{a}/s2_mr", load_step=5, ckpt="r2to4_s2_mr", saves=[7, 10]),
+        dict(name="r2to4_s3_frz", stage=3, frozen=FROZEN, load=f"{a}/s3_frz", load_step=5),
         dict(name="errors_n4", checks={"mid_accum_reshard": f"{a}/s2_accum"}),
     ]
 
@@ -267,7 +273,8 @@ def test_resume_same_world_is_bitwise(jobs, straight, resumed):
 # (straight run at N=2, resumed run, its job, its world size, loaded step); all but r_hyb end at step 10
 RESHARDS = [("s2", "r2to4_s2", "C", 4, 5), ("s3", "r2to4_s3", "C", 4, 5), ("s1", "r4to2_s1", "B", 2, 5),
             ("s3", "r4to2_s3", "B", 2, 7), ("s2", "r_hyb", "B", 2, 3), ("s3", "r2to4_s3_off", "C", 4, 5),
-            ("s2_mr", "r2to4_s2_mr", "C", 4, 5), ("s2_mr", "r4to2_s2_mr", "B", 2, 7)]
+            ("s2_mr", "r2to4_s2_mr", "C", 4, 5), ("s2_mr", "r4to2_s2_mr", "B", 2, 7),
+            ("s3_frz", "r2to4_s3_frz", "C", 4, 5)]
 
 
 @pytest.mark.parametrize("ref,name,job,world,step", RESHARDS, ids=[r[1] for r in RESHARDS])
@@ -332,6 +339,20 @@ def test_layout_and_split_info_cover_every_saved_name(jobs, stage):
                 want = tuple([rows] + entry["shape"][1:]) if entry["split"] else tuple(entry["shape"])
                 assert shape == want, name
     assert meta["sizes"] == {n: os.path.getsize(step_dir / n) for n in meta["sizes"]}
+
+
+def test_frozen_parameters_are_saved_as_shards_and_never_as_optimizer_states(jobs):
+    step_dir = jobs("A") / "s3_frz" / step_dir_name(5)
+    meta = json.loads((step_dir / "meta.json").read_text())
+    for r in range(2):
+        info = json.loads((step_dir / "params_info" / f"params_split_info_{r}.json").read_text())
+        network = open_checkpoint(str(step_dir / meta["files"]["network"][r])).infos
+        optimizer = open_checkpoint(str(step_dir / meta["files"]["optimizer"][r])).infos
+        for name in (f"net.{n}" for n in FROZEN):  # the saved names: the loss Cell's
+            full = info[name]["shape"]
+            assert info[name]["split"] and network[name].shape == tuple([-(-full[0] // 2)] + full[1:]), name
+            assert not [n for n in optimizer if name in n], (name, sorted(optimizer))
+        assert any("norm.gamma" in n for n in optimizer), sorted(optimizer)  # the trainable ones have states
 
 
 def test_failed_save_raises_everywhere_and_keeps_the_previous_checkpoint(jobs):

@@ -13,6 +13,8 @@ Each case (keys with defaults in ``DEFAULTS``):
           first file of that save (raise: the save fails on every rank and training goes on);
   full: write save_full_checkpoint(include_ema=True) to DIR/{name}_full.ckpt at the end;
   offload: None, "host" (optimizer_offload=True) or "file" (states in files under DIR/offload_states);
+  frozen: names of parameters frozen (requires_grad=False) before the optimizer is built (a LoRA
+          fine-tune's base: sharded at stage 3, never given an optimizer state);
   step_fault: {"step": s, "rank": r}: a state-file write of that rank fails with ENOSPC during step s
           (an offload "file" case); every rank then rebuilds, loads the latest checkpoint of ``ckpt``
           and trains on (events "step_errors" and "recovered_from").
@@ -43,7 +45,8 @@ from mindone_zero.checkpoint import resume as ckpt_mod  # noqa: E402  (save_trai
 from mindone_zero.checkpoint import gather_full_params, load_train_state, save_full_checkpoint, save_train_state  # noqa: E402,E501
 
 DEFAULTS = dict(mode="graph", accum=1, pad=True, fmt="ckpt", net="tiny", hybrid=False, ckpt=None, saves=(),
-                save_mid=None, load=None, load_step=None, end=10, inject=None, full=False, offload=None, step_fault=None)
+                save_mid=None, load=None, load_step=None, end=10, inject=None, full=False, offload=None, step_fault=None,
+                frozen=())
 KEEP_ALIVE = []  # train networks replaced after a failed step: MindSpore caches compiled Cells by id
 EVAL_SEED = 99
 
@@ -95,6 +98,9 @@ def build(case, rank, world, net=None):
     else:
         net = init_weights(net or TinyNet())
         loss_net = LossNet(net)
+    named = dict(net.parameters_and_names())  # names within the model, without the loss Cell's "net."
+    for name in case["frozen"]:
+        named[name].requires_grad = False
     opt = make_optimizer(net.trainable_params(), "adam")
     ema = EMA(net, ema_decay=0.9)
     op_group, dp_group = groups(case, rank, world)
