@@ -2,6 +2,7 @@
 
     python tools/bench/benchmark_compile.py               # defaults: N=2, 24 and 48 blocks, one round
     python tools/bench/benchmark_compile.py --rounds 2 --steps 5 --cache_rounds 2
+    python tools/bench/benchmark_compile.py --depths 24 --graphs_only --docs_dir /tmp/page   # graph sizes only
 
 Writes its page into ``docs/benchmarks/compile.md``, with its figure and raw results beside it
 (``tools/bench/pages.py``: the page is stamped with this command, the date, the commit, the versions
@@ -477,8 +478,9 @@ def render_page(results: dict) -> str:
                      f"{report['graphs'][0]['depth']} blocks. Each kernel-graph node by its op and the part of the "
                      "train step it serves, found from the node's source stack and scope "
                      "(`tools/bench/kernel_graph.py` says how and holds the file-to-part table). A part's first "
-                     "line is its total; the last two lines are the step's total, and that total less the CPU "
-                     "emulation of collectives.", sources]
+                     "line is its total; the last three lines are the step's total, that total less the CPU "
+                     "emulation of collectives, and less the emulation but its stand-in all-reduces (one node "
+                     "per collective, as where the backend has it).", sources]
     if report.get("cache_cold"):
         body += ["## Restart with the compile cache",
                  f"{args['depths'][0]} blocks. Cold: a new process compiles into an empty `MS_COMPILER_CACHE_PATH`; "
