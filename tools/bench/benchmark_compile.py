@@ -2,6 +2,7 @@
 
     python tools/bench/benchmark_compile.py               # defaults: N=2, 24 and 48 blocks, one round
     python tools/bench/benchmark_compile.py --rounds 2 --steps 5 --cache_rounds 2
+    python tools/bench/benchmark_compile.py --depths 24 --graphs_only --docs_dir /tmp/page   # graph sizes only
 
 Writes its page into ``docs/benchmarks/compile.md``, with its figure and raw results beside it
 (``tools/bench/pages.py``: the page is stamped with this command, the date, the commit, the versions
@@ -34,7 +35,11 @@ Three msrun jobs of ``--world_size`` ranks (rank 0's figures are reported):
    ``mindone_zero/core/graph_tuples.py``) and the nodes of the final kernel graphs (what runs). Kernel
    nodes that come from a CPU emulation of a missing collective (``GroupComm``'s emulation branches
    in ``mindone_zero/core/comm.py``) are counted apart, less the all-reduce that stands in for the
-   native collective: that part would not exist on Ascend.
+   native collective: that part would not exist on Ascend. The kernel nodes are also broken down by
+   op and by the part of the step they serve (``tools/bench/kernel_graph.py``: model forward and
+   backward, stage-3 gathers, gradient sync, unscale and overflow, optimizer, post-optimizer
+   gather, CPU emulation), into the page's table "where the kernel-graph nodes come from" (the
+   first graph depth). ``--graphs_only`` runs this job alone.
 3. *Compile cache* (``--cache_rounds 0`` skips it). MindSpore's compile cache
    (``MS_COMPILER_CACHE_ENABLE=1``, ``MS_COMPILER_CACHE_PATH``): one job compiles the steps of the
    first depth (``nn.TrainOneStepCell`` and ``--cache_stages``, by default 0 and 3) into an empty
@@ -53,6 +58,7 @@ import shutil
 import statistics
 import sys
 import time
+from collections import Counter
 from pathlib import Path
 
 if __name__ == "__main__":  # MindSpore: errors only; must precede its import (an importer keeps its own)
@@ -63,6 +69,7 @@ if str(REPO) not in sys.path:
 
 from mindspore import nn  # noqa: E402
 
+from tools.bench import kernel_graph  # noqa: E402
 from tools.bench.pages import Page  # noqa: E402
 
 VOCAB, WIDTH, HIDDEN, SEQ, BATCH_PER_RANK = 64, 96, 256, 16, 4
@@ -232,13 +239,17 @@ def fresh_folder(folder: Path) -> Path:
 
 def graph_size(folder: Path, emulation) -> dict:
     """Nodes after type inference (the largest such IR of the compile) and of the kernel graphs,
-    with the CPU-emulation part of the latter."""
+    with the CPU-emulation part of the latter, and the kernel nodes by op and part of the step
+    (``kernel_breakdown``: ``kernel_graph.as_rows`` of all the kernel graphs)."""
     inferred = [count_ir(p)["nodes"] for p in folder.rglob("*type_inference*.ir")]
-    kernel = [count_ir(p, emulation) for p in folder.rglob("hwopt_common_final_graph*.ir")]
+    finals = sorted(folder.rglob("hwopt_common_final_graph*.ir"))
+    kernel = [count_ir(p, emulation) for p in finals]
+    parts = sum((kernel_graph.breakdown(p.read_text(errors="replace"), emulation) for p in finals), Counter())
     return {"type_inference_nodes": max(inferred) if inferred else None,
             "kernel_nodes": sum(k["nodes"] for k in kernel),
             "emulation_nodes": sum(k["emulation_nodes"] for k in kernel),
-            "emulation_extra": sum(k["emulation_nodes"] - k["emulation_allreduce"] for k in kernel)}
+            "emulation_extra": sum(k["emulation_nodes"] - k["emulation_allreduce"] for k in kernel),
+            "kernel_breakdown": kernel_graph.as_rows(parts)}
 
 
 # ----------------------------------------------------------------------------- the msrun worker
@@ -352,6 +363,14 @@ def graphs_table(results: list) -> str:
     return "\n".join(lines)
 
 
+def sources_table(results: list) -> str:
+    """Where the kernel-graph nodes come from (``kernel_graph.table``): one column per train step at
+    the first depth of the graph job; "" where no entry has a breakdown (a run before it existed)."""
+    depth = results[0]["depth"] if results else None
+    columns = [(r["row"], r["kernel_breakdown"]) for r in results if r["depth"] == depth and "kernel_breakdown" in r]
+    return kernel_graph.table(columns) if columns else ""
+
+
 def cache_table(cold: list, warm: list) -> str:
     lines = ["| train step | cold: first call, wall (s) | warm: first call, wall (s) | cold CPU (s) | warm CPU (s) "
              "| same loss |", "|---|---:|---:|---:|---:|---|"]
@@ -407,6 +426,8 @@ def _parser() -> argparse.ArgumentParser:
                         "new msrun job)")
     parser.add_argument("--steps", type=int, default=3, help="calls after the first; their median is the step")
     parser.add_argument("--no_graphs", dest="graphs", action="store_false", help="skip the graph-size job")
+    parser.add_argument("--graphs_only", action="store_true", help="run the graph-size job only (no timing, no "
+                        "compile cache); with --docs_dir, a page of its tables alone")
     parser.add_argument("--graph_depths", type=int, nargs="+", default=None,
                         help="depths of the graph-size job (default: the first of --depths)")
     parser.add_argument("--cache_rounds", type=int, default=1, help="cold/warm compile-cache rounds; 0 skips")
@@ -451,6 +472,15 @@ def render_page(results: dict) -> str:
                  "that come from a CPU emulation of a collective the CPU backend lacks (in brackets: less the "
                  "all-reduce standing in for the native collective, i.e. what Ascend would not run).",
                  graphs_table(report["graphs"])]
+        sources = sources_table(report["graphs"])
+        if sources:
+            body += ["## Where the kernel-graph nodes come from",
+                     f"{report['graphs'][0]['depth']} blocks. Each kernel-graph node by its op and the part of the "
+                     "train step it serves, found from the node's source stack and scope "
+                     "(`tools/bench/kernel_graph.py` says how and holds the file-to-part table). A part's first "
+                     "line is its total; the last three lines are the step's total, that total less the CPU "
+                     "emulation of collectives, and less the emulation but its stand-in all-reduces (one node "
+                     "per collective, as where the backend has it).", sources]
     if report.get("cache_cold"):
         body += ["## Restart with the compile cache",
                  f"{args['depths'][0]} blocks. Cold: a new process compiles into an empty `MS_COMPILER_CACHE_PATH`; "
@@ -532,6 +562,8 @@ def main(argv=None) -> int:
             parser.error(f"argument --{name}: must be >= 1, got {getattr(args, name)}")
     if args.steps < 0 or args.cache_rounds < 0 or min(args.depths + (args.graph_depths or [])) < 1:
         parser.error("--steps and --cache_rounds must be >= 0, --depths and --graph_depths >= 1")
+    if args.graphs_only and not args.graphs:
+        parser.error("--graphs_only runs the graph-size job that --no_graphs skips: give one of them")
     if args.as_worker:
         worker(args)
         return 0
@@ -540,13 +572,14 @@ def main(argv=None) -> int:
     skipped = mindone_status()
     args.mindone = not skipped
     rows = rows_of(args)
-    report = {"timing": [entry for round_ in range(args.rounds) for depth in args.depths for row in range(len(rows))
+    timed = range(0 if args.graphs_only else args.rounds)
+    report = {"timing": [entry for round_ in timed for depth in args.depths for row in range(len(rows))
                          for entry in _job(args, out, "timing", f"_r{round_}_d{depth}_{row}", depths=[depth], row=row,
                                            round_=round_)]}
     if args.graphs:
         report["graphs"] = _job(args, out, "graphs", env={"MS_DEV_DUMP_IR_PASSES": DUMP_PASSES})
     report["cache_cold"], report["cache_warm"] = [], []
-    for k in range(args.cache_rounds):
+    for k in range(0 if args.graphs_only else args.cache_rounds):
         cache = fresh_folder(out / f"compile_cache_{k}")
         env = {"MS_COMPILER_CACHE_ENABLE": "1", "MS_COMPILER_CACHE_PATH": str(cache)}
         for tag, key in (("_cold", "cache_cold"), ("_warm", "cache_warm")):

@@ -82,3 +82,65 @@ def test_a_graph_folder_is_emptied_before_a_row_saves_its_ir(tmp_path):
     assert bc.fresh_folder(folder) == folder
     assert not folder.exists() and folder.parent.exists()
     assert bc.graph_size(tmp_path / "graphs" / "rank0", None)["kernel_nodes"] == 0
+
+
+def _graph_entry(label, depth, rows):
+    return {"row": label, "depth": depth, "type_inference_nodes": 10, "kernel_nodes": sum(n for *_, n in rows),
+            "emulation_nodes": 0, "emulation_extra": 0, "kernel_breakdown": rows}
+
+
+def test_graphs_only_runs_the_graph_job_alone_and_the_page_says_where_the_nodes_come_from(tmp_path, monkeypatch):
+    from tools.bench import kernel_graph as kg
+
+    calls = []
+
+    def fake_job(args, out, job, tag="", env=None, depths=None, row=None, round_=0):
+        calls.append(job)
+        assert env == {"MS_DEV_DUMP_IR_PASSES": bc.DUMP_PASSES}
+        found = [_graph_entry(label, d, [["MatMul", kg.MODEL_FWD, 3 + i]]) for d in (4, 8)
+                 for i, (label, *_) in enumerate(bc.rows_of(args))]
+        found[2]["kernel_breakdown"] = [["MatMul", kg.MODEL_FWD, 5], ["AllGather", kg.STAGE3_FWD, 2]]  # 4 blocks
+        return found
+
+    monkeypatch.setattr(bc, "_job", fake_job)
+    monkeypatch.setattr(bc, "mindone_status", lambda: "MindOne is not installed here.")
+    assert bc.main(["--depths", "4", "--graph_depths", "4", "8", "--stages", "0", "3", "--no_units", "--graphs_only",
+                    "--out", str(tmp_path / "out"), "--docs_dir", str(tmp_path / "docs")]) == 0
+    assert calls == ["graphs"]  # no timing, no compile cache
+    page = (tmp_path / "docs" / "compile.md").read_text()
+    table = page.split("## Where the kernel-graph nodes come from")[1]
+    # one column per step at the first graph depth (4 blocks), not the 8-block entries
+    assert "| part | op | nn.TrainOneStepCell (DATA_PARALLEL) | stage 0 | stage 3 |" in table
+    assert f"| {kg.MODEL_FWD} | MatMul | 3 | 4 | 5 |" in table
+    assert f"| {kg.STAGE3_FWD} | AllGather | 0 | 0 | 2 |" in table
+    assert "| **less the CPU emulation** | **all** | **3** | **4** | **7** |" in table
+    assert json.loads((tmp_path / "out" / "compile.json").read_text())["timing"] == []
+
+
+def test_graphs_only_without_the_graph_job_exits_before_any_work(tmp_path, monkeypatch):
+    monkeypatch.setattr(bc, "_job", lambda *a, **k: pytest.fail("a job ran"))
+    with pytest.raises(SystemExit):
+        bc.main(["--graphs_only", "--no_graphs", "--out", str(tmp_path / "out"), "--docs_dir", str(tmp_path / "docs")])
+    assert not (tmp_path / "out").exists() and not (tmp_path / "docs").exists()
+
+
+def test_the_graph_job_records_every_kernel_graphs_nodes_by_op_and_part(tmp_path):
+    from tools.bench import kernel_graph as kg
+
+    folder = tmp_path / "24_stage_1" / "rank_0"
+    folder.mkdir(parents=True)
+    node = ("  %{}(x) = {}(%para1_w)\n      : (<Tensor[Float32], (2)>) -> (<Tensor[Float32], (2)>)\n"
+            "      # Scope: ({})\n")
+    optimizer = "Default/optimizer-AdamWeightDecay"
+    (folder / "hwopt_common_final_graph_5_0001.ir").write_text(
+        node.format(0, "Load", optimizer) + node.format(1, "PrimFunc_Reshape", "Default/network-Net"))
+    (folder / "hwopt_common_final_graph_6_0002.ir").write_text(node.format(0, "Load", optimizer))
+    size = bc.graph_size(tmp_path / "24_stage_1", None)
+    assert size["kernel_nodes"] == 3
+    assert size["kernel_breakdown"] == [["Reshape", kg.MODEL_FWD, 1], ["Load", kg.OPTIMIZER, 2]]
+
+
+def test_a_page_from_results_without_a_breakdown_has_no_sources_table():
+    old = [{"row": "stage 0", "depth": 24, "type_inference_nodes": 10, "kernel_nodes": 5, "emulation_nodes": 0,
+            "emulation_extra": 0}]
+    assert bc.sources_table(old) == "" and bc.sources_table([]) == ""
