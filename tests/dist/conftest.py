@@ -5,6 +5,7 @@ import pytest
 
 from msrun_harness import run_msrun
 from parity_cases import CASES, GATHERED_CASES, GRAPH_CASES, LORA_CASES, reference_spec_of
+from train_tool_job import run_straight
 from zero_results import compute_references
 
 _HERE = Path(__file__).resolve().parent
@@ -41,3 +42,10 @@ def parity_jobs(tmp_path_factory):
         return world, done[world]
 
     return get
+
+
+@pytest.fixture(scope="session")
+def train_tool_straight(tmp_path_factory):
+    """The straight run of tools/train.py (tests/dist/train_tool_job.py), run once: test_train_tool.py's
+    straight run and test_compile_cache.py's cold run (one group: [Note: test scheduling])."""
+    return run_straight(tmp_path_factory.mktemp("train_tool_straight"))
