@@ -4,7 +4,7 @@ from pathlib import Path
 import pytest
 
 from msrun_harness import run_msrun
-from parity_cases import CASES, GATHERED_CASES, GRAPH_CASES, LORA_CASES, reference_spec_of
+from parity_cases import CASES, job_cases, reference_spec_of
 from train_tool_job import run_straight
 from zero_results import compute_references
 
@@ -29,8 +29,7 @@ def parity_jobs(tmp_path_factory):
             out = tmp_path_factory.mktemp(f"parity_N{world}")
             try:
                 # and test_comm_graph.py's compiled graphs, test_lora.py's fine-tunes, test_gathered.py's blocks
-                cases = CASES[world] + GRAPH_CASES[world] + LORA_CASES[world] + GATHERED_CASES[world]
-                run_msrun("tests/dist/workers/parity_worker.py", world, out, ["--cases", json.dumps(cases)],
+                run_msrun("tests/dist/workers/parity_worker.py", world, out, ["--cases", json.dumps(job_cases(world))],
                           timeout=1500)
                 compute_references(out, [reference_spec_of(c) for c in CASES[world]])
                 done[world] = out
