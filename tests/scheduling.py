@@ -26,7 +26,10 @@ import msrun_harness
 # * a module's tests stay together, so that its module-scoped msrun job runs once;
 # * the tests that read the session's parity jobs (tests/dist/conftest.py) are grouped by the job's
 #   world size, ``parity_N2`` and ``parity_N4``, so that each job runs once, in one worker; a test
-#   with no ``world`` parameter names its job with ``@pytest.mark.parity_world(N)``;
+#   with no ``world`` parameter names its job with ``@pytest.mark.parity_world(N)``. Small jobs fold
+#   into these as case kinds (``parity_cases.job_cases``), each an msrun start-up fewer:
+#   test_comm_graph.py's graphs, test_lora.py, test_gathered.py, and at N=2 test_memory_measure.py,
+#   test_offload_parity.py and test_mixed_precision.py;
 # * modules that share a session fixture form one group (``SHARED_GROUPS``): the docs site, and
 #   tools/train.py's straight run (test_train_tool.py's, which test_compile_cache.py takes as its
 #   cold run: one launch of the tool fewer);

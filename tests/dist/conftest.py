@@ -28,7 +28,8 @@ def parity_jobs(tmp_path_factory):
         if world not in done:
             out = tmp_path_factory.mktemp(f"parity_N{world}")
             try:
-                # and test_comm_graph.py's compiled graphs, test_lora.py's fine-tunes, test_gathered.py's blocks
+                # and test_comm_graph.py's compiled graphs, test_lora.py's fine-tunes, test_gathered.py's blocks,
+                # the folded jobs of test_memory_measure.py, test_offload_parity.py, test_mixed_precision.py
                 run_msrun("tests/dist/workers/parity_worker.py", world, out, ["--cases", json.dumps(job_cases(world))],
                           timeout=1500)
                 compute_references(out, [reference_spec_of(c) for c in CASES[world]])

@@ -154,7 +154,8 @@ def _same_network(graph, case) -> bool:
 
 def job_cases(world) -> list:
     """The cases of the N=``world`` parity job (tests/dist/conftest.py), in order: the training cases,
-    test_comm_graph.py's compiled graphs, test_lora.py's fine-tunes, test_gathered.py's blocks. A graph
+    test_comm_graph.py's compiled graphs, test_lora.py's fine-tunes, test_gathered.py's blocks, and the
+    folded jobs of test_memory_measure.py, test_offload_parity.py and test_mixed_precision.py. A graph
     case with ``from_case`` is not built again: that training case gets ``graph_name`` and dumps its
     first step's graphs under the graph case's name (tests/dist/workers/parity_worker.py).
 
@@ -174,7 +175,8 @@ def job_cases(world) -> list:
                              f"{graph['from_case']!r}, which is no training case of the N={world} job with its "
                              f"network: {case}.")
         case["graph_name"] = graph["name"]
-    return list(training.values()) + graphs + LORA_CASES[world] + GATHERED_CASES[world]
+    return (list(training.values()) + graphs + LORA_CASES[world] + GATHERED_CASES[world] + MEMORY_CASES[world]
+            + OFFLOAD_CASES[world] + MIXED_PRECISION_CASES[world])
 
 
 # Issue 57: a LoRA fine-tune at every stage, its base frozen (tests/lora_models.py): the suite's own LoRA layer
@@ -198,6 +200,26 @@ LORA_CASES = {world: _lora_cases(world) for world in (2, 4)}
 # gathered_parameters and gather_full_params of some parameters, on that model at stage 3 after two steps
 # (tests/dist/test_gathered.py, tests/dist/workers/gathered_cases.py), in both modes.
 GATHERED_CASES = {2: [dict(kind="gathered", name=f"gathered_{mode}", mode=mode) for mode in MODES], 4: []}
+
+# Issue 59: N=2 jobs of their own before, folded into the parity job to save an msrun start-up each
+# ([Note: test scheduling]): measure_model_states against hand-computed bytes at every stage, in both
+# layouts (tests/dist/test_memory_measure.py, tests/dist/workers/memory_cases.py); optimizer offload
+# against the device run, bit for bit, and resumed (tests/dist/test_offload_parity.py, offload_cases.py);
+# where a float16 model's fp32 copies live (tests/dist/test_mixed_precision.py, mixed_precision_cases.py).
+MEMORY_LAYOUTS = ("padded", "mindone")
+MEMORY_CASES = {2: [dict(kind="memory", name=f"memory_s{stage}_{layout}", stage=stage, layout=layout)
+                    for stage in STAGES for layout in MEMORY_LAYOUTS], 4: []}
+OFFLOAD_STEPS = 12
+OFFLOAD_STAGES = (1, 3)
+OFFLOAD_CASES = {2: [dict(kind="offload", name=f"offload_s{s}_{w or 'device'}", stage=s, offload=w, steps=OFFLOAD_STEPS)
+                     for s in OFFLOAD_STAGES for w in (None, "host", "file")] + [
+    dict(kind="offload", name="offload_s3_file_resumed", stage=3, offload="file", steps=OFFLOAD_STEPS, resume_at=6),
+    dict(kind="offload", name="offload_s1_host_resumed", stage=1, offload="host", steps=OFFLOAD_STEPS, resume_at=6)],
+    4: []}
+MIXED_PRECISION_CASES = {2: [dict(kind="mixed_precision", name="mixed_stage1", stage=1),
+                             dict(kind="mixed_precision", name="mixed_stage2", stage=2),
+                             dict(kind="mixed_precision", name="mixed_stage3", stage=3),
+                             dict(kind="mixed_precision", name="mixed_stage3_offload", stage=3, offload=True)], 4: []}
 
 
 def reference_spec_of(case):

@@ -7,6 +7,9 @@ Each case: {"name", "mode": "graph"|"pynative", "stage", "accum", "clip", "steps
 Writes DIR/{name}_rank{r}.npz (losses, overflow, scales, params) and DIR/{name}_rank{r}.json,
 and DIR/groups_rank{r}.json (``create_groups``). A case with ``graph_name`` (parity_cases.job_cases) also
 writes that graph case's DIR/graph_{graph_name}_rank{r}.json, from its first step (comm_graph.py).
+A case with a ``kind`` runs in the module of that kind and writes its own files: ``graph``
+(comm_graph.py), ``gathered`` (gathered_cases.py), ``memory``, ``offload`` and ``mixed_precision``
+(memory_cases.py, offload_cases.py, mixed_precision_cases.py: jobs of their own before issue 59).
 """
 import contextlib
 import json
@@ -23,6 +26,9 @@ from msrun_harness import worker_args  # noqa: E402
 from models import FactoredOptimizer, LossNet, TinyNet, init_weights, make_optimizer, micro_batch  # noqa: E402
 from comm_graph import graph_folder, graph_result, kernel_graphs_dumped, run_graph_case  # noqa: E402
 from gathered_cases import run_gathered_case  # noqa: E402
+from memory_cases import run_memory_case  # noqa: E402
+from mixed_precision_cases import run_mixed_precision_case  # noqa: E402
+from offload_cases import run_offload_case  # noqa: E402
 from lora_models import build_own_lora, build_peft_lora, frozen_report, mindone_peft_missing  # noqa: E402
 
 from mindone_zero import ZeroHelper, create_hybrid_groups, prepare_network, prepare_train_network  # noqa: E402
@@ -210,6 +216,12 @@ def main():
         elif case.get("kind") == "gathered":  # tests/dist/test_gathered.py
             with open(os.path.join(out, f"{case['name']}_rank{rank}.json"), "w") as f:
                 json.dump(run_gathered_case(case, out, rank, world), f)
+        elif case.get("kind") == "memory":  # tests/dist/test_memory_measure.py
+            run_memory_case(case, out, rank, world)
+        elif case.get("kind") == "offload":  # tests/dist/test_offload_parity.py
+            run_offload_case(case, out, rank, world, keep_alive)
+        elif case.get("kind") == "mixed_precision":  # tests/dist/test_mixed_precision.py
+            run_mixed_precision_case(case, out, rank, world, keep_alive)
         else:
             run_case(case, out, rank, world, hybrid)
         print(f"rank {rank}: case {case['name']} done", flush=True)
