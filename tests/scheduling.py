@@ -26,8 +26,13 @@ import msrun_harness
 # * a module's tests stay together, so that its module-scoped msrun job runs once;
 # * the tests that read the session's parity jobs (tests/dist/conftest.py) are grouped by the job's
 #   world size, ``parity_N2`` and ``parity_N4``, so that each job runs once, in one worker; a test
-#   with no ``world`` parameter names its job with ``@pytest.mark.parity_world(N)``;
-# * modules that share a session fixture form one group (``SHARED_GROUPS``).
+#   with no ``world`` parameter names its job with ``@pytest.mark.parity_world(N)``. Small jobs fold
+#   into these as case kinds (``parity_cases.job_cases``), each an msrun start-up fewer:
+#   test_comm_graph.py's graphs, test_lora.py, test_gathered.py, and at N=2 test_memory_measure.py,
+#   test_offload_parity.py and test_mixed_precision.py;
+# * modules that share a session fixture form one group (``SHARED_GROUPS``): the docs site, and
+#   tools/train.py's straight run (test_train_tool.py's, which test_compile_cache.py takes as its
+#   cold run: one launch of the tool fewer);
 # Groups start longest first (``HEAVY_GROUPS``, measured; the rest in collection order), so that
 # the longest jobs do not end up last on one worker. ``-n 0`` runs the same order in one process.
 #
@@ -46,7 +51,7 @@ HEAVY_GROUPS = (
     "tests/dist/test_sharded_build.py",  # 320 s
     "tests/dist/test_pretrained_parity.py",  # 220 s
     "tests/dist/test_gather_units.py",
-    "tests/dist/test_compile_cache.py",  # 187 s
+    "train_tool",  # test_compile_cache.py (its 187 s alone) and test_train_tool.py, one shared straight run
     "tests/dist/test_checkpoint_resume.py",
     "tests/dist/test_model_train.py",
     "tests/dist/test_zero3_network.py",
@@ -54,7 +59,6 @@ HEAVY_GROUPS = (
     "tests/dist/test_zeropp.py",
     "tests/dist/test_export_job.py",  # 120 s
     "tests/dist/test_multinode.py",
-    "tests/dist/test_train_tool.py",
     "tests/dist/test_profile_collectives.py",
     # the quick tier's longest groups (2026-12-05, their tests' --durations summed, nearly idle machine: about
     # 38, 28, 18, 14, 12 and 10 s)
@@ -66,8 +70,12 @@ HEAVY_GROUPS = (
     "tests/unit/test_gather_units_options.py",
 )
 
-# Modules that share a session fixture run in one group, so that it is made once (tests/unit/conftest.py).
+# Modules that share a session fixture run in one group, so that it is made once (tests/unit/conftest.py,
+# tests/dist/conftest.py).
 SHARED_GROUPS = {
+    # train_tool_straight: tools/train.py's straight run, also the compile cache's cold run
+    "tests/dist/test_compile_cache.py": "train_tool",
+    "tests/dist/test_train_tool.py": "train_tool",
     "tests/unit/test_docs_build.py": "docs_site",  # docs_build: the mkdocs site, built once
     "tests/unit/test_docs_site_offline.py": "docs_site",
     "tests/unit/test_docs_width.py": "docs_site",

@@ -4,7 +4,8 @@ from pathlib import Path
 import pytest
 
 from msrun_harness import run_msrun
-from parity_cases import CASES, GATHERED_CASES, GRAPH_CASES, LORA_CASES, reference_spec_of
+from parity_cases import CASES, job_cases, reference_spec_of
+from train_tool_job import run_straight
 from zero_results import compute_references
 
 _HERE = Path(__file__).resolve().parent
@@ -27,9 +28,9 @@ def parity_jobs(tmp_path_factory):
         if world not in done:
             out = tmp_path_factory.mktemp(f"parity_N{world}")
             try:
-                # and test_comm_graph.py's compiled graphs, test_lora.py's fine-tunes, test_gathered.py's blocks
-                cases = CASES[world] + GRAPH_CASES[world] + LORA_CASES[world] + GATHERED_CASES[world]
-                run_msrun("tests/dist/workers/parity_worker.py", world, out, ["--cases", json.dumps(cases)],
+                # and test_comm_graph.py's compiled graphs, test_lora.py's fine-tunes, test_gathered.py's blocks,
+                # the folded jobs of test_memory_measure.py, test_offload_parity.py, test_mixed_precision.py
+                run_msrun("tests/dist/workers/parity_worker.py", world, out, ["--cases", json.dumps(job_cases(world))],
                           timeout=1500)
                 compute_references(out, [reference_spec_of(c) for c in CASES[world]])
                 done[world] = out
@@ -41,3 +42,10 @@ def parity_jobs(tmp_path_factory):
         return world, done[world]
 
     return get
+
+
+@pytest.fixture(scope="session")
+def train_tool_straight(tmp_path_factory):
+    """The straight run of tools/train.py (tests/dist/train_tool_job.py), run once: test_train_tool.py's
+    straight run and test_compile_cache.py's cold run (one group: [Note: test scheduling])."""
+    return run_straight(tmp_path_factory.mktemp("train_tool_straight"))

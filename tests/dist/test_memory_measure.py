@@ -1,8 +1,8 @@
 """measure_model_states against bytes computed by hand from TinyNet's shapes, stages 0-3 at N=2.
 
-One msrun job builds TinyNet + Adam + EMA with 2 accumulation steps at every stage
-(tests/dist/workers/memory_worker.py), in two layouts. Expected bytes follow DESIGN §3 directly.
-"padded" (``pad_uneven_params=True, shard_ema=True``): a parameter with ndim >= 1 is cut into N
+The N=2 parity job (tests/dist/conftest.py; its ``memory`` cases, tests/dist/workers/memory_cases.py)
+builds TinyNet + Adam + EMA with 2 accumulation steps at every stage, in two layouts. Expected bytes
+follow DESIGN §3 directly. "padded" (``pad_uneven_params=True, shard_ema=True``): a parameter with ndim >= 1 is cut into N
 blocks of ceil(d0 / N) rows (zero padding included), the EMA too from stage 1; the 0-d
 ``temperature`` stays whole. "mindone" (the defaults): only a parameter whose dim 0 divides by N is
 cut (TinyNet's LayerNorm, 6 rows), and the EMA is whole below stage 3.
@@ -14,8 +14,9 @@ import numpy as np
 import pytest
 
 from models import CLASSES, EMB, SEQ, VOCAB
-from msrun_harness import run_msrun
+from parity_cases import MEMORY_CASES
 
+pytestmark = pytest.mark.parity_world(2)  # [Note: test scheduling]
 WORLD = 2
 STAGES = (0, 1, 2, 3)
 F32 = 4
@@ -69,16 +70,14 @@ LAYOUTS = {"padded": EXPECTED, "mindone": EXPECTED_MINDONE}
 
 
 @pytest.fixture(scope="module")
-def measured(tmp_path_factory):
-    out = tmp_path_factory.mktemp("memory_N2")
-    run_msrun("tests/dist/workers/memory_worker.py", WORLD, out, ["--stages", ",".join(map(str, STAGES))],
-              timeout=600)
+def measured(parity_jobs):
+    _, out = parity_jobs(WORLD)
     results = {}
-    for stage in STAGES:
-        for layout in LAYOUTS:
-            for rank in range(WORLD):
-                with open(out / f"stage{stage}_{layout}_rank{rank}.json") as f:
-                    results[stage, layout, rank] = json.load(f)
+    for case in MEMORY_CASES[WORLD]:
+        for rank in range(WORLD):
+            with open(out / f"{case['name']}_rank{rank}.json") as f:
+                results[case["stage"], case["layout"], rank] = json.load(f)
+    assert sorted(results) == sorted((s, layout, r) for s in STAGES for layout in LAYOUTS for r in range(WORLD))
     return results
 
 

@@ -1,7 +1,8 @@
 """Where a float16 model's fp32 copies live, at N=2 (docs/guides/mixed-precision.md).
 
-One msrun job (tests/dist/workers/mixed_precision_worker.py) trains a network with float16
-parameters two steps at stages 1, 2 and 3, and at stage 3 with optimizer offload:
+The N=2 parity job (tests/dist/conftest.py; its ``mixed_precision`` cases,
+tests/dist/workers/mixed_precision_cases.py) trains a network with float16 parameters two steps at
+stages 1, 2 and 3, and at stage 3 with optimizer offload:
 
 * stages 1-2: the optimizer updates a float32 master shard (``master.<name>``, 1/N of the rows) of
   each split parameter; the network keeps its float16 parameters whole, and after the step each
@@ -17,20 +18,20 @@ import json
 import numpy as np
 import pytest
 
-from msrun_harness import run_msrun
+from parity_cases import MIXED_PRECISION_CASES
 
+pytestmark = pytest.mark.parity_world(2)  # [Note: test scheduling]
 WORLD = 2
-CASES = [{"stage": 1}, {"stage": 2}, {"stage": 3}, {"stage": 3, "offload": True}]
 NAMES = ["stage1", "stage2", "stage3", "stage3_offload"]
 # HalfNet's parameters: full shapes, float16
 SHAPES = {"fc1.weight": (6, 8), "fc1.bias": (6,), "fc2.weight": (4, 6), "fc2.bias": (4,)}
 
 
 @pytest.fixture(scope="module")
-def results(tmp_path_factory):
-    out = tmp_path_factory.mktemp("mixed_precision_N2")
-    run_msrun("tests/dist/workers/mixed_precision_worker.py", WORLD, out, ["--cases", json.dumps(CASES)], timeout=600)
-    return {(name, r): dict(np.load(out / f"{name}_rank{r}.npz")) for name in NAMES for r in range(WORLD)}
+def results(parity_jobs):
+    _, out = parity_jobs(WORLD)
+    assert [c["name"] for c in MIXED_PRECISION_CASES[WORLD]] == [f"mixed_{name}" for name in NAMES]
+    return {(name, r): dict(np.load(out / f"mixed_{name}_rank{r}.npz")) for name in NAMES for r in range(WORLD)}
 
 
 def _dtypes(result, prefix):

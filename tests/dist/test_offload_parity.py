@@ -1,37 +1,33 @@
 """Issue 24: optimizer offload gives the device run's bits, and an offloaded run resumes bitwise.
 
-One msrun job (N=2, tests/dist/workers/offload_worker.py): GeluNet (GELU, a hidden width of
-38 and an output width of 5, a bare parameter), AdamWeightDecay with weight decay on the weights,
-clipping, different data on every rank, 12 steps, at stages 1 and 3: on the device, with the
-states in host memory and in files (40-byte chunks); and offloaded runs saved after 6 steps,
-loaded into a fresh train network and trained to 12. The host update calls MindSpore's CPU kernel
+The N=2 parity job (tests/dist/conftest.py; its ``offload`` cases, named ``offload_<case>``:
+tests/dist/workers/offload_cases.py): GeluNet (GELU, a hidden width of 38 and an output width of 5,
+a bare parameter), AdamWeightDecay with weight decay on the weights, clipping, different data on
+every rank, 12 steps, at stages 1 and 3: on the device, with the states in host memory and in files
+(40-byte chunks); and offloaded runs saved after 6 steps, loaded into a fresh train network and
+trained to 12. The host update calls MindSpore's CPU kernel
 function ([Note: host kernel parity] in mindone_zero/offload/nnacl.py), so every comparison is
 ``array_equal``.
 """
-import json
-
 import numpy as np
 import pytest
 
-from msrun_harness import run_msrun
+from parity_cases import OFFLOAD_CASES, OFFLOAD_STAGES
 
-WORLD, STEPS = 2, 12
-STAGES = (1, 3)
-CASES = [dict(name=f"s{s}_{w or 'device'}", stage=s, offload=w, steps=STEPS)
-         for s in STAGES for w in (None, "host", "file")]
-CASES += [dict(name="s3_file_resumed", stage=3, offload="file", steps=STEPS, resume_at=6),
-          dict(name="s1_host_resumed", stage=1, offload="host", steps=STEPS, resume_at=6)]
+pytestmark = pytest.mark.parity_world(2)  # [Note: test scheduling]
+WORLD = 2
+STAGES = OFFLOAD_STAGES
+NAMES = {c["name"][len("offload_"):] for c in OFFLOAD_CASES[WORLD]}
 
 
 @pytest.fixture(scope="module")
-def job(tmp_path_factory):
-    out = tmp_path_factory.mktemp("offload_parity")
-    run_msrun("tests/dist/workers/offload_worker.py", WORLD, out, ["--cases", json.dumps(CASES)], timeout=600)
-    return out
+def job(parity_jobs):
+    return parity_jobs(WORLD)[1]
 
 
 def _load(out, name):
-    runs = [dict(np.load(out / f"{name}_rank{r}.npz")) for r in range(WORLD)]
+    assert name in NAMES, name
+    runs = [dict(np.load(out / f"offload_{name}_rank{r}.npz")) for r in range(WORLD)]
     return [(r["losses"], {k: v for k, v in r.items() if k.startswith("param/")}) for r in runs]
 
 
@@ -48,7 +44,7 @@ def _assert_bitwise(got, want, what):
 def test_offloaded_run_equals_the_device_run_bit_for_bit(job, stage, where):
     device = _load(job, f"s{stage}_device")
     assert not np.array_equal(device[0][0], device[1][0])  # different data on every rank
-    assert np.load(job / f"s{stage}_{where}_rank0.npz")["split"].any()  # some shards, not all replicated
+    assert np.load(job / f"offload_s{stage}_{where}_rank0.npz")["split"].any()  # some shards, not all replicated
     _assert_bitwise(_load(job, f"s{stage}_{where}"), device, f"s{stage} {where}")
 
 

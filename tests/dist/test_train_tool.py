@@ -3,7 +3,9 @@
 Two msrun jobs (the tool launches msrun itself with ``--world_size 2``), on a one-layer model at
 ZeRO stage 3 (the default), 6 steps with checkpoints at steps 3 and 6:
 
-* straight: 6 steps in one run;
+* straight: 6 steps in one run, with ``--compile_cache`` (a cold cache: it compiles every graph).
+  It is the session's shared run (``train_tool_straight``, tests/dist/train_tool_job.py), which
+  tests/dist/test_compile_cache.py takes as its cold run;
 * resumed: a copy of the straight run's output without its step-6 checkpoint, continued with
   ``--resume`` from step 3 in a new job that shares nothing with the first but the files, and
   with ``--gather_units Block,TransformerLM``: gather units change no bit of the losses or the
@@ -12,56 +14,18 @@ ZeRO stage 3 (the default), 6 steps with checkpoints at steps 3 and 6:
   units loads into the network with units.
 """
 import json
-import os
 import shutil
-import signal
-import subprocess
-import sys
-from pathlib import Path
 
 import numpy as np
 import pytest
 
 from mindone_zero.checkpoint import open_checkpoint
-from msrun_harness import TIMEOUT_FACTOR
-
-REPO = Path(__file__).resolve().parents[2]
-SMALL = ["--config", str(REPO / "configs" / "train_lm.yaml"), "--world_size", "2", "--steps", "6",
-         "--ckpt_interval", "3", "--n_layers", "1", "--d_model", "32", "--global_batch_size", "8",
-         "--eval_batch_size", "8"]
-
-
-def _train(out: Path, *extra, timeout=480 * TIMEOUT_FACTOR) -> subprocess.CompletedProcess:
-    cmd = [sys.executable, str(REPO / "tools" / "train.py"), *SMALL, "--output_dir", str(out), *extra]
-    env = dict(os.environ, GLOG_v="3", PYTHONPATH=os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")]))
-    proc = subprocess.Popen(cmd, cwd=str(REPO), env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                            start_new_session=True)
-    try:
-        stdout, _ = proc.communicate(timeout=timeout)
-    except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)
-        stdout, _ = proc.communicate()
-    return subprocess.CompletedProcess(cmd, proc.returncode, stdout, "")
-
-
-def _explain(result, out: Path) -> str:
-    tails = []
-    for log in sorted((out / "msrun_logs").glob("worker_*.log")):
-        lines = [t for t in log.read_text(errors="replace").splitlines() if not t.startswith(("[WARNING]", "[INFO]"))]
-        tails.append(f"--- {log.name}\n" + "\n".join(lines[-40:]))
-    return f"exit {result.returncode}\n{result.stdout[-3000:]}\n" + "\n".join(tails)
-
-
-def _history(out: Path):
-    return [json.loads(line) for line in (out / "history.jsonl").read_text().splitlines()]
+from train_tool_job import explain, read_history, run_train
 
 
 @pytest.fixture(scope="module")
-def straight(tmp_path_factory):
-    out = tmp_path_factory.mktemp("train_tool") / "straight"
-    result = _train(out)
-    assert result.returncode == 0, _explain(result, out)
-    return out, result.stdout
+def straight(train_tool_straight):
+    return train_tool_straight["out"], train_tool_straight["stdout"]
 
 
 @pytest.fixture(scope="module")
@@ -69,8 +33,8 @@ def resumed(straight, tmp_path_factory):
     out = tmp_path_factory.mktemp("train_tool") / "resumed"
     shutil.copytree(straight[0], out, ignore=shutil.ignore_patterns("msrun_logs"))
     shutil.rmtree(out / "ckpt" / "step_00000006")
-    result = _train(out, "--resume", "--gather_units", "Block,TransformerLM")
-    assert result.returncode == 0, _explain(result, out)
+    result = run_train(out, "--resume", "--gather_units", "Block,TransformerLM")
+    assert result.returncode == 0, explain(result, out)
     return out, result.stdout
 
 
@@ -84,7 +48,7 @@ def test_straight_run_saves_combines_and_verifies(straight):
     assert (out / "ckpt" / "step_00000006" / "network_rankall_2.ckpt").is_file()
     # The combined model, loaded unsharded in one process, reproduces the distributed evaluation.
     np.testing.assert_allclose(summary["combined_eval_loss"], summary["eval_loss"], rtol=1e-5)
-    history = _history(out)
+    history = read_history(out)
     assert [h["step"] for h in history] == list(range(1, 7))
     assert history[-1]["loss"] < history[0]["loss"]
     # Per-rank model-state bytes are logged at the start: stage 3 holds 1/N of every state.
@@ -96,7 +60,7 @@ def test_straight_run_saves_combines_and_verifies(straight):
 def test_resume_continues_the_same_loss_curve(straight, resumed):
     out, stdout = resumed
     assert "resumed from step 3" in stdout
-    first, second = _history(straight[0]), _history(out)
+    first, second = read_history(straight[0]), read_history(out)
     assert [h["step"] for h in second] == list(range(1, 7))
     assert [h["loss"] for h in second] == [h["loss"] for h in first]  # no bit changed, units or not
     a = json.loads((straight[0] / "summary.json").read_text())

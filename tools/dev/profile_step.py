@@ -5,12 +5,14 @@ summed per kernel type, several settings side by side.
 
     python tools/dev/profile_step.py --model lm --settings 0 3 3:units,keep --world_size 2
 
-Each setting (``stage`` or ``stage:flags``, flags from ``keep`` (``reshard_after_forward=False``)
-and ``units`` (the config's gather units)) runs in its own msrun job on the model of
+The settings (``stage`` or ``stage:flags``, flags from ``keep`` (``reshard_after_forward=False``)
+and ``units`` (the config's gather units)) run in one msrun job on the model of
 ``configs/benchmark.yaml`` (``lm``: the demo LM, ``dense``: the Dense stack), built and stepped as
-``tools/bench/benchmark.py`` does (each rank pinned to a core with ``pin_ranks``). After
-``warmup_steps`` steps the profiler records ``--steps`` optimizer steps; rank 0's kernels are
-summed per type into milliseconds and launches per step.
+``tools/bench/benchmark.py`` does (each rank pinned to a core with ``pin_ranks``), one setting after
+another: each is built, warmed up for ``warmup_steps`` steps, then a profiler of its own (its own
+folder) records ``--steps`` optimizer steps of it alone; rank 0's kernels are summed per type into
+milliseconds and launches per step. MindSpore 2.10's Profiler starts, stops and analyses several
+times in one process; one job saves an msrun start-up per setting.
 
 A collective's time is the time its kernel waits: for the bytes to move and for the slower rank
 to arrive. When the ranks share cores, the second part dominates for small tensors (the
@@ -87,30 +89,40 @@ def split_collectives(ops: Dict[str, List[float]]) -> Tuple[float, float]:
 
 # ----------------------------------------------------------------------------- msrun worker
 def worker(args) -> int:
-    """One setting under msrun: warm up, profile ``--steps`` steps, write ``profile_rank<r>.json``."""
+    """Every setting under msrun, one after another: each built, warmed up and profiled for ``--steps``
+    steps into its own folder (``setting_folder``), which gets ``profile_rank<r>.json``."""
     from mindspore import Profiler
 
     from tools.bench.benchmark_worker import DenseWorkload, LMWorkload, StageRun, plan_entries, start_worker
 
     cfg, rank, world = start_worker(args.config)
-    out = Path(args.out)
-    stage, reshard, units = parse_setting(args.one_setting)
     workload = (LMWorkload if args.model == "lm" else DenseWorkload)(cfg, world)
-    run = StageRun(workload, (stage, reshard, units, 0), rank, world, out)
-    for _ in range(cfg["benchmark"]["warmup_steps"]):
-        run.run_step(timed=False)
-    profiler = Profiler(output_path=str(out / "profiler"), start_profile=True)
-    for _ in range(args.steps):
-        run.run_step(timed=True)
-    profiler.stop()
-    profiler.analyse()
-    plan = plan_entries(run.train_net)
-    result = {"ops": read_op_types(out / "profiler", rank, args.steps), "step_times": run.times,
-              "planned_collectives": len(plan) if plan else None}
-    tmp = out / f"profile_rank{rank}.json.tmp"
-    tmp.write_text(json.dumps(result))
-    os.replace(tmp, out / f"profile_rank{rank}.json")
+    runs = []  # kept alive to the end: MindSpore keys parsed Cells by id
+    for text in args.job_settings:
+        stage, reshard, units = parse_setting(text)
+        out = setting_folder(Path(args.out), args.model, stage, reshard, units)
+        run = StageRun(workload, (stage, reshard, units, 0), rank, world, out)
+        runs.append(run)
+        for _ in range(cfg["benchmark"]["warmup_steps"]):
+            run.run_step(timed=False)
+        profiler = Profiler(output_path=str(out / "profiler"), start_profile=True)
+        for _ in range(args.steps):
+            run.run_step(timed=True)
+        profiler.stop()
+        profiler.analyse()
+        plan = plan_entries(run.train_net)
+        result = {"ops": read_op_types(out / "profiler", rank, args.steps), "step_times": run.times,
+                  "planned_collectives": len(plan) if plan else None}
+        tmp = out / f"profile_rank{rank}.json.tmp"
+        tmp.write_text(json.dumps(result))
+        os.replace(tmp, out / f"profile_rank{rank}.json")
+        print(f"rank {rank}: {text} profiled", flush=True)
     return 0
+
+
+def setting_folder(out: Path, model: str, stage: int, reshard: bool, units: bool) -> Path:
+    """Where one setting's profiler output and results go, under the job's ``--out``."""
+    return out / f"{model}_{setting_name(stage, reshard, units)}"
 
 
 # ----------------------------------------------------------------------------- report
@@ -148,10 +160,10 @@ def main(argv=None) -> int:
     parser.add_argument("--world_size", type=int, default=2)
     parser.add_argument("--steps", type=int, default=20)
     parser.add_argument("--top", type=int, default=15, help="kernel types listed (the costliest first)")
-    # under msrun: this one setting (msrun would take "--worker" for its own "--worker_num")
-    parser.add_argument("--one_setting", help=argparse.SUPPRESS)
+    # under msrun: the settings, in this order (msrun would take "--worker" for its own "--worker_num")
+    parser.add_argument("--job_settings", nargs="+", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
-    if args.one_setting:
+    if args.job_settings:
         return worker(args)
     try:
         settings = [parse_setting(s) for s in args.settings]
@@ -162,19 +174,19 @@ def main(argv=None) -> int:
     except (ValueError, OSError) as err:
         parser.error(str(err))
     out = Path(args.out)
-    results = {}
-    for text, (stage, reshard, units) in zip(args.settings, settings):
-        folder = out / f"{args.model}_{setting_name(stage, reshard, units)}"
+    folders = [setting_folder(out, args.model, *setting) for setting in settings]
+    for folder in folders:
         if folder.exists():  # never report an earlier run's numbers
             shutil.rmtree(folder / "profiler", ignore_errors=True)
             for stale in folder.glob("profile_rank*.json"):
                 stale.unlink()
-        print(f"profiling {args.model} stage {setting_label(stage, reshard, units)} at N={args.world_size} ...",
-              flush=True)
-        run_world(args.config, args.world_size, folder, cfg["benchmark"]["timeout_s"], worker="tools/dev/profile_step.py",
-                  worker_args=["--one_setting", text, "--model", args.model, "--steps", str(args.steps)],
-                  what="profile_step")
-        results[setting_label(stage, reshard, units)] = json.loads((folder / "profile_rank0.json").read_text())
+    labels = [setting_label(*setting) for setting in settings]
+    print(f"profiling {args.model} stages {', '.join(labels)} at N={args.world_size} in one job ...", flush=True)
+    run_world(args.config, args.world_size, out, cfg["benchmark"]["timeout_s"] * len(settings),
+              worker="tools/dev/profile_step.py",
+              worker_args=["--job_settings", *args.settings, "--model", args.model, "--steps", str(args.steps)],
+              what="profile_step")
+    results = {label: json.loads((folder / "profile_rank0.json").read_text()) for label, folder in zip(labels, folders)}
     report = render(args.model, args.world_size, args.steps, results, args.top)
     out.mkdir(parents=True, exist_ok=True)
     (out / "profile.md").write_text(report + "\n")

@@ -5,8 +5,13 @@ Each case: {"name", "mode": "graph"|"pynative", "stage", "accum", "clip", "steps
             "overflow_step" (optional: rank 1 injects inf into its loss at that step),
             "dynamic_scale" (optional)}.
 Writes DIR/{name}_rank{r}.npz (losses, overflow, scales, params) and DIR/{name}_rank{r}.json,
-and DIR/groups_rank{r}.json (``create_groups``).
+and DIR/groups_rank{r}.json (``create_groups``). A case with ``graph_name`` (parity_cases.job_cases) also
+writes that graph case's DIR/graph_{graph_name}_rank{r}.json, from its first step (comm_graph.py).
+A case with a ``kind`` runs in the module of that kind and writes its own files: ``graph``
+(comm_graph.py), ``gathered`` (gathered_cases.py), ``memory``, ``offload`` and ``mixed_precision``
+(memory_cases.py, offload_cases.py, mixed_precision_cases.py: jobs of their own before issue 59).
 """
+import contextlib
 import json
 import os
 import sys
@@ -19,8 +24,11 @@ from mindspore.communication import create_group
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", ".."))
 from msrun_harness import worker_args  # noqa: E402
 from models import FactoredOptimizer, LossNet, TinyNet, init_weights, make_optimizer, micro_batch  # noqa: E402
-from comm_graph import run_graph_case  # noqa: E402
+from comm_graph import graph_folder, graph_result, kernel_graphs_dumped, run_graph_case  # noqa: E402
 from gathered_cases import run_gathered_case  # noqa: E402
+from memory_cases import run_memory_case  # noqa: E402
+from mixed_precision_cases import run_mixed_precision_case  # noqa: E402
+from offload_cases import run_offload_case  # noqa: E402
 from lora_models import build_own_lora, build_peft_lora, frozen_report, mindone_peft_missing  # noqa: E402
 
 from mindone_zero import ZeroHelper, create_hybrid_groups, prepare_network, prepare_train_network  # noqa: E402
@@ -110,7 +118,13 @@ def run_case(case, out, rank, world, hybrid):
         for micro in range(accum):
             ids, labels = micro_batch(step, rank, world, micro, accum)
             factor = np.inf if (step == case.get("overflow_step") and rank == 1) else 1.0
-            loss, overflow, s = train(Tensor(ids), Tensor(labels), Tensor(factor, ms.float32))
+            # a graph case's step (parity_cases.job_cases): the first call compiles, its kernel graphs dumped
+            graph = case.get("graph_name") if step == micro == 0 else None
+            folder = graph_folder(out, graph, rank) if graph else None
+            with kernel_graphs_dumped(folder) if graph else contextlib.nullcontext():
+                loss, overflow, s = train(Tensor(ids), Tensor(labels), Tensor(factor, ms.float32))
+            if graph:
+                write_json(os.path.join(out, f"graph_{graph}_rank{rank}.json"), graph_result(train, folder))
             losses.append(float(loss.asnumpy()))
             overflows.append(bool(overflow.asnumpy()))
             scales.append(float(s.asnumpy()))
@@ -136,6 +150,11 @@ def run_case(case, out, rank, world, hybrid):
                    "plan": [list(e) for e in plan.entries], "recomputed": list(recomputed_cells(loss_net)),
                    "frozen": frozen_report(net),
                    "calls_per_step": {k: v / case["steps"] for k, v in counter.counts.items()} if counter else None}, f)
+
+
+def write_json(path, value) -> None:
+    with open(path, "w") as f:
+        json.dump(value, f)
 
 
 def _error_of(fn):
@@ -192,11 +211,17 @@ def main():
     keep_alive = []
     for case in cases:
         if case.get("kind") == "graph":  # tests/dist/test_comm_graph.py
-            with open(os.path.join(out, f"graph_{case['name']}_rank{rank}.json"), "w") as f:
-                json.dump(run_graph_case(case, out, rank, world, hybrid, keep_alive), f)
+            write_json(os.path.join(out, f"graph_{case['name']}_rank{rank}.json"),
+                       run_graph_case(case, out, rank, world, hybrid, keep_alive))
         elif case.get("kind") == "gathered":  # tests/dist/test_gathered.py
             with open(os.path.join(out, f"{case['name']}_rank{rank}.json"), "w") as f:
                 json.dump(run_gathered_case(case, out, rank, world), f)
+        elif case.get("kind") == "memory":  # tests/dist/test_memory_measure.py
+            run_memory_case(case, out, rank, world)
+        elif case.get("kind") == "offload":  # tests/dist/test_offload_parity.py
+            run_offload_case(case, out, rank, world, keep_alive)
+        elif case.get("kind") == "mixed_precision":  # tests/dist/test_mixed_precision.py
+            run_mixed_precision_case(case, out, rank, world, keep_alive)
         else:
             run_case(case, out, rank, world, hybrid)
         print(f"rank {rank}: case {case['name']} done", flush=True)
