@@ -119,8 +119,8 @@ def _unread(value: ast.AST, cell: nn.Cell, self_name: str, parents: dict) -> boo
     while True:  # a dtype cast: its result is what the op gets
         if isinstance(parent, ast.Attribute) and parent.attr in _CASTS and isinstance(parents.get(parent), ast.Call):
             value, parent = parents[parent], parents.get(parents[parent])
-        elif isinstance(parent, ast.Call) and parent.args and parent.args[0] is value and \
-                isinstance(parent.func, ast.Attribute) and parent.func.attr in _CASTS:
+        elif (isinstance(parent, ast.Call) and parent.args and parent.args[0] is value
+              and isinstance(parent.func, ast.Attribute) and parent.func.attr in _CASTS):
             value, parent = parent, parents.get(parent)
         else:
             break

@@ -13,8 +13,8 @@ from typing import Optional
 from mindspore import mint, nn, ops
 
 from ..core.group_alias import group_argument
-from ..core.ms_internals import RECOMPUTE_WRAPPER, child_cells, mark_recomputed_child, mint_conv_reversed_padding, \
-    own_params
+from ..core.ms_internals import (RECOMPUTE_WRAPPER, child_cells, mark_recomputed_child, mint_conv_reversed_padding,
+                                  own_params)
 from ..core.partition import zero_spec_of
 from ..core.stage import StagePolicy, check_stage
 

@@ -30,8 +30,8 @@ def build(case, out):
     ms.set_context(mode=ms.GRAPH_MODE)
     net = init_weights(GeluNet())
     where = case.get("offload")
-    offload = {"device": "nvme", "path": os.path.join(out, "states"), "chunk_size": 40} if where == "file" \
-        else where == "host"
+    offload = ({"device": "nvme", "path": os.path.join(out, "states"), "chunk_size": 40} if where == "file"
+               else where == "host")
     train = prepare_train_network(GeluLoss(net), adamw_groups(net), zero_stage=case["stage"], clip_grad=True,
                                   clip_norm=0.5, optimizer_offload=offload,
                                   params_split_info=os.path.join(out, "info", case["name"]))
