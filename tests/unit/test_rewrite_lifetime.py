@@ -26,14 +26,6 @@ from mindone_zero.zero3.state import gather_calls
 ms.set_device("CPU")
 
 
-@pytest.fixture
-def graph_mode():
-    previous = ms.get_context("mode")
-    ms.set_context(mode=ms.GRAPH_MODE)
-    yield
-    ms.set_context(mode=previous)
-
-
 def _module_containers() -> dict:
     """{module.name: size} of every module-level container and cache of the package."""
     sizes = {}
