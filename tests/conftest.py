@@ -21,12 +21,23 @@ from scheduling import (  # noqa: E402,F401 - after the path setup above; pytest
 )
 
 
-@pytest.fixture
-def pynative_mode():
-    """Run the test in PYNATIVE_MODE, restoring the mode after (``pytest.mark.usefixtures("pynative_mode")``)."""
+def _in_mode(name: str):
+    """Run in MindSpore's mode ``name`` ("GRAPH_MODE", "PYNATIVE_MODE"), restoring the mode after."""
     import mindspore as ms
 
     mode = ms.get_context("mode")
-    ms.set_context(mode=ms.PYNATIVE_MODE)
+    ms.set_context(mode=getattr(ms, name))
     yield
     ms.set_context(mode=mode)
+
+
+@pytest.fixture
+def graph_mode():
+    """Run the test in GRAPH_MODE, restoring the mode after."""
+    yield from _in_mode("GRAPH_MODE")
+
+
+@pytest.fixture
+def pynative_mode():
+    """Run the test in PYNATIVE_MODE, restoring the mode after (``pytest.mark.usefixtures("pynative_mode")``)."""
+    yield from _in_mode("PYNATIVE_MODE")

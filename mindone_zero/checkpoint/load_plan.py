@@ -119,8 +119,8 @@ def _check_compatible(layout: Layout, saved: SavedCheckpoint) -> None:
             f"'train_net' has {sorted(have)} (an EMA present in one and not the other?)."
         )
     if meta["accum_step"] != 0:
-        same = (meta["world_size"], saved.n, meta["gradient_accumulation_steps"]) == \
-            (layout.world, layout.op_size, layout.accum_steps)
+        same = ((meta["world_size"], saved.n, meta["gradient_accumulation_steps"])
+                == (layout.world, layout.op_size, layout.accum_steps))
         if not same:
             raise ValueError(
                 f"For '{LOAD}', the checkpoint '{saved.dir}' was saved in the middle of gradient accumulation "

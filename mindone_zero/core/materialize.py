@@ -54,8 +54,8 @@ from mindspore.common.initializer import (Constant, Dirac, HeNormal, HeUniform, 
                                           Orthogonal, TruncatedNormal, Uniform, XavierNormal, XavierUniform, Zero,
                                           initializer)
 
-from .ms_internals import forget_init_tensor, init_tensor, parameter_base_class, parameter_subclass, \
-    parameters_without_data
+from .ms_internals import (forget_init_tensor, init_tensor, parameter_base_class, parameter_subclass,
+                           parameters_without_data)
 from .partition import ShardSpec, split_array
 
 __all__ = ["sharded_init", "is_unmaterialized", "initializer_of", "restore_initializer", "host_value", "block_of",

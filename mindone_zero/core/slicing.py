@@ -151,8 +151,8 @@ def run_args(shape: Sequence[int], axis: int, offsets: Sequence[int], widths: Se
     runs, i, count = [], 0, len(offsets)
     while i < count:
         j = i
-        while j + 1 < count and widths[j + 1] == widths[i] and tuple(shapes[j + 1]) == tuple(shapes[i]) \
-                and offsets[j + 1] == offsets[j] + widths[j]:
+        while (j + 1 < count and widths[j + 1] == widths[i] and tuple(shapes[j + 1]) == tuple(shapes[i])
+               and offsets[j + 1] == offsets[j] + widths[j]):
             j += 1
         pieces, width = j - i + 1, int(widths[i])
         begin, size = slice_bounds(tuple(shape), axis, int(offsets[i]), pieces * width, "run_args")

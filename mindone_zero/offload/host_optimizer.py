@@ -214,9 +214,9 @@ def _rule_of(optimizer) -> Optional[HostRule]:
         return HostRule("AdamWeightDecay", ("moments1", "moments2"), _scalar(optimizer.beta1),
                         _scalar(optimizer.beta2), _scalar(optimizer.eps),
                         kernel="nnacl" if _NNACL_ADAMW is not None else "numpy")
-    if isinstance(optimizer, nn.Adam) and not isinstance(optimizer, (nn.AdamOffload, nn.LazyAdam)) \
-            and not getattr(optimizer, "use_amsgrad", False) and not getattr(optimizer, "use_lazy", False) \
-            and not getattr(optimizer, "use_offload", False):
+    if (isinstance(optimizer, nn.Adam) and not isinstance(optimizer, (nn.AdamOffload, nn.LazyAdam))
+            and not getattr(optimizer, "use_amsgrad", False) and not getattr(optimizer, "use_lazy", False)
+            and not getattr(optimizer, "use_offload", False)):
         return HostRule("Adam", ("moment1", "moment2"), _scalar(optimizer.beta1), _scalar(optimizer.beta2),
                         _scalar(optimizer.eps), nesterov=bool(optimizer.use_nesterov))
     if isinstance(optimizer, nn.Momentum):

@@ -194,8 +194,8 @@ class BucketLayout(nn.Cell):
         self.comm = comm
         self.shapes = tuple(tuple(int(d) for d in s) for s in shapes)
         self.numels = tuple(int(np.prod(s)) for s in self.shapes)
-        self.record = record if record is not None else \
-            bucket_record(kind, comm.group, comm.size, self.numels, [t.dtype for t in templates], bucket_size)
+        self.record = record if record is not None else (
+            bucket_record(kind, comm.group, comm.size, self.numels, [t.dtype for t in templates], bucket_size))
         self.buckets = self.record.buckets
         # each bucket in its buffer's order ([Note: runs of pieces] in core/slicing.py)
         self.placed = tuple(_placed(b, self.shapes) for b in self.buckets)

@@ -251,8 +251,8 @@ def plan_train(options: ZeroOptions, params) -> TrainPlan:
     # Stage 0 follows MindSpore's gradients_mean as MindOne's does (its grad reducer);
     # sharded stages always average, as MindOne's ZeroHelper does.
     grads_mean = policy.is_zero or not parallel or bool(ms.get_auto_parallel_context("gradients_mean"))
-    buckets = _buckets(options.fusion, op, dp, specs, dtypes, update_dtypes, rs_index, whole_index, ag_index) \
-        if parallel else None
+    buckets = (_buckets(options.fusion, op, dp, specs, dtypes, update_dtypes, rs_index, whole_index, ag_index)
+               if parallel else None)
     return TrainPlan(policy, parallel, world, op, dp, specs, dtypes, update_dtypes, split_index, whole_index,
                      rs_index, whole_index, ag_index, _routes(len(specs), rs_index, whole_index), grads_mean,
                      buckets, options.offload)

@@ -55,8 +55,8 @@ class StepSettings:
         Raises:
             TypeError / ValueError: naming the argument and the value (see ``TrainOneStepWrapper``).
         """
-        if isinstance(gradient_accumulation_steps, bool) or not isinstance(gradient_accumulation_steps, int) \
-                or gradient_accumulation_steps < 1:
+        if (isinstance(gradient_accumulation_steps, bool) or not isinstance(gradient_accumulation_steps, int)
+                or gradient_accumulation_steps < 1):
             raise ValueError(
                 f"For 'TrainOneStepWrapper', the argument 'gradient_accumulation_steps' must be an integer >= 1, "
                 f"but got {gradient_accumulation_steps!r}."
@@ -153,8 +153,8 @@ class TrainOneStepWrapper(MicroStep, GradAccumulation, StepCommAccounting, MindO
         self.network = network
         self.zero_helper = helper
         # the train records ([Note: train records] in train_plan.py): read from here on, never the helper
-        self.zero_plan, self.optimizer_shards, self.grad_sync = helper.zero_plan, helper.optimizer_shards, \
-            helper.grad_sync
+        self.zero_plan, self.optimizer_shards, self.grad_sync = (helper.zero_plan, helper.optimizer_shards,
+                                                                 helper.grad_sync)
         policy = self.zero_plan.policy
         self.optimizer = optimizer
         self.weights = self.optimizer_shards.params
@@ -162,8 +162,8 @@ class TrainOneStepWrapper(MicroStep, GradAccumulation, StepCommAccounting, MindO
         self.ema = settings.ema
         if self.ema is not None and settings.updates:
             self.ema.updates.set_data(Tensor(float(settings.updates), ms.float32))
-        self.drop_overflow_update, self.clip_grad, self.clip_norm = settings.drop_overflow_update, settings.clip_grad, \
-            settings.clip_norm
+        self.drop_overflow_update, self.clip_grad, self.clip_norm = (settings.drop_overflow_update,
+                                                                     settings.clip_grad, settings.clip_norm)
         self.accum_steps, self.verbose, self.zero_stage = settings.accum_steps, settings.verbose, policy.stage
         # [Note: gradient reduction] in grad_sync.py: stages 0/1 reduce once per optimizer step.
         self.reduce_each_micro_step = policy.reduce_each_micro_step(self.accum_steps)

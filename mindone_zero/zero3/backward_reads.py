@@ -35,10 +35,9 @@ needs no gradient (in a LoRA fine-tune, frozen layers before the first trainable
 frozen parameter's gather sends no gradient back, so it has no reduce-scatter to count.
 """
 import ast
-import functools
 import inspect
 import textwrap
-from typing import Iterator, Optional, Set, Tuple
+from typing import Dict, Iterator, Optional, Set, Tuple
 
 from mindspore import nn, ops
 
@@ -55,13 +54,16 @@ _CASTS = frozenset({"astype", "cast"})
 _CONSTANTS = (bool, int, float, str, type(None))
 
 
-@functools.lru_cache(maxsize=None)
-def _tree(func) -> Optional[ast.FunctionDef]:
-    try:
-        tree = ast.parse(textwrap.dedent(inspect.getsource(func))).body[0]
-    except (OSError, TypeError, SyntaxError, IndexError):
-        return None
-    return tree if isinstance(tree, ast.FunctionDef) and tree.args.args else None
+def _tree(func, parsed: Dict[object, Optional[ast.FunctionDef]]) -> Optional[ast.FunctionDef]:
+    """``func``'s parsed ``def`` (None when its source cannot be read); ``parsed`` caches the parses
+    of one walk (``backward_reads``)."""
+    if func not in parsed:
+        try:
+            tree = ast.parse(textwrap.dedent(inspect.getsource(func))).body[0]
+        except (OSError, TypeError, SyntaxError, IndexError):
+            tree = None
+        parsed[func] = tree if isinstance(tree, ast.FunctionDef) and tree.args.args else None
+    return parsed[func]
 
 
 def _self_attr(node: ast.AST, self_name: str) -> Optional[str]:
@@ -91,7 +93,7 @@ def _dead_nodes(tree: ast.FunctionDef, cell: nn.Cell, self_name: str) -> Set[int
     return dead
 
 
-def _methods(cell: nn.Cell) -> Iterator[Tuple[ast.FunctionDef, Set[int]]]:
+def _methods(cell: nn.Cell, parsed: dict) -> Iterator[Tuple[ast.FunctionDef, Set[int]]]:
     """(parsed method, ids of its dead nodes) of every method of ``cell`` that its ``construct`` reaches
     through live calls ``self.<method>(...)``, each once; (None, None) for one whose source cannot be
     read. Methods never called from ``construct`` do not run in the graph."""
@@ -102,7 +104,7 @@ def _methods(cell: nn.Cell) -> Iterator[Tuple[ast.FunctionDef, Set[int]]]:
         if name in seen or not inspect.ismethod(method) or method.__self__ is not cell:
             continue
         seen.add(name)
-        tree = _tree(method.__func__)
+        tree = _tree(method.__func__, parsed)
         if tree is None:
             yield None, None
             continue
@@ -119,8 +121,8 @@ def _unread(value: ast.AST, cell: nn.Cell, self_name: str, parents: dict) -> boo
     while True:  # a dtype cast: its result is what the op gets
         if isinstance(parent, ast.Attribute) and parent.attr in _CASTS and isinstance(parents.get(parent), ast.Call):
             value, parent = parents[parent], parents.get(parents[parent])
-        elif isinstance(parent, ast.Call) and parent.args and parent.args[0] is value and \
-                isinstance(parent.func, ast.Attribute) and parent.func.attr in _CASTS:
+        elif (isinstance(parent, ast.Call) and parent.args and parent.args[0] is value
+              and isinstance(parent.func, ast.Attribute) and parent.func.attr in _CASTS):
             value, parent = parent, parents.get(parent)
         else:
             break
@@ -134,12 +136,20 @@ def _unread(value: ast.AST, cell: nn.Cell, self_name: str, parents: dict) -> boo
     return isinstance(op, ops.Primitive) and position in UNREAD_INPUTS.get(op.name, ())
 
 
-def backward_reads(cell: nn.Cell, attr: str) -> bool:
+def backward_reads(cell: nn.Cell, attr: str, parsed: Optional[dict] = None) -> bool:
     """Whether a backward op may read the tensor(s) that ``cell``'s gather Cell ``attr`` returns: False
     only when every use of them in ``cell``'s code is known not to be read ([Note: dropped
-    re-gathers]). Not collective."""
+    re-gathers]). Not collective.
+
+    Args:
+        cell: the Cell whose code calls the gather Cell.
+        attr: the attribute of ``cell`` that holds the gather Cell.
+        parsed: a dict the caller owns and passes to every call of one walk, so that each method's
+            source is parsed once (``{function: its parsed def}``); None: parse afresh.
+    """
+    parsed = {} if parsed is None else parsed
     uses = 0
-    for tree, dead in _methods(cell):
+    for tree, dead in _methods(cell, parsed):
         if tree is None:
             return True
         self_name = tree.args.args[0].arg

@@ -27,9 +27,10 @@ from typing import Optional
 
 from mindspore import nn
 
-from ..core.ms_internals import CARRIED_CELL_STATE, LAZY_STATE_PREFIX, SHARED_HOOK_STATE, bind_backward_hooks, \
-    buffers, forget_recompute, has_config_recompute, has_shard_fn, in_recompute_scope, is_null_recompute_context, \
-    mark_recomputed_child, recompute_call_options, recompute_wrapper
+from ..core.ms_internals import (CARRIED_CELL_STATE, LAZY_STATE_PREFIX, SHARED_HOOK_STATE, bind_backward_hooks,
+                                  buffers, forget_recompute, has_config_recompute, has_shard_fn, in_recompute_scope,
+                                  is_null_recompute_context, mark_recomputed_child, recompute_call_options,
+                                  recompute_wrapper)
 from .param_wrapper import ZeroParamWrapper
 
 __all__ = ["recompute_options", "reapply_recompute", "spread_recompute_scope", "is_recompute_scoped",
@@ -74,8 +75,8 @@ def reapply_recompute(cell: nn.Cell, options: dict) -> None:
     default ``context_fn``): the same numbers, only tensors inside tuple/list inputs get no
     gradient there. GRAPH_MODE does not use these options.
     """
-    if _gathers_inside(cell) and not options["use_reentrant"] and not options["output_recompute"] \
-            and is_null_recompute_context(options["context_fn"]):
+    if (_gathers_inside(cell) and not options["use_reentrant"] and not options["output_recompute"]
+            and is_null_recompute_context(options["context_fn"])):
         options = dict(options, use_reentrant=True, context_fn=None)
     forget_recompute(cell)
     cell.recompute(**options)

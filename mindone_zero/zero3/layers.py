@@ -8,13 +8,14 @@ gather wrappers, which cast explicitly. mint Conv and Embedding kernels do not e
 CPU backend (2.10); their ZeRO-3 Cells are built and checked structurally there and run on
 Ascend/GPU.
 """
+from collections.abc import Mapping
 from typing import Optional
 
 from mindspore import mint, nn, ops
 
 from ..core.group_alias import group_argument
-from ..core.ms_internals import RECOMPUTE_WRAPPER, child_cells, mark_recomputed_child, mint_conv_reversed_padding, \
-    own_params
+from ..core.ms_internals import (RECOMPUTE_WRAPPER, child_cells, mark_recomputed_child, mint_conv_reversed_padding,
+                                  own_params)
 from ..core.partition import zero_spec_of
 from ..core.stage import StagePolicy, check_stage
 
@@ -487,22 +488,57 @@ class Embedding(ZeroCell):
         return out.reshape(out_shape)
 
 
-def _default_modules() -> dict:
+class _ReadOnlyModules(Mapping):
+    """A mapping that cannot change: ``PARALLEL_MODULES``. Setting or deleting a key raises a
+    ``TypeError`` that names the argument that extends it for one call."""
+
+    def __init__(self, mapping: dict):
+        self._mapping = dict(mapping)
+
+    def __getitem__(self, key):
+        return self._mapping[key]
+
+    def __iter__(self):
+        return iter(self._mapping)
+
+    def __len__(self):
+        return len(self._mapping)
+
+    def __repr__(self):
+        return repr(self._mapping)
+
+    def copy(self) -> dict:
+        """A plain dict of the mapping, to change and pass as ``parallel_modules``."""
+        return dict(self._mapping)
+
+    def _refuse(self, *args):
+        raise TypeError(
+            "PARALLEL_MODULES is read-only: pass your own {original Cell class: ZeRO-3 Cell class} as the "
+            "argument 'parallel_modules' of shard_network, prepare_network or prepare_train_network, which "
+            f"extends it for that call; got a change with {args!r}."
+        )
+
+    __setitem__ = __delitem__ = _refuse
+
+
+def _default_modules() -> Mapping:
     mapping = {nn.Dense: Dense, nn.Linear: Linear, mint.nn.Linear: Linear}
     for cls in (Conv1d, Conv2d, Conv3d, Mint_Conv2d, Mint_Conv3d, Embedding):  # later ones win, as in MindOne
         for original in cls.accepts:
             mapping[original] = cls
-    return mapping
+    return _ReadOnlyModules(mapping)
 
 
-# tests/unit/test_docs_api.py checks the table in this docstring against the dict.
+# tests/unit/test_docs_api.py checks the table in this docstring against the mapping.
 PARALLEL_MODULES = _default_modules()
-"""``{original Cell class: ZeRO-3 Cell class}``, MindOne's ``PARALLEL_MODULES``.
+"""``{original Cell class: ZeRO-3 Cell class}``, MindOne's ``PARALLEL_MODULES``, read-only.
 
 ``shard_network`` (and so ``prepare_network`` and ``prepare_train_network`` at stage 3) replaces
 each Cell whose type is exactly a key by its value, built as ``ZeroCell`` says; subclasses go
 through the generic path, which keeps their own ``construct`` and methods. A ``parallel_modules``
-dict given to those functions extends or overrides it. The mapping:
+dict given to those functions extends or overrides it for that call; the mapping itself cannot be
+changed (setting a key raises a ``TypeError``), so one network's classes never leak into the
+next. The mapping:
 
 | original Cell class | ZeRO-3 Cell class |
 |---|---|

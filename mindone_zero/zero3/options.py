@@ -113,7 +113,7 @@ def _module_map(where: str, name: str, value) -> Optional[Mapping]:
     """A read-only copy of a ``{Cell class: ZeRO-3 Cell class}`` dict, or None."""
     if value is None:
         return None
-    if not isinstance(value, dict):
+    if not isinstance(value, Mapping):  # a dict, or PARALLEL_MODULES itself
         raise TypeError(f"For '{where}', the argument '{name}' must be None or a dict of Cell classes to ZeRO-3 Cell "
                         f"classes, but got {type(value).__name__}.")
     for key, cls in value.items():

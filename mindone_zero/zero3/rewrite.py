@@ -27,14 +27,24 @@ touching the user's classes:
    outside the network) raises too: it would otherwise be used as a shard, or never synchronised.
    Set ``param.parallel_optimizer = False`` on such a parameter to keep it whole.
 3. Application. Each method that changed is written to a real ``.py`` file (so that
-   ``inspect.getsource``, which MindSpore's graph parser uses, finds it; files live in a
-   per-process temporary folder removed at exit), compiled, and rebuilt as a function with the
-   original function's module globals, closure values and defaults. The Cell's ``__class__`` is
-   then set to a dynamic subclass of its class holding those methods, so the instance keeps its
-   state, its parameters (and their names), ``isinstance`` checks and every other method.
-   ``super()`` calls in rewritten code are routed to ``self._zero3_super_<i>_<m>``, an alias of
-   the next class's (possibly rewritten) method, and ``self.__x`` is name-mangled as the class
-   body would have done.
+   ``inspect.getsource``, which MindSpore's graph parser uses, finds it), compiled, and rebuilt as
+   a function with the original function's module globals, closure values and defaults. The
+   Cell's ``__class__`` is then set to a dynamic subclass of its class holding those methods, so
+   the instance keeps its state, its parameters (and their names), ``isinstance`` checks and every
+   other method. ``super()`` calls in rewritten code are routed to ``self._zero3_super_<i>_<m>``,
+   an alias of the next class's (possibly rewritten) method, and ``self.__x`` is name-mangled as
+   the class body would have done.
+
+What the rewrite makes lives as long as the network that uses it, and nothing of it is kept at
+module level: the generated functions are held by their dynamic class, the class by its Cells,
+and the files of one ``shard_network`` call by every class of that call (``_SourceFiles``): their
+temporary folder is removed when the last of those classes is collected, or at exit. MindSpore's
+graph parser reads a function's source again whenever it parses it, so a file must outlive
+nothing but its function. MindSpore 2.10 keys what it parsed by object id; a new network whose
+Cells and generated functions take the ids of a freed one's compiles its own code
+(tests/unit/test_rewrite_lifetime.py builds, runs and frees networks until that happens and
+checks every result). Within a network, Cells that MindSpore may have parsed stay referenced as
+long as the network does (the replaced originals: ``shard.py``).
 
 Methods that read a parameter but are not reachable from ``construct`` (``extend_repr``,
 initialisers) are not rewritten: outside the graph they see the shard.
@@ -45,16 +55,15 @@ through the calls of the unit's code, and ``unit_threading.py`` passes the tuple
 The steps hand each other plans (``rewrite_plan.py``).
 """
 import ast
-import atexit
 import copy
 import inspect
-import itertools
 import os
 import re
 import shutil
 import tempfile
 import textwrap
 import types
+import weakref
 from typing import Dict, List, Optional, Set, Tuple
 
 from mindspore import Parameter, ParameterTuple, nn
@@ -363,16 +372,14 @@ class _Mangler(ast.NodeTransformer):
         return self.generic_visit(node)
 
 
-_PARSED: Dict[types.FunctionType, ast.FunctionDef] = {}
-
-
-def _parse(func) -> ast.FunctionDef:
-    if func not in _PARSED:
+def _parse(func, parsed: Dict[types.FunctionType, ast.FunctionDef]) -> ast.FunctionDef:
+    """A fresh copy of ``func``'s parsed ``def``; ``parsed`` caches the parses of one analysis."""
+    if func not in parsed:
         tree = ast.parse(textwrap.dedent(inspect.getsource(func)))
         if not tree.body or not isinstance(tree.body[0], ast.FunctionDef):
             raise TypeError(f"the source of {func.__qualname__} is not a plain def")
-        _PARSED[func] = tree.body[0]
-    return copy.deepcopy(_PARSED[func])
+        parsed[func] = tree.body[0]
+    return copy.deepcopy(parsed[func])
 
 
 def _find_method(cls, method, start=None):
@@ -400,6 +407,7 @@ class _Planner:
         self.queue: List[Tuple[RewritePlan, MethodPlan]] = []
         self.referenced: Set[int] = set()
         self.unreadable: List[str] = []
+        self.parsed: Dict[types.FunctionType, ast.FunctionDef] = {}  # each method parsed once per analysis
         self.split_attr_names = {
             name for _, c in cells for name, p in own_params(c).items()
             if p is not None and id(p) in split_ids
@@ -447,7 +455,7 @@ class _Planner:
 
     def _analyse(self, plan: RewritePlan, mplan: MethodPlan):
         try:
-            tree = _parse(mplan.func)
+            tree = _parse(mplan.func, self.parsed)
         except (OSError, TypeError, SyntaxError) as err:
             self.unreadable.append(f"{plan.path or '<top>'}.{mplan.func.__name__}: {err}")
             return
@@ -511,23 +519,29 @@ def plan_rewrites(network: nn.Cell, cells: tuple, params: tuple, split_ids: Set[
     return plans
 
 
-_SOURCE_DIR: List[str] = []
-# MindSpore's graph compiler caches parsed functions by object identity; a generated function or
-# class freed while its network is dropped could hand its id to a new one and be mistaken for it.
-# Generated objects therefore live as long as the process (they are small).
-_KEEP_ALIVE: List[object] = []
-_COUNTER = itertools.count()
+class _SourceFiles:
+    """The source files of the methods one ``apply_rewrites`` call generates, in a temporary folder
+    of their own, removed when this object is collected (or at exit). Every dynamic class of the
+    call holds it, so the files last as long as the code read from them ([Note: generic rewrite])."""
+
+    def __init__(self):
+        self.folder: Optional[str] = None
+        self.count = 0
+
+    def write(self, stem: str, src: str) -> str:
+        """Write ``src`` to a new file named after ``stem``; returns its path."""
+        if self.folder is None:
+            self.folder = tempfile.mkdtemp(prefix="mindone_zero_zero3_")
+            weakref.finalize(self, shutil.rmtree, self.folder, True)
+        self.count += 1
+        path = os.path.join(self.folder, f"{stem}_{self.count}.py")
+        with open(path + ".tmp", "w", encoding="utf-8") as f:
+            f.write(src)
+        os.replace(path + ".tmp", path)
+        return path
 
 
-def _source_dir() -> str:
-    if not _SOURCE_DIR:
-        path = tempfile.mkdtemp(prefix="mindone_zero_zero3_")
-        atexit.register(shutil.rmtree, path, True)
-        _SOURCE_DIR.append(path)
-    return _SOURCE_DIR[0]
-
-
-def _compile(plan: RewritePlan, mplan: MethodPlan) -> types.FunctionType:
+def _compile(plan: RewritePlan, mplan: MethodPlan, files: _SourceFiles) -> types.FunctionType:
     """Step 3 of [Note: generic rewrite] for one method: a real file, the original globals."""
     func, tree = mplan.func, ast.fix_missing_locations(mplan.tree)
     code = func.__code__
@@ -539,11 +553,7 @@ def _compile(plan: RewritePlan, mplan: MethodPlan) -> types.FunctionType:
         f"def {factory}({', '.join(freevars)}):\n{textwrap.indent(ast.unparse(tree), '    ')}\n"
         f"    return {tree.name}\n"
     )
-    name = f"{plan.original_class.__name__}_{mplan.key}_{next(_COUNTER)}_{os.getpid()}.py"
-    path = os.path.join(_source_dir(), name)
-    with open(path + ".tmp", "w", encoding="utf-8") as f:
-        f.write(src)
-    os.replace(path + ".tmp", path)
+    path = files.write(f"{plan.original_class.__name__}_{mplan.key}", src)
     namespace: dict = {}
     exec(compile(src, path, "exec"), namespace)  # only defines the factory
     make = types.FunctionType(namespace[factory].__code__, func.__globals__, factory)
@@ -553,7 +563,6 @@ def _compile(plan: RewritePlan, mplan: MethodPlan) -> types.FunctionType:
         raise _zero_error(f"has a method {func.__qualname__} whose closure is not filled yet ({err}).") from err
     new = make(*values)
     new.__defaults__, new.__kwdefaults__, new.__doc__ = func.__defaults__, func.__kwdefaults__, func.__doc__
-    _KEEP_ALIVE.append(new)
     return new
 
 
@@ -568,7 +577,7 @@ def apply_rewrites(plans: List[RewritePlan], group: Optional[str], reshard_after
         group: the group the parameters are sharded over.
         reshard_after_forward: the stage-3 option.
     """
-    wrappers = {}
+    wrappers, files = {}, _SourceFiles()
 
     def make_wrapper(param, compute_dtype, reader):
         key = (id(param), compute_dtype, id(reader) if reshard_after_forward else is_recompute_scoped(reader))
@@ -579,7 +588,7 @@ def apply_rewrites(plans: List[RewritePlan], group: Optional[str], reshard_after
     for plan in plans:
         methods = {}
         for m in plan.emitted():
-            methods[m.key] = _compile(plan, m)
+            methods[m.key] = _compile(plan, m, files)
             for key in m.super_keys:
                 target = plan.methods[key]
                 if not target.emit:
@@ -587,7 +596,7 @@ def apply_rewrites(plans: List[RewritePlan], group: Optional[str], reshard_after
         for read in plan.reads.values():
             _attach_wrapper(plan.cell, read.attr, make_wrapper(read.param, read.compute_dtype, plan.cell), read.param)
         if methods:
-            object.__setattr__(plan.cell, "__class__", _dynamic_class(plan.original_class, methods))
+            object.__setattr__(plan.cell, "__class__", _dynamic_class(plan.original_class, methods, files))
 
 
 # [Note: lazy_inline key]
@@ -611,10 +620,8 @@ def _attach_wrapper(cell: nn.Cell, attr: str, wrapper: nn.Cell, param: Parameter
         cell.cell_init_args = key + str({attr: repr(wrapper).replace(param.name, "")})
 
 
-def _dynamic_class(original: type, methods: Dict[str, types.FunctionType]) -> type:
+def _dynamic_class(original: type, methods: Dict[str, types.FunctionType], files: _SourceFiles) -> type:
     namespace = dict(methods)
     namespace.update(__module__=original.__module__, __qualname__=original.__qualname__,
-                     zero3_original_class=original)
-    cls = type(original)(original.__name__, (original,), namespace)
-    _KEEP_ALIVE.append(cls)
-    return cls
+                     zero3_original_class=original, _zero3_source_files=files)
+    return type(original)(original.__name__, (original,), namespace)

@@ -83,14 +83,14 @@ def _marked(cell: nn.Cell) -> bool:
     return in_recompute_scope(cell) or in_recompute_scope(getattr(cell, "gather", cell))
 
 
-def gather_call(reader: nn.Cell, attr: str, cell: nn.Cell) -> GatherCall:
+def gather_call(reader: nn.Cell, attr: str, cell: nn.Cell, parsed: Optional[dict] = None) -> GatherCall:
     """The ``GatherCall`` of the gather Cell ``cell`` that ``reader`` holds as ``attr``, read from the
-    Cells as they are now (their recompute marks). Not collective."""
+    Cells as they are now (their recompute marks). ``parsed``: see ``backward_reads``. Not collective."""
     records = tuple(r for r in _records_of(cell) if r.gathers)
     marked = bool(records) and _marked(cell)
     whole = has_config_recompute(reader) or in_recompute_scope(reader) or isinstance(cell, ZeroUnitGather)
     # the recomputed forward reads every gathered tensor; a unit's tuple is not analysed
-    again = marked and (whole or backward_reads(reader, attr))
+    again = marked and (whole or backward_reads(reader, attr, parsed))
     return GatherCall(reader, attr, cell, marked, tuple(replace(r, regather=again) for r in records))
 
 
@@ -124,13 +124,14 @@ def gather_calls(network: nn.Cell) -> List[GatherCall]:
     of each ``ZeroState`` found (``network``'s own, or those of sharded networks inside it, such as
     under a loss Cell) and those of gather Cells outside any (layers built by hand, read as they are
     now). One walk, which stops at a state's owner. Not collective."""
-    found, seen = [], set()
+    found, seen, parsed = [], set(), {}  # parsed: each method's source once in this walk
 
     def add(calls):
         found.extend(c for c in calls if id(c.cell) not in seen)
         seen.update(id(c.cell) for c in calls)
 
-    _walk(network, lambda state: add(state.calls), lambda reader, attr, cell: add([gather_call(reader, attr, cell)]))
+    _walk(network, lambda state: add(state.calls),
+          lambda reader, attr, cell: add([gather_call(reader, attr, cell, parsed)]))
     return found
 
 

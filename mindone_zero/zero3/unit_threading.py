@@ -68,8 +68,8 @@ def _positional_params(tree: ast.FunctionDef) -> Optional[int]:
 
 def _passes_every_parameter(call: ast.Call, params: Optional[int]) -> bool:
     """Whether ``call`` passes each of ``params`` parameters positionally, and nothing else."""
-    return params is not None and not call.keywords and len(call.args) == params and \
-        not any(isinstance(a, ast.Starred) for a in call.args)
+    return (params is not None and not call.keywords and len(call.args) == params
+            and not any(isinstance(a, ast.Starred) for a in call.args))
 
 
 def _pass_tuple(analysis: RewriteAnalysis, plan, m) -> None:
@@ -109,8 +109,8 @@ def _prologue(unit, tree: ast.FunctionDef) -> None:
     """``zero3_unit = self.zero3_unit_gather((self.<path to p0>, ...), x)`` at the start of the root's
     construct, ``x`` its first input (none if it takes none)."""
     root = unit.root
-    if UNIT_GATHER_ATTR in root.__dict__ or UNIT_GATHER_ATTR in child_cells(root) \
-            or hasattr(type(root), UNIT_GATHER_ATTR):
+    if (UNIT_GATHER_ATTR in root.__dict__ or UNIT_GATHER_ATTR in child_cells(root)
+            or hasattr(type(root), UNIT_GATHER_ATTR)):
         raise _error(f"cannot add {UNIT_GATHER_ATTR!r} to the unit {unit.describe()}: the Cell already has one.")
     self_name = tree.args.args[0].arg
     shards = []
@@ -127,8 +127,8 @@ def _prologue(unit, tree: ast.FunctionDef) -> None:
                     args=[ast.Tuple(elts=shards, ctx=ast.Load())] + after, keywords=[])
     stmt = ast.Assign(targets=[ast.Name(id=UNIT_ARG, ctx=ast.Store())], value=call, lineno=0)
     body = tree.body
-    at = 1 if body and isinstance(body[0], ast.Expr) and isinstance(getattr(body[0], "value", None), ast.Constant) \
-        and isinstance(body[0].value.value, str) else 0
+    at = 1 if (body and isinstance(body[0], ast.Expr) and isinstance(getattr(body[0], "value", None), ast.Constant)
+               and isinstance(body[0].value.value, str)) else 0
     body.insert(at, stmt)
 
 

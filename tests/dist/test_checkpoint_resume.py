@@ -130,8 +130,8 @@ class Run:
 
     def __init__(self, out: Path, name: str, world: int):
         self.events = [json.loads((out / f"{name}_rank{r}.json").read_text()) for r in range(world)]
-        self.npz = [dict(np.load(out / f"{name}_rank{r}.npz")) for r in range(world)] \
-            if (out / f"{name}_rank0.npz").exists() else []
+        self.npz = ([dict(np.load(out / f"{name}_rank{r}.npz")) for r in range(world)]
+                    if (out / f"{name}_rank0.npz").exists() else [])
 
     def losses(self, rank, after=(-1, -1)):
         return [tuple(x) for x in self.events[rank]["losses"] if tuple(x[:2]) > tuple(after)]

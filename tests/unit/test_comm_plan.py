@@ -94,8 +94,8 @@ def _gather(name, shape, compute=None, param=ms.float32):
 def test_one_wire_dtype_for_the_cell_and_the_plan(param, compute, wire):
     """Drift 1: a float16 ``to_float`` gather of float32 weights sends 2 bytes per element, per
     parameter (a weight over 1 MiB in float16) as coalesced; the Cells cast by the record's rule."""
-    big, w, b = _gather("big", (1024, 768), compute, param), _gather("w", (8, 4), compute, param), \
-        _gather("b", (8,), compute, param)
+    big, w, b = (_gather("big", (1024, 768), compute, param), _gather("w", (8, 4), compute, param),
+                 _gather("b", (8,), compute, param))
     group = ZeroGatherGroup([w, b])
     assert gather_wire_dtype(param, compute) == big.record.wire_dtype == group.gather_record.wire_dtype == wire
     assert big.cast_before_gather == group.gather.cast_before_gather == (wire != param)
@@ -103,9 +103,10 @@ def test_one_wire_dtype_for_the_cell_and_the_plan(param, compute, wire):
     item = 2 if wire != ms.float32 else 4
     plan = step_plan(None, [big.record, group.gather_record], PlanContext(micro_steps=2))
     grad = 4 if param == ms.float32 else 2
-    assert plan.entries == [("all_gather", big.record.group, 1024 * 768 * item, 2)] * 2 + \
-        [("reduce_scatter", big.record.group, 1024 * 768 * grad, 2)] * 2 + \
-        [("all_gather", big.record.group, 40 * item, 2)] * 2 + [("reduce_scatter", big.record.group, 40 * grad, 2)] * 2
+    assert plan.entries == ([("all_gather", big.record.group, 1024 * 768 * item, 2)] * 2
+                            + [("reduce_scatter", big.record.group, 1024 * 768 * grad, 2)] * 2
+                            + [("all_gather", big.record.group, 40 * item, 2)] * 2
+                            + [("reduce_scatter", big.record.group, 40 * grad, 2)] * 2)
 
 
 def test_qwz_travels_as_int8_blocks_and_a_regather_counts_twice():
@@ -118,8 +119,8 @@ def test_qwz_travels_as_int8_blocks_and_a_regather_counts_twice():
     hpz = replace(record, quantize_weights=False, quantize_grads=False, hpz_group="h", hpz_size=2)
     entries = step_plan(None, [hpz], PlanContext(micro_steps=3)).entries
     # hpZ: the shard group's gather once, the secondary group's twice (forward and backward)
-    assert entries == [("all_gather", "g", 64, 2)] * 3 + [("all_gather", "h", 64, 2)] * 6 + \
-        [("reduce_scatter", "g", 128, 2)] * 3
+    assert entries == ([("all_gather", "g", 64, 2)] * 3 + [("all_gather", "h", 64, 2)] * 6
+                       + [("reduce_scatter", "g", 128, 2)] * 3)
 
 
 # ------------------------------------------------------------------ the walk and [Note: dropped re-gathers]

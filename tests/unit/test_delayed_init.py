@@ -153,8 +153,8 @@ def test_an_initializer_replaced_after_sharded_init_warns_naming_what_happened(c
     with caplog.at_level(logging.WARNING, logger=mat.__name__):
         mat.host_value(dense.weight)
     message = caplog.records[0].getMessage()
-    assert len(caplog.records) == 1 and "was built under mindone_zero.sharded_init(), but its initializer was " \
-                                        "replaced afterwards" in message
+    assert len(caplog.records) == 1 and ("was built under mindone_zero.sharded_init(), but its initializer was "
+                                         "replaced afterwards") in message
     assert "no_init_parameters" not in message and "'weight'" in message
 
 

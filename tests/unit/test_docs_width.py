@@ -201,12 +201,12 @@ def test_built_pages_have_no_known_overflow_cause(site):
     rules = {sel.strip(): body for sel, body in re.findall(r"([^{}/]+)\{([^}]*)\}", re.sub(r"/\*.*?\*/", "", css,
                                                                                           flags=re.S))}
     wrap = rules.get(".md-typeset pre > code", "")
-    assert "white-space: pre-wrap" in wrap and "overflow-wrap: anywhere" in wrap, \
-        f"{STYLESHEET} must wrap code blocks ('.md-typeset pre > code'), or long lines run off the column"
+    assert "white-space: pre-wrap" in wrap and "overflow-wrap: anywhere" in wrap, (
+        f"{STYLESHEET} must wrap code blocks ('.md-typeset pre > code'), or long lines run off the column")
     assert "max-width: 100%" in rules.get(".md-typeset img", ""), f"{STYLESHEET} must scale images to the column"
     grid = re.search(r"max-width:\s*([\d.]+)rem", rules.get(".md-grid", ""))
-    assert grid and float(grid.group(1)) >= 70, f"{STYLESHEET}: the grid ('.md-grid') must be at least 70rem wide, " \
-                                                f"the width COLUMN_PX was measured at"
+    assert grid and float(grid.group(1)) >= 70, (f"{STYLESHEET}: the grid ('.md-grid') must be at least 70rem wide, "
+                                                 f"the width COLUMN_PX was measured at")
     problems = []
     for path in pages_of(site):
         page = path.relative_to(site).parent.as_posix() or "home"

@@ -13,8 +13,8 @@ from mindone_zero.core.ms_internals import in_recompute_scope
 from mindone_zero.zero3 import coalesce, param_wrapper
 from mindone_zero.zero3.coalesce import CoalescedPlan, ZeroGatherGroup
 from mindone_zero.zero3.gather_build import GatherBuild
-from mindone_zero.zero3.param_wrapper import ParamGather, ZeroParamWrapper, cut_parameter, param_gather, \
-    zero_param_of
+from mindone_zero.zero3.param_wrapper import (ParamGather, ZeroParamWrapper, cut_parameter, param_gather,
+                                              zero_param_of)
 from mindone_zero.zero3.zeropp import ZeroPPConfig
 
 

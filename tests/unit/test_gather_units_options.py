@@ -177,8 +177,8 @@ def test_units_in_a_group_of_one_compute_what_the_network_does(mode):
     assert not net._has_config_recompute and all(b.zero3_unit_gather._has_config_recompute for b in net.blocks)
     whole = mode == ms.PYNATIVE_MODE
     assert [b._has_config_recompute for b in net.blocks] == [whole, whole]
-    assert [line.split(" recomputed whole: ")[0] for line in recomputed_cells(net)] == \
-        (["blocks.0 (Block)", "blocks.1 (Block)"] if whole else [])
+    assert ([line.split(" recomputed whole: ")[0] for line in recomputed_cells(net)]
+            == (["blocks.0 (Block)", "blocks.1 (Block)"] if whole else []))
 
 
 def test_cells_the_user_recomputed_stay_recomputed_inside_units():

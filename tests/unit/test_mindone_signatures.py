@@ -137,8 +137,8 @@ def test_each_deliberate_difference_is_used_and_in_the_migration_table():
 # -- the checks can fail ------------------------------------------------------------------------
 
 def _mindone(*names, **defaults):
-    return [{"name": n, "kind": "positional_or_keyword"} for n in names] + \
-        [{"name": n, "kind": "positional_or_keyword", "default": d} for n, d in defaults.items()]
+    return ([{"name": n, "kind": "positional_or_keyword"} for n in names]
+            + [{"name": n, "kind": "positional_or_keyword", "default": d} for n, d in defaults.items()])
 
 
 def test_the_checks_catch_a_missing_renamed_or_moved_parameter():

@@ -44,14 +44,6 @@ def _mixed(level):
     return ms.amp.auto_mixed_precision(net, level), net
 
 
-@pytest.fixture
-def graph_mode():
-    previous = ms.get_context("mode")
-    ms.set_context(mode=ms.GRAPH_MODE)
-    yield
-    ms.set_context(mode=previous)
-
-
 @pytest.mark.parametrize("level", sorted(EXPECTED))
 def test_stage_3_gathers_in_the_compute_dtype_of_each_layer(level, graph_mode, tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)  # O1's rewrite writes the rewritten code to ./rewritten_network/

@@ -9,8 +9,8 @@ import numpy as np
 import pytest
 from mindspore import Tensor, nn
 
-from models import GeluLoss, GeluNet, LossNet, TinyNet, adamw_groups, gelu_batch, init_weights, make_optimizer, \
-    micro_batch
+from models import (GeluLoss, GeluNet, LossNet, TinyNet, adamw_groups, gelu_batch, init_weights, make_optimizer,
+                    micro_batch)
 from mindone_zero import EMA, prepare_train_network
 from mindone_zero.memory.measure import KINDS, LOCATIONS, measure_model_states
 from mindone_zero.offload import OffloadConfig, StepHyper, host_rule_for, host_step, set_fault_hook
@@ -140,8 +140,8 @@ def _gelu_run(offload, optimizer="adamw_groups", steps=12):
     """GeluNet with AdamWeightDecay (decay on weights) or a tests' optimizer, clipping, 12 steps."""
     ms.set_context(mode=ms.GRAPH_MODE)
     net = init_weights(GeluNet())
-    opt = adamw_groups(net) if optimizer == "adamw_groups" else \
-        make_optimizer(net.trainable_params(), optimizer, lr=3e-3 if optimizer == "adam" else 0.05)
+    opt = adamw_groups(net) if optimizer == "adamw_groups" else (
+        make_optimizer(net.trainable_params(), optimizer, lr=3e-3 if optimizer == "adam" else 0.05))
     train = prepare_train_network(GeluLoss(net), opt, clip_grad=True, clip_norm=0.5, optimizer_offload=offload)
     train.set_train(True)
     KEEP_ALIVE.append(train)
@@ -197,8 +197,7 @@ def test_numpy_rules_on_the_gelu_network(optimizer):
     8e-8 on the losses, 8% of elements not bitwise), Momentum and SGD bit for bit."""
     device = _gelu_run(False, optimizer)
     losses, params = _gelu_run(True, optimizer)
-    same = np.array_equal if optimizer != "adam" else \
-        (lambda a, b: np.allclose(a, b, rtol=RTOL, atol=1e-7))
+    same = np.array_equal if optimizer != "adam" else (lambda a, b: np.allclose(a, b, rtol=RTOL, atol=1e-7))
     assert same(losses, device[0]), losses - device[0]
     for name, value in device[1].items():
         assert same(params[name], value), (name, np.abs(params[name] - value).max())
@@ -296,8 +295,8 @@ def test_placement_estimate_moves_the_offloaded_bytes():
         total = estimate_model_states_memory(p, n, stage)
         assert estimate_model_states_placement(p, n, stage) == {"device": total, "host": 0, "file": 0}
         moved = 12 * p / (n if stage >= 1 else 1)
-        assert estimate_model_states_placement(p, n, stage, optimizer_offload="cpu") == \
-            {"device": total - moved, "host": moved, "file": 0}
+        assert (estimate_model_states_placement(p, n, stage, optimizer_offload="cpu")
+                == {"device": total - moved, "host": moved, "file": 0})
     # stage 3, fp32 Adam on 2 ranks, moments in files, no master copy: 8 of 16 bytes per parameter move
     got = estimate_model_states_placement(100, 2, 3, 4, 4, 8, "nvme")
     assert got == {"device": 400, "host": 0, "file": 400}

@@ -36,8 +36,8 @@ class _Holder(nn.Cell):
 def _wraps_current_construct(cell) -> bool:
     """Whether the PYNATIVE recompute wrapper of ``cell`` runs ``cell``'s construct as it is now."""
     wrapper = cell._recompute_cell
-    block = wrapper.wrap_cell.function if isinstance(wrapper, _RecomputeCell) else \
-        dict(zip(wrapper.__code__.co_freevars, wrapper.__closure__))["block"].cell_contents
+    block = wrapper.wrap_cell.function if isinstance(wrapper, _RecomputeCell) else (
+        dict(zip(wrapper.__code__.co_freevars, wrapper.__closure__))["block"].cell_contents)
     return block.__self__ is cell and block.__func__ is type(cell).construct
 
 

@@ -274,8 +274,8 @@ def intro(results: dict) -> list:
     rows, dense = results["rows"], results.get("dense_rows") or []
     world = min(r["world"] for r in rows)
     at = [r for r in rows if r["world"] == world]
-    s3 = next(r for r in at if r["stage"] == 3 and r["reshard_after_forward"] and not r.get("units")) \
-        if any(r["stage"] == 3 for r in at) else None
+    s3 = (next(r for r in at if r["stage"] == 3 and r["reshard_after_forward"] and not r.get("units"))
+          if any(r["stage"] == 3 for r in at) else None)
     d3 = next((r for r in dense if r["world"] == world and r["label"] == "3"), None)
     top = max(r["memory_ratio"] for r in at)
     slower = (f": stage 3 took {s3['time_ratio']:.2f}x stage 0's step on the demo LM"

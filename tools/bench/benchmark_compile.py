@@ -201,8 +201,8 @@ def emulation_lines() -> tuple:
         source, start = inspect.getsourcelines(method)
         for offset, text in enumerate(source[1:], 1):
             stripped = text.strip()
-            if stripped and not stripped.startswith("#") and "self._native" not in stripped \
-                    and "_op(" not in stripped and "_broadcast0(" not in stripped:
+            if (stripped and not stripped.startswith("#") and "self._native" not in stripped
+                    and "_op(" not in stripped and "_broadcast0(" not in stripped):
                 lines.add(start + offset)
     return inspect.getsourcefile(comm), frozenset(lines)
 

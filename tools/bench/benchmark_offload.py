@@ -106,8 +106,8 @@ def describe(model: dict) -> str:
     else:
         text = (f"{model['layers']} x Dense({model['width']}, {model['width']})"
                 + (" with GELU" if model.get("activation", "none") == "gelu" else ""))
-    init = "MindSpore's default initialisation" if model.get("init", "seeded") == "mindspore" or \
-        model["model"] == "lm" else "the benchmark's own initialisation"
+    init = ("MindSpore's default initialisation" if model.get("init", "seeded") == "mindspore"
+            or model["model"] == "lm" else "the benchmark's own initialisation")
     order = "prepare_network first" if model.get("prepare_first", True) else "prepare_train_network alone"
     return f"`{model['name']}`: {text}, {init}, {order}, micro-batch {model['micro_batch']}"
 

@@ -185,8 +185,8 @@ def _step_worker(args) -> None:
                                           gradient_accumulation_steps=accum, clip_grad=clip,
                                           params_split_info=os.path.join(args.out, "split_info"))
             train.set_train(True)
-            results[f"stage {stage}, {accum} micro-step{'s' if accum > 1 else ''}{', clip' if clip else ''}"] = \
-                _first_call_cpu(train, *inputs)
+            key = f"stage {stage}, {accum} micro-step{'s' if accum > 1 else ''}{', clip' if clip else ''}"
+            results[key] = _first_call_cpu(train, *inputs)
     with open(os.path.join(args.out, f"step_rank{rank}.json"), "w") as f:
         json.dump(results, f)
 

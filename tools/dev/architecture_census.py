@@ -120,8 +120,8 @@ def _called_name(call: ast.Call) -> str:
 
 # ----------------------------------------------------------------------------- 3. helper reads
 def _is_helper(node: ast.AST) -> bool:
-    return (isinstance(node, ast.Name) and node.id in HELPER_NAMES) or \
-        (isinstance(node, ast.Attribute) and node.attr in HELPER_NAMES)
+    return ((isinstance(node, ast.Name) and node.id in HELPER_NAMES)
+            or (isinstance(node, ast.Attribute) and node.attr in HELPER_NAMES))
 
 
 def helper_reads(sources: Dict[str, str]) -> dict:
@@ -271,8 +271,8 @@ def private_api(sources: Dict[str, str], mindspore_names: Iterable[str]) -> dict
         aliases = _mindspore_aliases(tree)
         for node in ast.walk(tree):
             found = _private_imports(node)
-            if isinstance(node, ast.Attribute) and _is_private(node.attr) and \
-                    (node.attr in theirs or _root_name(node) in aliases):
+            if (isinstance(node, ast.Attribute) and _is_private(node.attr)
+                    and (node.attr in theirs or _root_name(node) in aliases)):
                 found = [f".{node.attr}"]
             elif isinstance(node, ast.Constant) and isinstance(node.value, str) and node.value in theirs:
                 found = [repr(node.value)]

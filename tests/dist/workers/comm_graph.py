@@ -79,8 +79,8 @@ def compiled_collectives(folder: str) -> list:
             assert native is not None and shape is not None, f"{os.path.basename(path)}: {line.strip()[:300]}"
             dims = [int(d) for d in shape.group(2).replace(" ", "").split(",") if d]
             itemsize = _attr(attrs, NATIVE_ITEMSIZE) or ITEMSIZE[shape.group(1)]
-            nbytes = int(np.prod(dims, dtype=np.int64)) * itemsize * _attr(attrs, NATIVE_SCALE) \
-                // _attr(attrs, NATIVE_SHARE)
+            nbytes = (int(np.prod(dims, dtype=np.int64)) * itemsize * _attr(attrs, NATIVE_SCALE)
+                      // _attr(attrs, NATIVE_SHARE))
             found.append([native, _attr(attrs, "group"), int(nbytes), m.group(1)])
     return found
 

@@ -145,8 +145,9 @@ def run_case(mode, fp16, size, rank, recompute=False):
     report["coalesced_groups"] = len(coalesced_groups(net))
     report["regather_marks"] = _regather_marks(net)
     report["regathered"] = regathered_param_names(net)
-    if f"{'graph' if mode == ms.GRAPH_MODE else 'pynative'}_{'recompute' if recompute else 'fp16' if fp16 else 'fp32'}" \
-            in UNCOALESCED_CASES:
+    variant = "recompute" if recompute else "fp16" if fp16 else "fp32"
+    case = f"{'graph' if mode == ms.GRAPH_MODE else 'pynative'}_{variant}"
+    if case in UNCOALESCED_CASES:
         t0 = time.time()
         report["uncoalesced_equal"] = _uncoalesced_equal(build(fp16), batches[rank], loss, grads)
         report["uncoalesced_s"] = time.time() - t0

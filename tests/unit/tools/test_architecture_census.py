@@ -53,8 +53,8 @@ def test_offload_branches_in_the_train_step_family_only():
         "        if self.offload:\n"  # not in the family
         "            pass\n"
     )
-    sub = "from .a import TrainOneStepWrapper\nclass HostStep(a.TrainOneStepWrapper):\n    def d(self, offload):\n" \
-          "        while True:\n            if offload:\n                break\n"
+    sub = ("from .a import TrainOneStepWrapper\nclass HostStep(a.TrainOneStepWrapper):\n    def d(self, offload):\n"
+           "        while True:\n            if offload:\n                break\n")
     found = census.offload_branches({"mindone_zero/train/a.py": source, "mindone_zero/train/b.py": sub})
     assert found == ["mindone_zero/train/a.py:3 Base", "mindone_zero/train/a.py:7 TrainOneStepWrapper",
                      "mindone_zero/train/a.py:8 TrainOneStepWrapper", "mindone_zero/train/b.py:5 HostStep"]
@@ -166,8 +166,8 @@ def test_reentries_and_layers():
     assert worker.reentries(["a", "a", "b", "a", "c", "b", "b", "a"]) == (3, {"a": 2, "b": 1})
     assert worker.reentries([]) == (0, {})
     assert worker._runs(["a", "a", "b"]) == ["a x2", "b"]
-    assert [worker.layer_of(f"mindone_zero/{p}/x.py") for p in ("core", "zero3", "offload", "train", "cli")] == \
-        [0, 1, 1, 2, 4]
+    assert ([worker.layer_of(f"mindone_zero/{p}/x.py") for p in ("core", "zero3", "offload", "train", "cli")]
+            == [0, 1, 1, 2, 4])
     assert worker.layer_of("mindone_zero/__init__.py") is None
 
 
@@ -190,8 +190,8 @@ def test_the_top_cells_dict_tells_each_iteration(monkeypatch):
     tracer = type("Tracer", (), {"on_cells_iteration": lambda self: told.append(1)})()
     monkeypatch.setattr(worker._WatchedCells, "tracer", tracer)
     cells = worker._WatchedCells({"a": 1, "b": 2})
-    assert (list(cells.items()), list(cells), list(cells.values()), list(cells.keys())) == \
-        ([("a", 1), ("b", 2)], ["a", "b"], [1, 2], ["a", "b"])
+    assert ((list(cells.items()), list(cells), list(cells.values()), list(cells.keys()))
+            == ([("a", 1), ("b", 2)], ["a", "b"], [1, 2], ["a", "b"]))
     assert len(told) == 4
     cells["c"] = 3  # a write is no iteration
     assert len(told) == 4 and dict.keys(cells) == {"a", "b", "c"}

@@ -97,9 +97,9 @@ def test_every_benchmark_page_is_what_its_results_give(tmp_path):
         assert (DOCS / f"{name}.json").is_file(), f"docs/benchmarks/{name}.md has no raw results beside it"
     written = redraw(names, _copy(tmp_path))
     for path in map(Path, written):
-        assert path.read_text(encoding="utf-8") == (DOCS / path.name).read_text(encoding="utf-8"), \
-            f"docs/benchmarks/{path.name} is not what {path.stem}.json gives: rerun its benchmark, or " \
-            f"`python tools/bench/pages.py {path.stem}` after changing its page writer"
+        assert path.read_text(encoding="utf-8") == (DOCS / path.name).read_text(encoding="utf-8"), (
+            f"docs/benchmarks/{path.name} is not what {path.stem}.json gives: rerun its benchmark, or "
+            f"`python tools/bench/pages.py {path.stem}` after changing its page writer")
         assert (DOCS / f"{path.stem}.svg").is_file()
         stamp = json.loads((DOCS / f"{path.stem}.json").read_text())["stamp"]
         assert f"commit {stamp['commit']}" in (DOCS / f"{path.stem}.svg").read_text(encoding="utf-8")

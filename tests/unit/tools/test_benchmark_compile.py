@@ -41,8 +41,8 @@ def test_every_row_depth_and_round_is_a_job_of_its_own(tmp_path, monkeypatch):
     page = (tmp_path / "docs" / "compile.md").read_text()
     # row i took 2 + i wall and 1 + i CPU seconds: ratios to nn.TrainOneStepCell's, per round
     assert "| stage 3 | 8 | 4.0 / 4.0 | 3.0 / 3.0 | 0.200 | 2.00 / 2.00 | 3.00 / 3.00 |" in page
-    assert "| nn.TrainOneStepCell (DATA_PARALLEL) | 4 | 2.0 / 2.0 | 1.0 / 1.0 | 0.200 | 1.00 / 1.00 | 1.00 / 1.00 |" \
-        in page
+    assert ("| nn.TrainOneStepCell (DATA_PARALLEL) | 4 | 2.0 / 2.0 | 1.0 / 1.0 | 0.200 | 1.00 / 1.00 | 1.00 / 1.00 |"
+            in page)
     assert "MindOne is not installed here." in page
     # the raw results beside the page, and the page says what to expect (ratios of the least first calls)
     results = json.loads((tmp_path / "docs" / "compile.json").read_text())["results"]

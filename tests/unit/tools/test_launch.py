@@ -133,8 +133,8 @@ def test_jobs_launch_ops_blocking_and_retry_often_unless_the_caller_says_otherwi
     for name in ("MS_DEV_LAUNCH_BLOCKING", "MS_RETRY_INTERVAL_LOWER", "MS_RETRY_INTERVAL_UPPER"):
         monkeypatch.delenv(name, raising=False)
     env = msrun_env()
-    assert (env["MS_DEV_LAUNCH_BLOCKING"], env["MS_RETRY_INTERVAL_LOWER"], env["MS_RETRY_INTERVAL_UPPER"]) == \
-        ("1", "1", "2")
+    assert ((env["MS_DEV_LAUNCH_BLOCKING"], env["MS_RETRY_INTERVAL_LOWER"], env["MS_RETRY_INTERVAL_UPPER"])
+            == ("1", "1", "2"))
     monkeypatch.setenv("MS_DEV_LAUNCH_BLOCKING", "0")
     assert msrun_env()["MS_DEV_LAUNCH_BLOCKING"] == "0"
     assert msrun_env({"MS_DEV_LAUNCH_BLOCKING": "1"})["MS_DEV_LAUNCH_BLOCKING"] == "1"
