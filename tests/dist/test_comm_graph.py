@@ -17,24 +17,19 @@ AllReduce of N times its input, qgZ's all-to-all an all-gather, int8 values trav
 plan's entries and the graph's must be the same multiset of (collective, group, bytes) on every rank,
 so their counts and bytes per kind are equal.
 """
-import json
 from collections import Counter
 
 import pytest
 
 from parity_cases import GRAPH_CASES
+from zero_results import rank_json
 
 CASES = [pytest.param(world, case["name"], id=f"N{world}-{case['name']}")
          for world, cases in GRAPH_CASES.items() for case in cases]
 
 
 def _results(out, name, world):
-    found = []
-    for rank in range(world):
-        result = json.loads((out / f"graph_{name}_rank{rank}.json").read_text())
-        assert "error" not in result, result.get("error")
-        found.append(result)
-    return found
+    return rank_json(out, f"graph_{name}", world)
 
 
 def _per_kind(entries):

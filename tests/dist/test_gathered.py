@@ -11,18 +11,14 @@ import numpy as np
 import pytest
 
 from parity_cases import GATHERED_CASES
+from zero_results import rank_json
 
 WORLD = 2
 CASES = [pytest.param(c["name"], id=c["name"]) for c in GATHERED_CASES[WORLD]]
 
 
 def _results(out, name):
-    found = []
-    for rank in range(WORLD):
-        result = json.loads((out / f"{name}_rank{rank}.json").read_text())
-        assert "error" not in result, result.get("error")
-        found.append(result)
-    return found
+    return rank_json(out, name, WORLD)
 
 
 @pytest.mark.parity_world(WORLD)

@@ -61,6 +61,16 @@ class RankResult:
         self.params = {k[len("param/"):]: data[k] for k in data.files if k.startswith("param/")}
 
 
+def rank_json(out_dir: Path, stem: str, world: int) -> list:
+    """Every rank's ``{stem}_rank{r}.json``, in rank order; a worker's recorded error fails here."""
+    found = []
+    for rank in range(world):
+        result = json.loads((Path(out_dir) / f"{stem}_rank{rank}.json").read_text())
+        assert "error" not in result, result.get("error")
+        found.append(result)
+    return found
+
+
 def load_case(out_dir: Path, case: str, world: int):
     return [RankResult(out_dir, case, r) for r in range(world)]
 
