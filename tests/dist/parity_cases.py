@@ -119,8 +119,7 @@ CASES = {world: cases_for(world) for world in (2, 4)}
 _QUANT = {"quantize_weights": True, "quantize_gradients": True}
 GRAPH_CASES = {
     2: [dict(kind="graph", name=f"s{stage}", stage=stage, clip=True) for stage in STAGES] + [
-        # the network, optimizer and inputs of the training case s3_graph_a1_keep: its first step is dumped
-        dict(kind="graph", name="s3_keep", stage=3, reshard=False, from_case="s3_graph_a1_keep"),
+        dict(kind="graph", name="s3_keep", stage=3, reshard=False),
         dict(kind="graph", name="s3_fp16", stage=3, net="fp16", clip=True),
         dict(kind="graph", name="s3_wide_fp16", stage=3, net="wide"),
         dict(kind="graph", name="s3_units", stage=3, net="noscalar", units=UNITS, clip=True),
@@ -135,47 +134,12 @@ GRAPH_CASES = {
         dict(kind="graph", name="s3_hybrid", stage=3, hybrid=True)],
 }
 
-# A graph case may take a training case's first step (``from_case``) when that case builds the same train network
-# with the same inputs: TinyNet (with its scalar) under the padded rule, in GRAPH_MODE, one micro-step per step,
-# and no option beyond these (the inputs are then micro_batch(0, rank, world, 0, 1) and a loss factor of 1 in both).
-_TRAINING_KEYS = {"name", "mode", "steps", "count_calls", "stage", "reshard", "clip", "optimizer", "accum", "pad",
-                  "net"}
-_GRAPH_KEYS = {"kind", "name", "from_case", "stage", "reshard", "clip", "optimizer"}
-
-
-def _same_network(graph, case) -> bool:
-    """Whether the training ``case`` builds the train network the graph case builds (comm_graph._build)."""
-    return (case is not None and set(case) <= _TRAINING_KEYS and set(graph) <= _GRAPH_KEYS
-            and case["mode"] == "graph" and case["accum"] == 1 and case["pad"] and not case.get("count_calls")
-            and case.get("net", "full") == "full" and case["stage"] == graph["stage"]
-            and case.get("reshard", True) == graph.get("reshard", True) and case["clip"] == graph.get("clip", False)
-            and case["optimizer"] == graph.get("optimizer", "adam"))
-
 
 def job_cases(world) -> list:
     """The cases of the N=``world`` parity job (tests/dist/conftest.py), in order: the training cases,
     test_comm_graph.py's compiled graphs, test_lora.py's fine-tunes, test_gathered.py's blocks, and the
-    folded jobs of test_memory_measure.py, test_offload_parity.py and test_mixed_precision.py. A graph
-    case with ``from_case`` is not built again: that training case gets ``graph_name`` and dumps its
-    first step's graphs under the graph case's name (tests/dist/workers/parity_worker.py).
-
-    Raises:
-        ValueError: a ``from_case`` names no training case of the job, or one whose train network
-        differs from the graph case's.
-    """
-    training = {c["name"]: dict(c) for c in CASES[world]}
-    graphs = []
-    for graph in GRAPH_CASES[world]:
-        if "from_case" not in graph:
-            graphs.append(graph)
-            continue
-        case = training.get(graph["from_case"])
-        if not _same_network(graph, case):
-            raise ValueError(f"For 'job_cases', the graph case {graph['name']!r} takes 'from_case' "
-                             f"{graph['from_case']!r}, which is no training case of the N={world} job with its "
-                             f"network: {case}.")
-        case["graph_name"] = graph["name"]
-    return (list(training.values()) + graphs + LORA_CASES[world] + GATHERED_CASES[world] + MEMORY_CASES[world]
+    folded jobs of test_memory_measure.py, test_offload_parity.py and test_mixed_precision.py."""
+    return (CASES[world] + GRAPH_CASES[world] + LORA_CASES[world] + GATHERED_CASES[world] + MEMORY_CASES[world]
             + OFFLOAD_CASES[world] + MIXED_PRECISION_CASES[world])
 
 

@@ -8,14 +8,11 @@ stage 3 keeping the gathered weights, a float16 ``to_float`` head (coalesced) an
 host step's agreement and, at stage 1, its all-gather run in a graph of their own), and the demo LM
 (drift 2: [Note: dropped re-gathers] in mindone_zero/zero3/backward_reads.py); at N=4 qwZ + qgZ +
 hpZ over halves of the ranks, and hybrid groups at stages 2 and 3 (sub-group collectives, emulated
-on CPU). A case whose network a training case of the job builds with the same inputs is that case's
-first step, not built again (``from_case``: stage 3 keeping the gathered weights is the first step of
-``s3_graph_a1_keep``; ``parity_cases.job_cases``). Every collective node of the kernel graphs
-(``graph_build_*.ir``) is read back as the native collective it stands for ([Note: native tags] in
-mindone_zero/core/comm.py): on CPU a reduce-scatter is an AllReduce, a sub-group all-gather an
-AllReduce of N times its input, qgZ's all-to-all an all-gather, int8 values travel in float16. The
-plan's entries and the graph's must be the same multiset of (collective, group, bytes) on every rank,
-so their counts and bytes per kind are equal.
+on CPU). Every collective node of the kernel graphs (``graph_build_*.ir``) is read back as the native
+collective it stands for ([Note: native tags] in mindone_zero/core/comm.py): on CPU a reduce-scatter
+is an AllReduce, a sub-group all-gather an AllReduce of N times its input, qgZ's all-to-all an
+all-gather, int8 values travel in float16. The plan's entries and the graph's must be the same
+multiset of (collective, group, bytes) on every rank, so their counts and bytes per kind are equal.
 """
 from collections import Counter
 

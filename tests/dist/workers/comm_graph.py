@@ -5,15 +5,11 @@ is one optimizer step), calls it once in GRAPH_MODE with ``save_graphs`` limited
 graphs (``MS_DEV_DUMP_IR_PASSES=graph_build``: a few files instead of a hundred), and writes
 ``graph_{name}_rank{r}.json``: the plan's entries and the compiled graph's collectives, each read back
 as the native collective it stands for ([Note: native tags] in mindone_zero/core/comm.py).
-A graph case whose network a training case of the job already builds, with the same inputs (``from_case``
-in tests/dist/parity_cases.py), is not built again: tests/dist/workers/parity_worker.py dumps that
-case's first step instead (``kernel_graphs_dumped``, ``graph_result``).
 
 ``compiled_collectives`` reads the ``graph_build_*.ir`` files: every collective node of every kernel
 graph (the branches of ``drop_overflow_update`` are graphs of their own; only the branch that steps
 holds collectives), with its primitive's attributes and its input's dtype and shape.
 """
-import contextlib
 import glob
 import os
 import re
@@ -137,30 +133,25 @@ def _build(case, rank, world, hybrid, out):
     return train, inputs
 
 
-@contextlib.contextmanager
-def kernel_graphs_dumped(folder: str):
-    """Within: MindSpore dumps the final kernel graphs it compiles (``graph_build_*.ir``) into ``folder``."""
+def run_graph_case(case, out, rank, world, hybrid, keep_alive: list) -> dict:
+    """Build ``case``'s train network, compile and run one step with the kernel graphs dumped, and
+    return ``{"plan", "graph", "ops"}`` (or ``{"error"}``). Collective: every rank runs it."""
+    ms.set_context(mode=ms.GRAPH_MODE)
+    folder = os.path.join(out, f"ir_graph_{case['name']}_rank{rank}")
     passes = os.environ.get("MS_DEV_DUMP_IR_PASSES")
-    os.environ["MS_DEV_DUMP_IR_PASSES"] = "graph_build"
-    ms.set_context(save_graphs=1, save_graphs_path=folder)
     try:
-        yield
-    finally:
-        ms.set_context(save_graphs=False)
-        if passes is None:
-            os.environ.pop("MS_DEV_DUMP_IR_PASSES", None)
-        else:
-            os.environ["MS_DEV_DUMP_IR_PASSES"] = passes
-
-
-def graph_folder(out, name: str, rank: int) -> str:
-    return os.path.join(out, f"ir_graph_{name}_rank{rank}")
-
-
-def graph_result(train, folder: str) -> dict:
-    """``{"plan", "graph", "ops", "regathered"}`` of ``train``, its first call compiled within
-    ``kernel_graphs_dumped(folder)`` (the folder is removed), or ``{"error"}``."""
-    try:
+        train, inputs = _build(case, rank, world, hybrid, out)
+        keep_alive.append(train)  # MindSpore keys parsed Cells by id
+        os.environ["MS_DEV_DUMP_IR_PASSES"] = "graph_build"
+        ms.set_context(save_graphs=1, save_graphs_path=folder)
+        try:
+            train(*inputs)
+        finally:
+            ms.set_context(save_graphs=False)
+            if passes is None:
+                os.environ.pop("MS_DEV_DUMP_IR_PASSES", None)
+            else:
+                os.environ["MS_DEV_DUMP_IR_PASSES"] = passes
         graph = compiled_collectives(folder)
         shutil.rmtree(folder, ignore_errors=True)
         return {"plan": [list(e) for e in train.comm_plan.entries], "graph": graph,
@@ -168,18 +159,3 @@ def graph_result(train, folder: str) -> dict:
                 "regathered": [g["name"] for g in train.param_gathers() if g["regathered"]]}
     except Exception:  # noqa: BLE001 - reported to the test, which fails with it; the job goes on
         return {"error": traceback.format_exc()}
-
-
-def run_graph_case(case, out, rank, world, hybrid, keep_alive: list) -> dict:
-    """Build ``case``'s train network, compile and run one step with the kernel graphs dumped, and
-    return ``{"plan", "graph", "ops", "regathered"}`` (or ``{"error"}``). Collective: every rank runs it."""
-    ms.set_context(mode=ms.GRAPH_MODE)
-    folder = graph_folder(out, case["name"], rank)
-    try:
-        train, inputs = _build(case, rank, world, hybrid, out)
-        keep_alive.append(train)  # MindSpore keys parsed Cells by id
-        with kernel_graphs_dumped(folder):
-            train(*inputs)
-    except Exception:  # noqa: BLE001 - reported to the test, which fails with it; the job goes on
-        return {"error": traceback.format_exc()}
-    return graph_result(train, folder)

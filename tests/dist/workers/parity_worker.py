@@ -5,13 +5,11 @@ Each case: {"name", "mode": "graph"|"pynative", "stage", "accum", "clip", "steps
             "overflow_step" (optional: rank 1 injects inf into its loss at that step),
             "dynamic_scale" (optional)}.
 Writes DIR/{name}_rank{r}.npz (losses, overflow, scales, params) and DIR/{name}_rank{r}.json,
-and DIR/groups_rank{r}.json (``create_groups``). A case with ``graph_name`` (parity_cases.job_cases) also
-writes that graph case's DIR/graph_{graph_name}_rank{r}.json, from its first step (comm_graph.py).
+and DIR/groups_rank{r}.json (``create_groups``).
 A case with a ``kind`` runs in the module of that kind and writes its own files: ``graph``
 (comm_graph.py), ``gathered`` (gathered_cases.py), ``memory``, ``offload`` and ``mixed_precision``
 (memory_cases.py, offload_cases.py, mixed_precision_cases.py: jobs of their own before issue 59).
 """
-import contextlib
 import json
 import os
 import sys
@@ -24,7 +22,7 @@ from mindspore.communication import create_group
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", ".."))
 from msrun_harness import worker_args  # noqa: E402
 from models import FactoredOptimizer, LossNet, TinyNet, init_weights, make_optimizer, micro_batch  # noqa: E402
-from comm_graph import graph_folder, graph_result, kernel_graphs_dumped, run_graph_case  # noqa: E402
+from comm_graph import run_graph_case  # noqa: E402
 from gathered_cases import run_gathered_case  # noqa: E402
 from memory_cases import run_memory_case  # noqa: E402
 from mixed_precision_cases import run_mixed_precision_case  # noqa: E402
@@ -118,13 +116,7 @@ def run_case(case, out, rank, world, hybrid):
         for micro in range(accum):
             ids, labels = micro_batch(step, rank, world, micro, accum)
             factor = np.inf if (step == case.get("overflow_step") and rank == 1) else 1.0
-            # a graph case's step (parity_cases.job_cases): the first call compiles, its kernel graphs dumped
-            graph = case.get("graph_name") if step == micro == 0 else None
-            folder = graph_folder(out, graph, rank) if graph else None
-            with kernel_graphs_dumped(folder) if graph else contextlib.nullcontext():
-                loss, overflow, s = train(Tensor(ids), Tensor(labels), Tensor(factor, ms.float32))
-            if graph:
-                write_json(os.path.join(out, f"graph_{graph}_rank{rank}.json"), graph_result(train, folder))
+            loss, overflow, s = train(Tensor(ids), Tensor(labels), Tensor(factor, ms.float32))
             losses.append(float(loss.asnumpy()))
             overflows.append(bool(overflow.asnumpy()))
             scales.append(float(s.asnumpy()))
