@@ -21,7 +21,7 @@ A gather sends its elements in one dtype (``gather_wire_dtype``): int8 blocks wi
 from the parameter's dtype; cast to the compute dtype after the gather), the compute dtype when it
 is narrower than the parameter's (cast before the gather: fewer bytes travel), else the parameter's
 dtype (a wider compute dtype is cast after). Gradients travel in the parameter's dtype (int8 blocks
-with qgZ). ``_GatherShard`` and ``_CoalescedGather`` cast where this rule says, and the plan counts
+with qgZ). ``GatherGroup`` (zero3/gather_group.py) casts where this rule says, and the plan counts
 its bytes.
 """
 from dataclasses import dataclass
@@ -34,9 +34,10 @@ from .packing import itemsize_of
 
 __all__ = ["GatherRecord", "BucketRecord", "TrainCommRecord", "GATHER_KINDS", "FLAG_DTYPE", "gather_wire_dtype"]
 
-GATHER_KINDS = ("param", "coalesced", "unit_part", "unit_single")
-"""A per-parameter gather, a layer's coalesced gather, a gather unit's coalesced part, a gather
-unit's element gathered alone."""
+GATHER_KINDS = ("layer", "unit")
+"""Who calls the gather: a layer (a ``ZeroParamWrapper``'s group of one, a ``ZeroGatherGroup``'s
+coalesced group) or a gather unit (one of its parts). Either is one ``GatherGroup`` of one or more
+members ([Note: gather groups] in zero3/group_collectives.py)."""
 
 FLAG_DTYPE = ms.float32
 """The dtype of the train step's one-element collectives: the overflow flag, the clipping norm and

@@ -30,7 +30,7 @@ def param_gathers(gathers: Iterable[GatherRecord], params, specs) -> list:
     """``TrainOneStepWrapper.param_gathers`` of ``params`` laid out as ``specs``, from the network's
     ``gathers`` (``network_gathers``). Not collective."""
     regathered = {name for r in gathers if r.regather for name in r.members}
-    coalesced = [r for r in gathers if r.kind in ("coalesced", "unit_part")]
+    coalesced = [r for r in gathers if len(r.members) > 1]  # one collective for several
     groups = {name: i for i, r in enumerate(coalesced) for name in r.members}
     out = []
     for p, spec in zip(params, specs):

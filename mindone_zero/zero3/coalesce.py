@@ -22,15 +22,12 @@ buffer. Gathers with ZeRO++ options are per parameter, never coalesced ([Note: Z
 from dataclasses import dataclass, replace
 from typing import List, Optional, Sequence, Tuple
 
-import numpy as np
 from mindspore import nn, ops
 
-from ..core.comm import GroupComm, cast_if_needed, divide, pad_dim0
 from ..core.comm_records import GatherRecord
 from ..core.graph_tuples import each
-from ..core.packing import LARGE_TENSOR_BYTES, PackedLayout
-from ..core.slicing import copy_slice
-from .param_wrapper import Waiting, after_grad
+from ..core.packing import LARGE_TENSOR_BYTES
+from .gather_group import GatherGroup
 
 __all__ = ["ZeroGatherGroup", "COALESCE_MAX_BYTES", "build_gather_group", "gather_settings", "coalesced_record",
            "CoalescedPlan"]
@@ -39,75 +36,7 @@ COALESCE_MAX_BYTES = LARGE_TENSOR_BYTES
 """Largest padded parameter (bytes, in the dtype it is all-gathered in: [Note: wire dtype] in
 core/comm_records.py) that ``ZeroGatherGroup`` coalesces."""
 
-_RESHAPE, _DEPEND, _ZEROS_LIKE = ops.Reshape(), ops.Depend(), ops.ZerosLike()
-
-
-class _CoalescedWaiting(Waiting):
-    """A ``_CoalescedGather``'s all-gather once ``after`` exists, its one reduce-scatter in the custom
-    bprop, zeros for ``after`` (see ``Waiting`` in param_wrapper.py). The forward and backward are
-    written here; ``_CoalescedGather``, which PYNATIVE_MODE calls, runs them."""
-
-    def construct(self, xs, after):
-        g = self.base
-        buf = _DEPEND(g.layout.pack(xs), after)
-        if g.cast_before_gather:
-            buf = buf.astype(g.wire_dtype)
-        cols = g.layout.unpack_gathered(g.comm.all_gather(buf))
-        out = ()
-        for i in range(len(cols)):
-            x = cols[i].reshape(g.padded_shapes[i])
-            if g.pads[i] > 0:
-                x = copy_slice(x, 0, 0, g.full_rows[i])  # a copy: [Note: a view keeps its base] in slicing.py
-            if g.cast_after_gather:
-                x = x.astype(g.compute_dtype)
-            out = out + (x,)
-        return out
-
-    def bprop(self, xs, after, out, dout):
-        g = self.base
-        if not g.reduces:  # frozen parameters: zeros, no collective
-            return each(_ZEROS_LIKE, xs), after_grad(after)
-        grads = ()
-        for i in range(len(dout)):
-            grads = grads + (pad_dim0(cast_if_needed(dout[i], g.param_dtype), g.pads[i]),)
-        buf = divide(g.comm.reduce_scatter(g.layout.pack_rank_major(grads)), g.group_size)
-        blocks = g.layout.unpack_shards(buf)
-        shards = ()
-        for i in range(len(blocks)):
-            shards = shards + (blocks[i].reshape(g.shard_shapes[i]),)
-        return shards, after_grad(after)
-
-
-class _CoalescedGather(nn.Cell):
-    """All-gather a tuple of shards in one collective; custom bprop: one reduce-scatter. ``waiting``
-    runs it once an input exists ([Note: gather order] in param_wrapper.py)."""
-
-    def __init__(self, plan: "CoalescedPlan"):
-        super().__init__(auto_prefix=False)
-        record = plan.record
-        # Built from its record ([Note: comm records] in core/comm_records.py); shared in GRAPH_MODE
-        # it keeps the first group's names ([Note: shared gather graphs] in gather_build.py): each
-        # ZeroGatherGroup's ``gather_record`` and ``param_names`` are its own.
-        self.param_names = record.members
-        self.group_size = record.group_size
-        self.reduces = record.reduces
-        self.param_dtype = record.param_dtype
-        self.compute_dtype = record.compute_dtype
-        self.wire_dtype = record.wire_dtype  # [Note: wire dtype] in core/comm_records.py
-        self.cast_before_gather = record.cast_before_gather
-        self.cast_after_gather = record.cast_after_gather
-        self.padded_shapes = record.padded_shapes
-        self.shard_shapes = record.shard_shapes
-        self.full_rows, self.pads = plan.full_rows, plan.pads
-        self.layout = PackedLayout([int(np.prod(s)) for s in self.shard_shapes], self.group_size)
-        self.comm = GroupComm(record.group)
-        self.waiting = _CoalescedWaiting(self)
-
-    def construct(self, xs):
-        return self.waiting.construct(xs, None)  # PYNATIVE_MODE ([Note: gather order] in param_wrapper.py)
-
-    def bprop(self, xs, out, dout):
-        return self.waiting.bprop(xs, None, out, dout)[:1]
+_RESHAPE = ops.Reshape()
 
 
 class ZeroGatherGroup(nn.Cell):
@@ -120,7 +49,7 @@ class ZeroGatherGroup(nn.Cell):
     ([Note: gather Cells built once] in gather_build.py).
     """
 
-    def __init__(self, gathers: List, kind: str = "coalesced", build=None):
+    def __init__(self, gathers: List, kind: str = "layer", build=None):
         super().__init__(auto_prefix=False)
         self.gather_record = coalesced_record(gathers, kind)
         self.gather_plan = CoalescedPlan(self.gather_record, tuple(gathers))
@@ -130,7 +59,7 @@ class ZeroGatherGroup(nn.Cell):
         else:
             build.defer(self)
 
-    def use_gather(self, gather: _CoalescedGather) -> None:
+    def use_gather(self, gather: GatherGroup) -> None:
         """Call ``gather``, built from ``gather_plan`` (maybe for other groups too: [Note: shared
         gather graphs] in gather_build.py). Not collective."""
         self.gather = gather
@@ -165,9 +94,9 @@ class CoalescedPlan:
     def pads(self) -> tuple:
         return tuple(g.spec.pad for g in self.gathers)
 
-    def build(self) -> _CoalescedGather:
+    def build(self) -> GatherGroup:
         """The gather Cell (not collective)."""
-        return _CoalescedGather(self)
+        return GatherGroup(self.record, self.gathers, self)
 
     def graph_key(self) -> tuple:
         """Everything the graph of its gather Cell reads ([Note: shared gather graphs] in gather_build.py)."""
@@ -179,13 +108,13 @@ class CoalescedPlan:
 def gather_settings(gather) -> tuple:
     """What parameters must share to be gathered in one collective: group, dtypes, ZeRO++ options, and
     whether their gradients go back (frozen parameters are gathered apart from trainable ones).
-    ``gather``: a ``ParamGather`` (or a ``_GatherShard``) of ``param_wrapper.py``."""
+    ``gather``: a ``ParamGather`` (or a ``GatherGroup`` of one) of ``param_wrapper.py``."""
     record = gather.record
     return (record.group, record.group_size, record.param_dtype, record.compute_dtype, gather.zeropp, record.reduces)
 
 
-def coalesced_record(gathers: Sequence, kind: str = "coalesced") -> GatherRecord:
-    """The record of one collective over ``gathers`` (``_GatherShard``s of one gather setting), in
+def coalesced_record(gathers: Sequence, kind: str = "layer") -> GatherRecord:
+    """The record of one collective over ``gathers`` (``ParamGather``s of one gather setting), in
     their order ([Note: comm records] in core/comm_records.py)."""
     records = [g.record for g in gathers]
     return replace(records[0], kind=kind, members=tuple(r.members[0] for r in records),

@@ -1,7 +1,7 @@
 """The gather Cells ``shard_network`` attaches, each built once, in its final form.
 
 [Note: gather Cells built once]
-How a gather Cell (``_GatherShard`` of a wrapper, ``_CoalescedGather`` of a coalesced group) ends up
+How a gather Cell (the ``GatherGroup`` of a wrapper or of a coalesced group) ends up
 depends on its place in the finished network: whether backward runs its collective again ([Note:
 reshard after forward] in reshard.py), whether it is split for hpZ ([Note: hpZ] in
 param_wrapper.py), and which other callers may call it ([Note: shared gather graphs]). So while

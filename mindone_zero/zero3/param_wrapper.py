@@ -22,7 +22,7 @@ first input. Not tied: gathers the rewrite puts in methods other than ``construc
 inputs are not known to be the layer's).
 
 The tie is a Depend, on the tensor the collective sends, inside a Cell with a custom bprop: the
-gather Cell's ``waiting`` (a ``Waiting``: ``_ShardWaiting``, ``_CoalescedWaiting``), called as
+gather Cell's ``waiting`` (``GatherGroup.waiting``, a ``Waiting``: gather_group.py), called as
 ``waiting(x, after)``, whose bprop returns the gather's gradient and zeros for ``after``
 (``after_grad``): no number changes. Autodiff does not look inside a custom-bprop Cell, so the
 Depend gets no gradient graph of its own; a Depend outside it (in the wrapper, before the call)
@@ -38,7 +38,8 @@ with or without the tie (tests/unit/test_gather_order.py shows the Depend in the
 tests/dist/test_gather_units.py the all-gathers' inputs at N=2).
 
 [Note: ZeRO++ at build]
-ZeRO++'s qwZ and qgZ are options of each parameter's gather (``_GatherShard``), so a wrapper is
+ZeRO++'s qwZ and qgZ are wire formats of each parameter's gather (a ``GatherGroup`` of one: [Note:
+gather groups] in group_collectives.py), so a wrapper is
 built with them, from the parameter's record: ``shard_network`` shards every parameter first, in
 the network's order, and stamps its ``ZeroParam`` on it before any layer Cell is built, so every
 wrapper (of the layer Cells it builds, of the generic rewrite, of a user's MindOne-style class that
@@ -57,18 +58,17 @@ from typing import Optional
 import numpy as np
 import mindspore as ms
 from mindspore import Parameter, nn, ops
-from mindspore.ops.composite import zeros_like
 
-from ..core.comm import GroupComm, cast_if_needed, divide, group_size_and_rank, pad_dim0, world_group
+from ..core.comm import GroupComm, group_size_and_rank, world_group
 from ..core.comm_records import GatherRecord
 from ..core.quantize import block_layout
 from ..core.packing import ITEMSIZE
 from ..core.materialize import block_of, materialize, set_value
 from ..core.partition import (ShardSpec, check_split_rule_flag, is_frozen_candidate, set_zero_spec, splits_over,
                               zero_spec_of)
-from ..core.run_mode import in_pynative
 from ..core.slicing import copy_slice
 from ..core.stage import StagePolicy, check_stage
+from .gather_group import GatherGroup, Waiting, after_grad
 from .zeropp import ZeroPPConfig
 
 __all__ = [
@@ -79,64 +79,6 @@ __all__ = [
 
 GATHER_SUFFIX = "_zero_gather"
 _RESHAPE, _DEPEND = ops.Reshape(), ops.Depend()
-_ZEROS_LIKE = ops.ZerosLike()
-after_grad = ops.MultitypeFuncGraph("after_grad")
-"""The gradient a custom bprop returns for its ``after`` input ([Note: gather order]): zeros of a
-tensor (the primitive: no ``zeros_like`` graph); None for None; for any other input (a construct's
-first input may be a tuple, a list or a number), MindSpore's ``zeros_like`` of it."""
-
-
-@after_grad.register("Tensor")
-def _after_grad_tensor(after):
-    return _ZEROS_LIKE(after)
-
-
-@after_grad.register("None")
-def _after_grad_none(after):
-    return after
-
-
-@after_grad.register("Tuple")
-@after_grad.register("List")
-@after_grad.register("Number")
-def _after_grad_other(after):
-    return zeros_like(after)
-
-
-class Waiting(nn.Cell):
-    """Base of the Cells that run a gather Cell's collective once an input exists: ``cell(x, after)``,
-    held as ``base.waiting`` of the gather Cell ``base`` (its parent, not its child). A subclass
-    writes the forward (``Depend(x, after)`` first) and a custom bprop that returns zeros for
-    ``after``. In PYNATIVE_MODE a call runs ``base(x)`` instead ([Note: gather order] says why); a
-    graph never runs ``__call__``: it compiles ``construct``."""
-
-    def __init__(self, base: nn.Cell):
-        super().__init__(auto_prefix=False)
-        object.__setattr__(self, "base", base)
-
-    def __call__(self, x, after):
-        if in_pynative():
-            return self.base(x)
-        return super().__call__(x, after)
-
-
-class _ShardWaiting(Waiting):
-    """A ``_GatherShard``'s gather once ``after`` exists; its gradient (see ``Waiting``). The forward
-    is written here, and ``_GatherShard.construct`` calls it: one graph per call, not two."""
-
-    def construct(self, x, after):
-        g = self.base
-        x = _DEPEND(x, after)
-        if g.gathers:
-            return g.finish(g.gather_padded(x))
-        if g.cast_before_gather or g.cast_after_gather:
-            x = x.astype(g.compute_dtype)
-        return x
-
-    def bprop(self, x, after, out, dout):
-        return self.base.shard_grad(dout), after_grad(after)
-
-
 def gather_attr_name(param_attr: str) -> str:
     """Attribute under which a Cell keeps the gather wrapper of its parameter ``param_attr``."""
     return param_attr + GATHER_SUFFIX
@@ -444,7 +386,7 @@ class ZeroParamWrapper(nn.Cell):
             return self.hpz_secondary(self.hpz_primary(x), x)
         return self.gather.waiting(x, after)
 
-    def use_gather(self, gather: "_GatherShard", hpz_group: Optional[str] = None) -> None:
+    def use_gather(self, gather: GatherGroup, hpz_group: Optional[str] = None) -> None:
         """Call ``gather``, a Cell built from ``gather_plan`` (maybe for other wrappers too: [Note:
         shared gather graphs] in gather_build.py); ``hpz_group``: split it for hpZ's secondary group
         ([Note: hpZ]). Not collective."""
@@ -477,7 +419,7 @@ class ParamGather:
     ZeRO++ options, and the ``GatherRecord`` they give ([Note: comm records]). A coalesced group
     (``coalesce.py``) and a gather unit (``units.py``) are built from these, so no per-parameter
     gather Cell is built for a parameter that one collective gathers with others; ``build()`` makes
-    the ``_GatherShard`` of a parameter gathered alone."""
+    the ``GatherGroup`` of a parameter gathered alone (a group of one)."""
 
     spec: ShardSpec
     param_dtype: object
@@ -490,9 +432,9 @@ class ParamGather:
     def record(self) -> GatherRecord:
         return _gather_record(self.spec, self.param_dtype, self.group, self.compute_dtype, self.zeropp, self.frozen)
 
-    def build(self) -> "_GatherShard":
-        """The gather Cell (not collective)."""
-        return _GatherShard(self)
+    def build(self) -> GatherGroup:
+        """The gather Cell, a group of one (not collective)."""
+        return GatherGroup(self.record, (self,), self)
 
     def graph_key(self) -> tuple:
         """Everything the graph of its gather Cell reads ([Note: shared gather graphs] in gather_build.py)."""
@@ -535,86 +477,9 @@ def _gather_record(spec: ShardSpec, param_dtype, group: Optional[str], compute_d
     if weights or grads:
         block, blocks, _ = block_layout(int(np.prod(spec.shard_shape)), zeropp.block_size)
     compute_dtype = param_dtype if compute_dtype is None else compute_dtype
-    return GatherRecord("param", group or world_group(), spec.group_size, (spec.name,), (tuple(spec.padded_shape),),
+    return GatherRecord("layer", group or world_group(), spec.group_size, (spec.name,), (tuple(spec.padded_shape),),
                         (tuple(spec.shard_shape),), param_dtype, compute_dtype, gathers, weights, grads, block, blocks,
                         reduces=not frozen)
-
-
-class _GatherShard(nn.Cell):
-    """The custom-bprop half of ``ZeroParamWrapper``: all-gather forward, reduce-scatter backward.
-
-    With ZeRO++, for a parameter it quantizes ([Note: full-precision tensors] in zeropp.py): qwZ
-    all-gathers the shard as int8 blocks and dequantizes (from the parameter's dtype, so a narrower
-    compute dtype is cast after the gather); qgZ reduce-scatters the gradient quantized, summed in
-    float32.
-    """
-
-    def __init__(self, plan: "ParamGather"):
-        super().__init__(auto_prefix=False)
-        self.plan, self.zeropp = plan, plan.zeropp
-        self.spec = spec = plan.spec
-        # Built from its record, so what it sends is what the CommPlan counts ([Note: comm records]).
-        self.record = record = plan.record
-        self.param_name = spec.name
-        self.group_size = record.group_size
-        self.param_dtype = record.param_dtype
-        self.pad = spec.pad
-        self.full_rows = spec.shape[0] if spec.shape else 0
-        self.compute_dtype = record.compute_dtype
-        # A split parameter in a group of one is already whole; no collective is needed.
-        self.gathers = record.gathers
-        self.reduces = record.reduces  # a frozen parameter's gradient is zeros, not communicated
-        self.shard_shape = tuple(spec.shard_shape)
-        self.quantize_weights = record.quantize_weights
-        self.quantize_grads = record.quantize_grads
-        self.wire_dtype = record.wire_dtype  # [Note: wire dtype] in core/comm_records.py
-        self.cast_before_gather = record.cast_before_gather
-        self.cast_after_gather = record.cast_after_gather
-        self.comm = GroupComm(plan.group) if self.gathers else None
-        if self.quantize_weights or self.quantize_grads:
-            # qwZ quantizes this rank's shard, qgZ each destination's block: the same layout.
-            self.block, self.blocks = record.block, record.blocks
-        self.waiting = _ShardWaiting(self)
-
-    def gather_padded(self, x):
-        """The padded full tensor (``spec.padded_shape``) of shard ``x``; collective over the group."""
-        if self.quantize_weights:
-            return self.comm.all_gather_quantized(x, self.block, self.blocks)
-        if self.cast_before_gather:
-            x = x.astype(self.wire_dtype)
-        return self.comm.all_gather(x)
-
-    def finish(self, x):
-        """Padding rows dropped, cast to the compute dtype."""
-        if self.pad > 0:
-            x = copy_slice(x, 0, 0, self.full_rows)
-        if self.cast_after_gather or self.quantize_weights:
-            x = x.astype(self.compute_dtype)
-        return x
-
-    def construct(self, x):
-        return self.waiting.construct(x, None)  # PYNATIVE_MODE ([Note: gather order])
-
-    def shard_grad(self, dout):
-        """This rank's block of the group mean of ``dout``, in the parameter's dtype; collective. Zeros
-        of the shard's shape for a frozen parameter, without a collective."""
-        if not self.reduces:
-            return ops.zeros(self.shard_shape, self.param_dtype)
-        grad = cast_if_needed(dout, self.param_dtype)
-        if self.gathers:
-            grad = pad_dim0(grad, self.pad)
-            if self.quantize_grads:
-                grad = self.comm.reduce_scatter_quantized(grad, self.block, self.blocks).astype(self.param_dtype)
-            else:
-                grad = self.comm.reduce_scatter(grad)
-            grad = divide(grad, self.group_size)  # [Note: Div on CPU] in mindone_zero/core/comm.py
-        return grad
-
-    def bprop(self, x, out, dout):
-        return (self.shard_grad(dout),)
-
-    def extend_repr(self):
-        return self.plan.describe()
 
 
 # [Note: hpZ]
@@ -629,7 +494,7 @@ class _GatherShard(nn.Cell):
 #   _HpzSecondary(secondary shard, shard) -> full tensor: an all-gather in the secondary group,
 #       which the recomputation runs again in backward: the re-gather stays inside the group.
 # Gradients: _HpzSecondary's bprop returns zeros for the secondary shard and, for the shard, the
-# same reduce-scatter as without hpZ (_GatherShard.shard_grad); _HpzPrimary's bprop returns zeros,
+# same reduce-scatter as without hpZ (GatherGroup.shard_grad); _HpzPrimary's bprop returns zeros,
 # so autodiff adds an exact zero. The forward values are copies of the same gathered tensor, so
 # losses and updates are bit-identical to those without hpZ. Cost: one more all-gather in forward
 # (in the secondary group), and the secondary shards of all recomputed Cells held from forward to
@@ -641,7 +506,7 @@ class _HpzPrimary(nn.Cell):
     """hpZ, first half: the primary all-gather, then this rank's secondary shard; zero gradient
     ([Note: hpZ])."""
 
-    def __init__(self, base: _GatherShard, record: GatherRecord, sec_rank: int):
+    def __init__(self, base: GatherGroup, record: GatherRecord, sec_rank: int):
         super().__init__(auto_prefix=False)
         self.base = base
         padded = base.spec.padded_shape
@@ -666,12 +531,12 @@ class _HpzPrimary(nn.Cell):
 class _HpzSecondary(nn.Cell):
     """hpZ, second half: the secondary all-gather; the shard's whole gradient ([Note: hpZ])."""
 
-    def __init__(self, base: _GatherShard, sec_group: str):
+    def __init__(self, base: GatherGroup, sec_group: str):
         super().__init__(auto_prefix=False)
         self.base = base
         self.comm = GroupComm(sec_group)
-        self.pad = base.pad
-        self.full_rows = base.full_rows
+        self.pad = base.pads[0]
+        self.full_rows = base.full_rows[0]
 
     def construct(self, sec, x):
         full = self.comm.all_gather(sec)

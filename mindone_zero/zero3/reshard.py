@@ -105,7 +105,7 @@ def _holds_readers(cell: nn.Cell) -> bool:
 
 # [Note: the collective alone is recomputed]
 # To re-gather a parameter in backward, GRAPH_MODE marks the Cell that runs the collective, not the
-# gather Cell the reader calls: a wrapper's ``_GatherShard``, a coalesced group's ``_CoalescedGather``,
+# gather Cell the reader calls: a wrapper's or a coalesced group's ``GatherGroup``,
 # and with it its ``waiting`` Cell, which GRAPH_MODE calls ([Note: gather order] in param_wrapper.py).
 # Those take tensors and return tensors. The wrapper and the group around them take the shard
 # Parameters themselves: their graphs load each shard with the graph's memory state (a Load, then an

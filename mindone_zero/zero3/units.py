@@ -6,7 +6,7 @@
 subtree (nested units excepted) are all-gathered in ONE collective when the unit's forward starts,
 and their gradients are reduce-scattered in ONE collective (one of each per distinct gather
 setting: group, parameter dtype, compute dtype). As in [Note: coalesced gathers], a parameter whose
-padded tensor exceeds ``COALESCE_MAX_BYTES`` (1 MiB) is gathered alone, by its own ``_GatherShard``,
+padded tensor exceeds ``COALESCE_MAX_BYTES`` (1 MiB) is gathered alone, by its own ``GatherGroup`` of one,
 and so is an element alone in its setting. Without units, each reading Cell gathers its own.
 
 Why the gathered tensors are threaded as an argument: MindSpore's graph CSE merges identical
@@ -176,7 +176,7 @@ class _UnitPart(ZeroGatherGroup):
     """The elements of one unit with one gather setting: one all-gather, one reduce-scatter."""
 
     def __init__(self, gathers: List, select: tuple, every: bool, build=None):
-        super().__init__(gathers, "unit_part", build)
+        super().__init__(gathers, "unit", build)
         self.select = select
         self.every = every  # select is every element, in order: no take ([Note: compile cost])
 
@@ -202,7 +202,7 @@ class _UnitCasts(nn.Cell):
 
 
 class _UnitSingle(nn.Cell):
-    """One large element gathered alone by its own ``_GatherShard`` (no copies into a buffer), built
+    """One large element gathered alone by its own ``GatherGroup`` of one (no copies into a buffer), built
     here from the element's ``ParamGather``."""
 
     def __init__(self, plan, index: int):
@@ -210,7 +210,7 @@ class _UnitSingle(nn.Cell):
         self.gather = gather = plan.build()
         self.index = index
         self.param_names = (gather.param_name,)
-        self.gather_record = replace(gather.record, kind="unit_single")  # [Note: comm records]
+        self.gather_record = replace(gather.record, kind="unit")  # [Note: comm records]
 
     def construct(self, xs, after):
         # reshaped ([Note: unit shards] in ZeroUnitGather); waits as _UnitPart's collective does

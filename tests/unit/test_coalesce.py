@@ -16,7 +16,7 @@ from mindone_zero.zero3.zeropp import ZeroPPConfig
 
 def _wrapper(name="w", shape=(6, 4), gathers=True, dtype=ms.float32, zeropp=None, hpz=False):
     spec = ShardSpec(name, shape, 2, 0, True)
-    record = GatherRecord("param", "g", 2, (name,), (spec.padded_shape,), (spec.shard_shape,), dtype, dtype, gathers)
+    record = GatherRecord("layer", "g", 2, (name,), (spec.padded_shape,), (spec.shard_shape,), dtype, dtype, gathers)
     gather = SimpleNamespace(gathers=gathers, zeropp=zeropp, spec=spec, param_dtype=dtype, compute_dtype=dtype,
                              cast_before_gather=False, group_name=None, group_size=2, record=record)
     return SimpleNamespace(gather=gather, hpz=hpz)

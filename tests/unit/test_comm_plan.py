@@ -110,7 +110,7 @@ def test_one_wire_dtype_for_the_cell_and_the_plan(param, compute, wire):
 
 
 def test_qwz_travels_as_int8_blocks_and_a_regather_counts_twice():
-    record = GatherRecord("param", "g", 2, ("w",), ((8, 4),), ((4, 4),), ms.float32, ms.float16, True, True, True,
+    record = GatherRecord("layer", "g", 2, ("w",), ((8, 4),), ((4, 4),), ms.float32, ms.float16, True, True, True,
                           block=8, blocks=2, regather=True)
     assert record.wire_dtype == ms.int8 and not record.cast_before_gather and record.cast_after_gather
     plan = step_plan(None, [record], PlanContext())
@@ -144,8 +144,8 @@ def test_the_walk_finds_each_called_gather_once_and_which_backward_reads(two_ran
     assert net.small.zero_coalesce and not net.big.zero_coalesce
     kinds = [(r.kind, r.members, r.regather) for r in network_gathers(net)]
     names = [p.zero_spec.name for p in net.trainable_params()]  # as sharded
-    assert kinds == [("coalesced", tuple(names[:2]), False), ("param", (names[2],), False),
-                     ("param", (names[3],), False), ("param", (names[4],), False)]  # the idle wrappers are not
+    assert kinds == [("layer", tuple(names[:2]), False), ("layer", (names[2],), False),
+                     ("layer", (names[3],), False), ("layer", (names[4],), False)]  # the idle wrappers are not
     for cell in (net.small.zero_gather_group, net.big.weight_zero_gather, net.big.bias_zero_gather,
                  net.table.embedding_table_zero_gather):
         cell.gather.recompute(output_recompute=True)  # as reshard_after_forward marks them

@@ -10,7 +10,7 @@ import pytest
 from mindspore import Parameter, Tensor, nn
 
 from mindone_zero.core.ms_internals import in_recompute_scope
-from mindone_zero.zero3 import coalesce, param_wrapper
+from mindone_zero.zero3 import gather_group, param_wrapper
 from mindone_zero.zero3.coalesce import CoalescedPlan, ZeroGatherGroup
 from mindone_zero.zero3.gather_build import GatherBuild
 from mindone_zero.zero3.param_wrapper import (ParamGather, ZeroParamWrapper, cut_parameter, param_gather,
@@ -30,8 +30,8 @@ class _StubComm(nn.Cell):
 def built(monkeypatch):
     """Two ranks faked; returns the list every gather Cell built is appended to."""
     monkeypatch.setattr(param_wrapper, "group_size_and_rank", lambda group=None: (2, 0))
-    monkeypatch.setattr(param_wrapper, "GroupComm", _StubComm)
-    monkeypatch.setattr(coalesce, "GroupComm", _StubComm)
+    monkeypatch.setattr(param_wrapper, "GroupComm", _StubComm)  # hpZ's secondary group
+    monkeypatch.setattr(gather_group, "GroupComm", _StubComm)
     cells = []
     for plan_class in (ParamGather, CoalescedPlan):
         def counting(plan, build=plan_class.build):

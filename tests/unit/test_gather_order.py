@@ -4,13 +4,13 @@ the generic rewrite puts in a ``construct``.
 
 Evidence from the compiled graph (one process, GRAPH_MODE, ``save_graphs``): in the final IR
 (``graph_build_*.ir``) every
-``<attr>_zero_gather-ZeroParamWrapper/gather-_GatherShard/waiting-_ShardWaiting/Depend`` node (the tie
+``<attr>_zero_gather-ZeroParamWrapper/gather-GatherGroup/waiting-_GroupWaiting/Depend`` node (the tie
 sits in the Cell with the custom bprop, so autodiff builds no gradient graph for it) takes the
 shard's Load and the layer's input, e.g. for a Dense after a Tanh:
 
     %0 = PrimFunc_Tanh(%para1_x)
     %1 = Load(%para2_layer.weight, UMonad[U])   # weight_zero_gather-ZeroParamWrapper/.../Load
-    %2 = Depend(%1, %0)                         # .../gather-_GatherShard/waiting-_ShardWaiting/Depend
+    %2 = Depend(%1, %0)                         # .../gather-GatherGroup/waiting-_GroupWaiting/Depend
     %3 = PrimFunc_MatMul(%0, %2, ...)
 
 With N >= 2 the all-gather takes %2 as its input, so it cannot start before the Tanh. (A group of
@@ -34,7 +34,7 @@ ms.set_device("CPU")
 
 # the tests set the mode they need; it is put back after each ([Note: leak guard] in tests/leak_guard.py)
 pytestmark = pytest.mark.usefixtures("restore_ms_context")
-TIE_SCOPE = "ZeroParamWrapper/gather-_GatherShard/waiting-_ShardWaiting/Depend"
+TIE_SCOPE = "ZeroParamWrapper/gather-GatherGroup/waiting-_GroupWaiting/Depend"
 KEEP_ALIVE = []
 
 

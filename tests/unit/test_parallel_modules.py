@@ -14,7 +14,7 @@ from mindspore import Parameter, ParameterTuple, Tensor, mint, nn, ops
 
 import parallel_modules as pm
 import zero3_models as zm
-from mindone_zero.zero3 import param_wrapper
+from mindone_zero.zero3.gather_group import GatherGroup
 from mindone_zero.zero3.param_wrapper import shard_parameter
 
 ms.set_device("CPU")
@@ -86,13 +86,13 @@ def test_shard_network_structure():
 @PYNATIVE
 def test_every_split_parameter_is_gathered(mode, monkeypatch):
     gathered = []
-    original = param_wrapper._GatherShard.construct
+    original = GatherGroup.construct
 
-    def spy(self, x):
-        gathered.append(self.param_name)
-        return original(self, x)
+    def spy(self, xs):
+        gathered.extend(self.param_names)
+        return original(self, xs)
 
-    monkeypatch.setattr(param_wrapper._GatherShard, "construct", spy)
+    monkeypatch.setattr(GatherGroup, "construct", spy)
     net = pm.shard_network(zm.build(), parallel_modules={zm.Shift: zm.ShiftZero3})
     ids, img, _ = zm.make_batch(3, 0)
     net(ids, img)

@@ -39,8 +39,9 @@ from mindone_zero.core.comm import init_data_parallel  # noqa: E402
 from mindone_zero.core.comm_plan import PlanContext  # noqa: E402
 from mindone_zero.train.comm_accounting import step_plan  # noqa: E402
 from mindone_zero.zero3 import gather_build  # noqa: E402
-from mindone_zero.zero3.coalesce import ZeroGatherGroup, _CoalescedGather  # noqa: E402
-from mindone_zero.zero3.param_wrapper import _GatherShard, gathers_split  # noqa: E402
+from mindone_zero.zero3.coalesce import ZeroGatherGroup  # noqa: E402
+from mindone_zero.zero3.gather_group import GatherGroup  # noqa: E402
+from mindone_zero.zero3.param_wrapper import gathers_split  # noqa: E402
 from mindone_zero.zero3.state import unit_gathers  # noqa: E402
 from parallel_modules import Dense, shard_network  # noqa: E402
 from tools.lm_model import Block, LMLoss, TransformerLM, build_lm, init_lm_weights, reversal_batch  # noqa: E402
@@ -140,7 +141,7 @@ _BUILT = {}  # id(train network) -> gather Cells its prepare_train_network built
 def _counting_builds():
     """Count the gather Cells built ([Note: gather Cells built once]): returns (list, undo)."""
     built, inits = [], {}
-    for cls in (_GatherShard, _CoalescedGather):
+    for cls in (GatherGroup,):
         def init(self, *args, _init=cls.__init__, **kwargs):
             built.append(self)
             _init(self, *args, **kwargs)

@@ -33,8 +33,7 @@ import zero3_models as zm  # noqa: E402
 from mindone_zero.core.comm import init_data_parallel  # noqa: E402
 from mindone_zero.core.partition import split_array  # noqa: E402
 from parallel_modules import shard_network  # noqa: E402
-from mindone_zero.zero3.coalesce import _CoalescedGather  # noqa: E402
-from mindone_zero.zero3.param_wrapper import _GatherShard  # noqa: E402
+from mindone_zero.zero3.gather_group import GatherGroup  # noqa: E402
 from mindone_zero.zero3.coalesce import ZeroGatherGroup  # noqa: E402
 from mindone_zero.zero3.state import coalesced_groups, regathered_param_names  # noqa: E402
 from mindone_zero.zero3.param_wrapper import gathers_split  # noqa: E402
@@ -56,21 +55,17 @@ def _grads(loss_net, batch):
 def _count_gathers(fn):
     """(fn(), {parameter name: how many times its gather ran}); PYNATIVE only (a Python spy)."""
     counts = collections.Counter()
-    original, coalesced = _GatherShard.construct, _CoalescedGather.construct
+    original = GatherGroup.construct
 
-    def spy(self, x):
-        counts[self.param_name] += 1
-        return original(self, x)
-
-    def spy_coalesced(self, xs):
+    def spy(self, xs):
         counts.update(self.param_names)
-        return coalesced(self, xs)
+        return original(self, xs)
 
-    _GatherShard.construct, _CoalescedGather.construct = spy, spy_coalesced
+    GatherGroup.construct = spy
     try:
         return fn(), dict(counts)
     finally:
-        _GatherShard.construct, _CoalescedGather.construct = original, coalesced
+        GatherGroup.construct = original
 
 
 def _param_report(param, size):

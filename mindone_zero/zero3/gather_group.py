@@ -1,0 +1,190 @@
+"""``GatherGroup``: the one Cell type that gathers ZeRO-3 parameters, one or several in one collective.
+
+A group is built from the ``ParamGather`` of each member (param_wrapper.py) and the ``GatherRecord``
+of its collective ([Note: comm records] in core/comm_records.py): a ``ZeroParamWrapper``'s gather is
+a group of one, a ``ZeroGatherGroup``'s (coalesce.py) and a gather unit's part (units.py) a group of
+several. What it sends and how is [Note: gather groups] in group_collectives.py; when it sends is
+[Note: gather order] in param_wrapper.py (its ``waiting`` Cell).
+"""
+import numpy as np
+from mindspore import nn, ops
+from mindspore.ops.composite import zeros_like
+
+from ..core.comm import GroupComm, cast_if_needed, divide, pad_dim0
+from ..core.graph_tuples import each
+from ..core.packing import PackedLayout
+from ..core.run_mode import in_pynative
+from ..core.slicing import copy_slice
+from .group_collectives import gather_wire, reduce_wire
+
+__all__ = ["GatherGroup", "Waiting", "after_grad"]
+
+_ZEROS_LIKE, _DEPEND = ops.ZerosLike(), ops.Depend()
+after_grad = ops.MultitypeFuncGraph("after_grad")
+"""The gradient a custom bprop returns for its ``after`` input ([Note: gather order] in
+param_wrapper.py): zeros of a tensor (the primitive: no ``zeros_like`` graph); None for None; for
+any other input (a construct's first input may be a tuple, a list or a number), MindSpore's
+``zeros_like`` of it."""
+
+
+@after_grad.register("Tensor")
+def _after_grad_tensor(after):
+    return _ZEROS_LIKE(after)
+
+
+@after_grad.register("None")
+def _after_grad_none(after):
+    return after
+
+
+@after_grad.register("Tuple")
+@after_grad.register("List")
+@after_grad.register("Number")
+def _after_grad_other(after):
+    return zeros_like(after)
+
+
+class Waiting(nn.Cell):
+    """Base of the Cells that run a gather Cell's collective once an input exists: ``cell(x, after)``,
+    held as ``base.waiting`` of the gather Cell ``base`` (its parent, not its child). A subclass
+    writes the forward (``Depend(x, after)`` first) and a custom bprop that returns zeros for
+    ``after``. In PYNATIVE_MODE a call runs ``base(x)`` instead ([Note: gather order] in
+    param_wrapper.py says why); a graph never runs ``__call__``: it compiles ``construct``."""
+
+    def __init__(self, base: nn.Cell):
+        super().__init__(auto_prefix=False)
+        object.__setattr__(self, "base", base)
+
+    def __call__(self, x, after):
+        if in_pynative():
+            return self.base(x)
+        return super().__call__(x, after)
+
+
+class _GroupWaiting(Waiting):
+    """A ``GatherGroup``'s all-gather once ``after`` exists; its reduce-scatter in the custom bprop and
+    zeros for ``after``. The forward is written here and ``GatherGroup.construct`` calls it: one graph
+    per call, not two."""
+
+    def construct(self, xs, after):
+        """Every member's full tensor (padding rows dropped, compute dtype) of the group from this
+        rank's shards ``xs`` (a tensor for a group of one, else a tuple), sent once ``after`` exists
+        ([Note: gather order] in param_wrapper.py). Collective over the group where ``gathers``."""
+        g = self.base
+        if g.single:
+            x = _DEPEND(xs, after)
+            if not g.gathers:
+                if g.cast_before_gather or g.cast_after_gather:
+                    x = x.astype(g.compute_dtype)
+                return x
+            return self._finish(g.gather_wire.send(x), 0)
+        buf = _DEPEND(g.layout.pack(xs), after)
+        cols = g.layout.unpack_gathered(g.gather_wire.send(buf))
+        out = ()
+        for i in range(len(cols)):
+            out = out + (self._finish(cols[i].reshape(g.padded_shapes[i]), i),)
+        return out
+
+    def bprop(self, xs, after, out, dout):
+        return self.reduce_scatter_members(dout, xs), after_grad(after)
+
+    def _finish(self, x, i: int):
+        """Member ``i``'s gathered padded tensor ``x``: padding rows dropped (a copy: [Note: a view keeps
+        its base] in core/slicing.py), cast to the compute dtype."""
+        g = self.base
+        if g.pads[i] > 0:
+            x = copy_slice(x, 0, 0, g.full_rows[i])
+        if g.gather_wire.cast_after:
+            x = x.astype(g.compute_dtype)
+        return x
+
+    def reduce_scatter_members(self, douts, xs):
+        """This rank's block of the group mean of every member's gradient ``douts`` (shaped like the
+        shards ``xs``: a tensor for a group of one, else a tuple), in the parameters' dtype. Zeros
+        without a collective for frozen members. Collective over the group where ``gathers``
+        and ``reduces``."""
+        g = self.base
+        if g.single:
+            if not g.reduces:
+                return ops.zeros(g.shard_shapes[0], g.param_dtype)
+            grad = cast_if_needed(douts, g.param_dtype)
+            if g.gathers:
+                grad = pad_dim0(grad, g.pads[0])
+                grad = divide(g.reduce_wire.send(grad), g.group_size)  # [Note: Div on CPU] in core/comm.py
+            return grad
+        if not g.reduces:
+            return each(_ZEROS_LIKE, xs)
+        grads = ()
+        for i in range(len(douts)):
+            grads = grads + (pad_dim0(cast_if_needed(douts[i], g.param_dtype), g.pads[i]),)
+        buf = divide(g.reduce_wire.send(g.layout.pack_rank_major(grads)), g.group_size)
+        blocks = g.layout.unpack_shards(buf)
+        shards = ()
+        for i in range(len(blocks)):
+            shards = shards + (blocks[i].reshape(g.shard_shapes[i]),)
+        return shards
+
+
+class GatherGroup(nn.Cell):
+    """All-gather the shards of one or more ZeRO-3 parameters in one collective; custom bprop: one
+    reduce-scatter of their gradients ([Note: gather groups] in group_collectives.py).
+
+    The only code that moves a stage-3 group is its ``waiting`` Cell's: ``construct`` (the all-gather)
+    and ``reduce_scatter_members``. They are methods of a Cell, not free functions, because GRAPH_MODE
+    parses a free function once and gives its nodes the scope of its first caller, so every gather's
+    nodes would be named after one layer.
+
+    A group of one takes and returns a tensor; a group of several a tuple, in member order. Members
+    share a group, dtypes and ZeRO++ options (``gather_settings`` in coalesce.py). Collective over the
+    group where ``gathers``. Building it is not collective.
+
+    Args:
+        record (GatherRecord): the record of its collective ([Note: comm records] in
+            core/comm_records.py).
+        members (tuple): the ``ParamGather`` of each member, in buffer order.
+        plan: what it was built from (a ``ParamGather`` or a ``CoalescedPlan``), for its repr.
+    """
+
+    def __init__(self, record, members: tuple, plan=None):
+        super().__init__(auto_prefix=False)
+        self.record, self.plan = record, plan
+        self.single = len(members) == 1
+        self.zeropp = members[0].zeropp if self.single else None
+        self.param_names = record.members
+        self.spec = members[0].spec if self.single else None
+        self.param_name = record.members[0] if self.single else None
+        self.group_size = record.group_size
+        self.gathers = record.gathers
+        self.reduces = record.reduces  # a frozen parameter's gradient is zeros, not communicated
+        self.param_dtype = record.param_dtype
+        self.compute_dtype = record.compute_dtype
+        self.quantize_weights, self.quantize_grads = record.quantize_weights, record.quantize_grads
+        self.cast_before_gather, self.cast_after_gather = record.cast_before_gather, record.cast_after_gather
+        self.wire_dtype = record.wire_dtype  # [Note: wire dtype] in core/comm_records.py
+        self.padded_shapes, self.shard_shapes = record.padded_shapes, record.shard_shapes
+        self.full_rows = tuple(m.spec.shape[0] if m.spec.shape else 0 for m in members)
+        self.pads = tuple(m.spec.pad for m in members)
+        if not self.single:
+            self.layout = PackedLayout([int(np.prod(s)) for s in self.shard_shapes], self.group_size)
+        self.comm = GroupComm(record.group) if self.gathers else None
+        self.gather_wire = gather_wire(self.comm, record) if self.gathers else None
+        self.reduce_wire = reduce_wire(self.comm, record) if self.gathers else None
+        self.waiting = _GroupWaiting(self)
+
+    def gather_padded(self, x):
+        """A group of one: the padded full tensor of shard ``x`` as the wire delivers it (hpZ's first
+        half, [Note: hpZ] in param_wrapper.py). Collective over the group."""
+        return self.gather_wire.send(x)
+
+    def shard_grad(self, dout):
+        """A group of one: this rank's block of the group mean of ``dout`` ([Note: gather groups])."""
+        return self.waiting.reduce_scatter_members(dout, None)
+
+    def construct(self, xs):
+        return self.waiting.construct(xs, None)  # PYNATIVE_MODE ([Note: gather order] in param_wrapper.py)
+
+    def bprop(self, xs, out, dout):
+        return (self.waiting.reduce_scatter_members(dout, xs),)
+
+    def extend_repr(self):
+        return self.plan.describe() if self.single and self.plan is not None else ""
