@@ -37,7 +37,7 @@ __all__ = ["GatherRecord", "BucketRecord", "TrainCommRecord", "GATHER_KINDS", "F
 GATHER_KINDS = ("layer", "unit")
 """Who calls the gather: a layer (a ``ZeroParamWrapper``'s group of one, a ``ZeroGatherGroup``'s
 coalesced group) or a gather unit (one of its parts). Either is one ``GatherGroup`` of one or more
-members ([Note: gather groups] in zero3/group_collectives.py)."""
+members ([Note: gather groups] in zero3/gather_group.py)."""
 
 FLAG_DTYPE = ms.float32
 """The dtype of the train step's one-element collectives: the overflow flag, the clipping norm and

@@ -3,8 +3,28 @@
 A group is built from the ``ParamGather`` of each member (param_wrapper.py) and the ``GatherRecord``
 of its collective ([Note: comm records] in core/comm_records.py): a ``ZeroParamWrapper``'s gather is
 a group of one, a ``ZeroGatherGroup``'s (coalesce.py) and a gather unit's part (units.py) a group of
-several. What it sends and how is [Note: gather groups] in group_collectives.py; when it sends is
-[Note: gather order] in param_wrapper.py (its ``waiting`` Cell).
+several. What it sends and how is [Note: gather groups]; when it sends is [Note: gather order] in
+param_wrapper.py (its ``waiting`` Cell).
+
+[Note: gather groups]
+The unit of communication at stage 3 is a group of parameters, as FSDP2's ``FSDPParamGroup`` is: a
+lone parameter is a group of one. Two methods of the group's ``waiting`` Cell move it: ``construct``
+(forward: every member's full tensor from this rank's shards) and ``reduce_scatter_members``
+(backward: this rank's block of the group mean of every member's gradient). A group of one sends
+its shard as it is: a tensor in, a tensor out, no buffer. A group of several packs its shards into
+one buffer and sends it in one collective ([Note: coalesced gathers] in coalesce.py; [Note: packed
+layout] in core/packing.py), and its methods take and return tuples in member order.
+
+How the bytes travel, the group's wire format, is two methods of the group, ``gather_padded`` and
+``reduce_padded``: the shards in the wire dtype ([Note: wire dtype] in core/comm_records.py) or
+ZeRO++'s qwZ int8 blocks, and the gradients as they are or ZeRO++'s qgZ int8 blocks summed in
+float32. Quantized formats serve groups of one only: gathers with ZeRO++ options are never coalesced
+([Note: ZeRO++ at build] in param_wrapper.py). The formats are not objects the group holds (FSDP2's
+pluggable all-gather): with the wire as Cells (one per direction, one for both, called as Cells or
+through methods, with one communicator or one each), MindSpore 2.10 fails to compile a step with
+qwZ and qgZ together ("The func graph is empty ... quantize_blocks" in the reduce-scatter's
+custom bprop), while the same calls from the group's own methods compile
+(tests/dist/test_zeropp.py trains with both).
 """
 import numpy as np
 from mindspore import nn, ops
@@ -15,7 +35,6 @@ from ..core.graph_tuples import each
 from ..core.packing import PackedLayout
 from ..core.run_mode import in_pynative
 from ..core.slicing import copy_slice
-from .group_collectives import gather_wire, reduce_wire
 
 __all__ = ["GatherGroup", "Waiting", "after_grad"]
 
@@ -77,9 +96,9 @@ class _GroupWaiting(Waiting):
                 if g.cast_before_gather or g.cast_after_gather:
                     x = x.astype(g.compute_dtype)
                 return x
-            return self._finish(g.gather_wire.send(x), 0)
+            return self._finish(g.gather_padded(x), 0)
         buf = _DEPEND(g.layout.pack(xs), after)
-        cols = g.layout.unpack_gathered(g.gather_wire.send(buf))
+        cols = g.layout.unpack_gathered(g.gather_padded(buf))
         out = ()
         for i in range(len(cols)):
             out = out + (self._finish(cols[i].reshape(g.padded_shapes[i]), i),)
@@ -94,7 +113,7 @@ class _GroupWaiting(Waiting):
         g = self.base
         if g.pads[i] > 0:
             x = copy_slice(x, 0, 0, g.full_rows[i])
-        if g.gather_wire.cast_after:
+        if g.cast_after_gather or g.quantize_weights:  # qwZ dequantizes to the parameter's dtype
             x = x.astype(g.compute_dtype)
         return x
 
@@ -110,14 +129,14 @@ class _GroupWaiting(Waiting):
             grad = cast_if_needed(douts, g.param_dtype)
             if g.gathers:
                 grad = pad_dim0(grad, g.pads[0])
-                grad = divide(g.reduce_wire.send(grad), g.group_size)  # [Note: Div on CPU] in core/comm.py
+                grad = divide(g.reduce_padded(grad), g.group_size)  # [Note: Div on CPU] in core/comm.py
             return grad
         if not g.reduces:
             return each(_ZEROS_LIKE, xs)
         grads = ()
         for i in range(len(douts)):
             grads = grads + (pad_dim0(cast_if_needed(douts[i], g.param_dtype), g.pads[i]),)
-        buf = divide(g.reduce_wire.send(g.layout.pack_rank_major(grads)), g.group_size)
+        buf = divide(g.reduce_padded(g.layout.pack_rank_major(grads)), g.group_size)
         blocks = g.layout.unpack_shards(buf)
         shards = ()
         for i in range(len(blocks)):
@@ -127,7 +146,7 @@ class _GroupWaiting(Waiting):
 
 class GatherGroup(nn.Cell):
     """All-gather the shards of one or more ZeRO-3 parameters in one collective; custom bprop: one
-    reduce-scatter of their gradients ([Note: gather groups] in group_collectives.py).
+    reduce-scatter of their gradients ([Note: gather groups]).
 
     The only code that moves a stage-3 group is its ``waiting`` Cell's: ``construct`` (the all-gather)
     and ``reduce_scatter_members``. They are methods of a Cell, not free functions, because GRAPH_MODE
@@ -167,14 +186,26 @@ class GatherGroup(nn.Cell):
         if not self.single:
             self.layout = PackedLayout([int(np.prod(s)) for s in self.shard_shapes], self.group_size)
         self.comm = GroupComm(record.group) if self.gathers else None
-        self.gather_wire = gather_wire(self.comm, record) if self.gathers else None
-        self.reduce_wire = reduce_wire(self.comm, record) if self.gathers else None
+        self.block, self.blocks = record.block, record.blocks  # qwZ's and qgZ's block layout
         self.waiting = _GroupWaiting(self)
 
     def gather_padded(self, x):
-        """A group of one: the padded full tensor of shard ``x`` as the wire delivers it (hpZ's first
-        half, [Note: hpZ] in param_wrapper.py). Collective over the group."""
-        return self.gather_wire.send(x)
+        """The padded full tensor (or packed buffer) of shard ``x`` as the wire delivers it: in the
+        wire dtype, or in the parameter's dtype after qwZ ([Note: gather groups]). Collective over
+        the group."""
+        if self.quantize_weights:
+            return self.comm.all_gather_quantized(x, self.block, self.blocks)
+        if self.cast_before_gather:
+            x = x.astype(self.wire_dtype)
+        return self.comm.all_gather(x)
+
+    def reduce_padded(self, grad):
+        """This rank's block of the sum over the group of the padded gradient (or rank-major buffer)
+        ``grad``, in the parameter's dtype: plain or qgZ ([Note: gather groups]). Collective over the
+        group."""
+        if self.quantize_grads:
+            return self.comm.reduce_scatter_quantized(grad, self.block, self.blocks).astype(self.param_dtype)
+        return self.comm.reduce_scatter(grad)
 
     def shard_grad(self, dout):
         """A group of one: this rank's block of the group mean of ``dout`` ([Note: gather groups])."""

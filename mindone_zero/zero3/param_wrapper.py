@@ -39,7 +39,7 @@ tests/dist/test_gather_units.py the all-gathers' inputs at N=2).
 
 [Note: ZeRO++ at build]
 ZeRO++'s qwZ and qgZ are wire formats of each parameter's gather (a ``GatherGroup`` of one: [Note:
-gather groups] in group_collectives.py), so a wrapper is
+gather groups] in gather_group.py), so a wrapper is
 built with them, from the parameter's record: ``shard_network`` shards every parameter first, in
 the network's order, and stamps its ``ZeroParam`` on it before any layer Cell is built, so every
 wrapper (of the layer Cells it builds, of the generic rewrite, of a user's MindOne-style class that
@@ -68,7 +68,7 @@ from ..core.partition import (ShardSpec, check_split_rule_flag, is_frozen_candid
                               zero_spec_of)
 from ..core.slicing import copy_slice
 from ..core.stage import StagePolicy, check_stage
-from .gather_group import GatherGroup, Waiting, after_grad
+from .gather_group import GatherGroup, Waiting, _GroupWaiting, after_grad
 from .zeropp import ZeroPPConfig
 
 __all__ = [
@@ -383,7 +383,7 @@ class ZeroParamWrapper(nn.Cell):
         x = _RESHAPE(x, self.shard_shape)
         if self.hpz:
             x = _DEPEND(x, after)
-            return self.hpz_secondary(self.hpz_primary(x), x)
+            return self.hpz_secondary(x, self.hpz_primary(x))
         return self.gather.waiting(x, after)
 
     def use_gather(self, gather: GatherGroup, hpz_group: Optional[str] = None) -> None:
@@ -491,11 +491,11 @@ def _gather_record(spec: ShardSpec, param_dtype, group: Optional[str], compute_d
 #       secondary group of K ranks and R2 = padded rows / K. The cut is a Slice primitive marked
 #       `recompute(False)`, so GRAPH_MODE keeps its output (1/K of the parameter, compute dtype)
 #       until backward instead of recomputing it: backward does not touch the primary group.
-#   _HpzSecondary(secondary shard, shard) -> full tensor: an all-gather in the secondary group,
+#   _HpzSecondary(shard, secondary shard) -> full tensor: an all-gather in the secondary group,
 #       which the recomputation runs again in backward: the re-gather stays inside the group.
-# Gradients: _HpzSecondary's bprop returns zeros for the secondary shard and, for the shard, the
-# same reduce-scatter as without hpZ (GatherGroup.shard_grad); _HpzPrimary's bprop returns zeros,
-# so autodiff adds an exact zero. The forward values are copies of the same gathered tensor, so
+# Gradients: _HpzSecondary is a waiting Cell of the group (gather_group.py) with the group's bprop:
+# for the shard, the same reduce-scatter as without hpZ, and zeros for the secondary shard;
+# _HpzPrimary's bprop returns zeros, so autodiff adds an exact zero. The forward values are copies of the same gathered tensor, so
 # losses and updates are bit-identical to those without hpZ. Cost: one more all-gather in forward
 # (in the secondary group), and the secondary shards of all recomputed Cells held from forward to
 # backward (estimate_peak_memory's hpZ term). PYNATIVE's recompute re-runs a Cell's whole construct
@@ -528,21 +528,22 @@ class _HpzPrimary(nn.Cell):
         return (ops.zeros_like(x),)
 
 
-class _HpzSecondary(nn.Cell):
-    """hpZ, second half: the secondary all-gather; the shard's whole gradient ([Note: hpZ])."""
+class _HpzSecondary(_GroupWaiting):
+    """hpZ, second half, a mode of the group: ``cell(x, sec)`` all-gathers the secondary shard ``sec``
+    in the secondary group. Its gradients are the group's own (``_GroupWaiting.bprop``): the
+    reduce-scatter for the shard ``x``, zeros for ``sec`` ([Note: hpZ])."""
 
     def __init__(self, base: GatherGroup, sec_group: str):
-        super().__init__(auto_prefix=False)
-        self.base = base
+        super().__init__(base)
         self.comm = GroupComm(sec_group)
         self.pad = base.pads[0]
         self.full_rows = base.full_rows[0]
 
-    def construct(self, sec, x):
+    def __call__(self, x, sec):
+        return nn.Cell.__call__(self, x, sec)  # the same Cells in every mode ([Note: gather order])
+
+    def construct(self, x, sec):
         full = self.comm.all_gather(sec)
         if self.pad > 0:
             full = copy_slice(full, 0, 0, self.full_rows)
         return full
-
-    def bprop(self, sec, x, out, dout):
-        return ops.zeros_like(sec), self.base.shard_grad(dout)

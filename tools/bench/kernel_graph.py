@@ -81,7 +81,7 @@ SCOPES = (
     (("param_ag-BucketedComm",), POST_GATHER),
     (("grad_rs-BucketedComm", "grad_ar-BucketedComm", "dp_ar-BucketedComm"), GRAD_SYNC),
     (("ZeroParamWrapper", "GatherGroup", "Waiting", "_GroupWaiting", "ZeroUnitGather", "ZeroGatherGroup",
-      "_PlainGather", "_QuantizedGather", "_PlainReduce", "_QuantizedReduce", "_HpzPrimary", "_HpzSecondary",
+      "_HpzPrimary", "_HpzSecondary",
       "_UnitCasts", "_UnitSingle"), STAGE3),
     (("AdamWeightDecay", "Adam", "AdamW", "SGD", "Momentum", "Lamb", "Optimizer"), OPTIMIZER),
     (("DistributedGradReducer",), GRAD_SYNC),
