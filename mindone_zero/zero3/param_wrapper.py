@@ -39,17 +39,17 @@ tests/dist/test_gather_units.py the all-gathers' inputs at N=2).
 
 [Note: ZeRO++ at build]
 ZeRO++'s qwZ and qgZ are wire formats of each parameter's gather (a ``GatherGroup`` of one: [Note:
-gather groups] in gather_group.py), so a wrapper is
-built with them, from the parameter's record: ``shard_network`` shards every parameter first, in
-the network's order, and stamps its ``ZeroParam`` on it before any layer Cell is built, so every
-wrapper (of the layer Cells it builds, of the generic rewrite, of a user's MindOne-style class that
-knows nothing of ZeRO++) reads the options there. A gather with ZeRO++ options is never coalesced
-(``build_gather_group`` in ``coalesce.py``), so a layer Cell decides at build time to gather per
-parameter. Whether a wrapper splits its gather for hpZ is decided with its gather Cell, once its
-place in the network is known ([Note: gather Cells built once] in gather_build.py). A layer the user
-built before calling ``shard_network`` was built without the options: ``finish_gathers``
-(``reshard.py``) turns its coalescing off (``ZeroCell.gather_per_parameter``, before its gathers are
-marked) and gives its wrappers ZeRO++ gather Cells (``enable_zeropp``).
+gather groups] in gather_group.py), so a wrapper is built with them, from the parameter's record:
+``shard_network`` shards every parameter first, in the network's order, and stamps its ``ZeroParam``
+on it before any layer Cell is built, so every wrapper (of the layer Cells it builds, of the generic
+rewrite, of a user's MindOne-style class that knows nothing of ZeRO++) reads the options there. A
+gather with ZeRO++ options is never coalesced (``build_gather_group`` in ``coalesce.py``), so a
+layer Cell decides at build time to gather per parameter. Whether a wrapper splits its gather for
+hpZ is decided with its gather Cell, once its place in the network is known ([Note: gather Cells
+built once] in gather_build.py). A layer the user built before calling ``shard_network`` was built
+without the options: ``finish_gathers`` (``reshard.py``) turns its coalescing off
+(``ZeroCell.gather_per_parameter``, before its gathers are marked) and gives its wrappers ZeRO++
+gather Cells (``enable_zeropp``).
 """
 from dataclasses import dataclass, replace
 from functools import cached_property
@@ -495,11 +495,11 @@ def _gather_record(spec: ShardSpec, param_dtype, group: Optional[str], compute_d
 #       which the recomputation runs again in backward: the re-gather stays inside the group.
 # Gradients: _HpzSecondary is a waiting Cell of the group (gather_group.py) with the group's bprop:
 # for the shard, the same reduce-scatter as without hpZ, and zeros for the secondary shard;
-# _HpzPrimary's bprop returns zeros, so autodiff adds an exact zero. The forward values are copies of the same gathered tensor, so
-# losses and updates are bit-identical to those without hpZ. Cost: one more all-gather in forward
-# (in the secondary group), and the secondary shards of all recomputed Cells held from forward to
-# backward (estimate_peak_memory's hpZ term). PYNATIVE's recompute re-runs a Cell's whole construct
-# (the primary gather too), so hpZ needs GRAPH_MODE.
+# _HpzPrimary's bprop returns zeros, so autodiff adds an exact zero. The forward values are copies
+# of the same gathered tensor, so losses and updates are bit-identical to those without hpZ. Cost:
+# one more all-gather in forward (in the secondary group), and the secondary shards of all
+# recomputed Cells held from forward to backward (estimate_peak_memory's hpZ term). PYNATIVE's
+# recompute re-runs a Cell's whole construct (the primary gather too), so hpZ needs GRAPH_MODE.
 
 
 class _HpzPrimary(nn.Cell):
