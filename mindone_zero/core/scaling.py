@@ -17,16 +17,30 @@ buffer gives every element the bits it gets alone (the factor is cast to the buc
 does. A buffer also holds what its tensors do not: zeros of the padding (ring chunks, dim-0 padding
 rows). A zero times a finite factor stays zero. A factor that is inf or nan (a scale of 0 or nan, or
 one so small that its inverse overflows) makes every element inf or nan, padding or not, so the
-check's answer is the same. Stage 3 reduce-scatters its split parameters' gradients in their own
-bprops ([Note: gradient reduction] in train/grad_sync.py), so there both stay per tensor.
+check's answer is the same.
+
+Stage 3 reduce-scatters its split parameters' gradients in their own bprops ([Note: gradient
+reduction] in train/grad_sync.py), and a step that accumulates before it reduces (stages 0-1) checks
+its local gradients: neither has a bucket of its own to read. There the unscale stays per tensor, and
+the check packs the gradients into buffers of its own (``PackedBuffers``): each bucket's tensors
+flattened and concatenated, then one IsFinite and one ReduceAll per bucket. The clip's global norm
+reads such buffers at every stage (the split gradients' and the whole ones apart, as their sums are
+reduced differently): one Square and one ReduceSum per bucket (``squared_sum``). The buckets follow
+[Note: buckets] (dtype, ``DEFAULT_BUCKET_SIZE``, a tensor of ``LARGE_TENSOR_BYTES`` or more alone and
+not copied), so a buffer copies at most a bucket's bytes. The check's answer is again the same: a
+buffer holds exactly its tensors' elements, no padding. The norm is the same sum of squares added in
+another order, so it agrees with the per-tensor sums within float32 rounding, not bit for bit.
 """
+from typing import Sequence
+
 import mindspore as ms
-from mindspore import ops
+from mindspore import nn, ops
 
 from .comm import cast_if_needed
-from .graph_tuples import hyper_map
+from .graph_tuples import hyper_map, take
+from .packing import PackedLayout
 
-__all__ = ["times", "scaled", "any_nonfinite"]
+__all__ = ["times", "scaled", "any_nonfinite", "squared_sum", "PackedBuffers"]
 
 # Primitives called directly: ``g * ...``, ``ops.cast`` and ``Tensor.all`` are functions the graph
 # compiler parses and type-infers again for every tensor of a map ([Note: compile cost] in
@@ -66,3 +80,42 @@ def any_nonfinite(xs):
     if not xs:
         return ops.zeros((), ms.bool_)
     return _NOT(_ALL(_STACK(hyper_map(_finite, xs))))
+
+
+class PackedBuffers(nn.Cell):
+    """A fixed tuple of tensors as the buffers of its buckets ([Note: unscale and check in the
+    buckets]): the tensors of each bucket flattened and concatenated, a bucket of one as it is. No
+    communication.
+
+    Args:
+        buckets: the indices of the tensors in each bucket (tensors of one dtype each).
+        numels: the elements of every tensor, in the order of the tuple packed.
+    """
+
+    def __init__(self, buckets: Sequence[Sequence[int]], numels: Sequence[int]):
+        super().__init__(auto_prefix=False)
+        self.buckets = tuple(tuple(int(i) for i in b) for b in buckets)
+        # n=1: a layout's pack is the flat concatenation ([Note: packed layout] in packing.py)
+        self.layouts = nn.CellList([PackedLayout([numels[i] for i in b], 1) for b in self.buckets])
+
+    def construct(self, xs):
+        buffers = ()
+        for k in range(len(self.buckets)):
+            bucket = self.buckets[k]
+            if len(bucket) == 1:
+                buffers += (xs[bucket[0]],)
+            else:
+                buffers += (self.layouts[k].pack(take(xs, bucket)),)
+        return buffers
+
+
+def squared_sum(xs):
+    """The sum of the squares of every element of the tuple ``xs``, in float32 (0 for ()): one
+    Square and one ReduceSum per tensor, the tensors' sums added in order."""
+    total = ops.zeros((), ms.float32)
+    for x in xs:
+        total = total + _SUM(_SQUARE(cast_if_needed(x, ms.float32)))
+    return total
+
+
+_SUM, _SQUARE = ops.ReduceSum(), ops.Square()

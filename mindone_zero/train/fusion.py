@@ -46,12 +46,12 @@ from ..core import backend
 from ..core.comm import GroupComm, divide
 from ..core.comm_records import BucketRecord
 from ..core.graph_tuples import hyper_map, take
-from ..core.scaling import scaled
+from ..core.scaling import PackedBuffers, scaled
 from ..core.packing import LARGE_TENSOR_BYTES, PackedLayout
 from ..core.slicing import cut_args, narrow, narrow_cut, runs_pay
 
-__all__ = ["DEFAULT_BUCKET_SIZE", "LARGE_TENSOR_BYTES", "FusionConfig", "plan_buckets", "bucket_record", "ring_chunks",
-           "ring_rows", "BucketedComm"]
+__all__ = ["DEFAULT_BUCKET_SIZE", "LARGE_TENSOR_BYTES", "FusionConfig", "plan_buckets", "bucket_record", "packed_buffers",
+           "ring_chunks", "ring_rows", "BucketedComm"]
 
 _KINDS = ("allreduce", "reduce_scatter", "allgather")
 DEFAULT_BUCKET_SIZE = 25 * 1024 * 1024
@@ -138,11 +138,25 @@ def bucket_record(kind: str, group: str, group_size: int, numels: Sequence[int],
     """The buckets ([Note: buckets]) of tensors of ``numels`` elements and ``dtypes`` over ``group``
     (of ``group_size`` ranks), as a ``BucketRecord`` ([Note: comm records] in core/comm_records.py).
     Pure; no communication."""
-    nbytes = [n * np.dtype(ms.dtype_to_nptype(d)).itemsize for n, d in zip(numels, dtypes)]
+    nbytes = _nbytes(numels, dtypes)
     names = [str(d) for d in dtypes]
     buckets = tuple(tuple(b) for b in plan_buckets(nbytes, names, bucket_size))
     return BucketRecord(kind, group, group_size, buckets, tuple(sum(nbytes[i] for i in b) for b in buckets),
                         tuple(names[b[0]] for b in buckets))
+
+
+def _nbytes(numels: Sequence[int], dtypes) -> List[int]:
+    return [n * np.dtype(ms.dtype_to_nptype(d)).itemsize for n, d in zip(numels, dtypes)]
+
+
+def packed_buffers(templates) -> PackedBuffers:
+    """``PackedBuffers`` of tensors shaped and typed like ``templates`` (gradients, like the
+    parameters or the shards the optimizer updates), in buckets of ``DEFAULT_BUCKET_SIZE`` bytes by
+    [Note: buckets] ([Note: unscale and check in the buckets] in core/scaling.py). Not collective."""
+    numels = [int(np.prod(t.shape)) for t in templates]
+    dtypes = [t.dtype for t in templates]
+    return PackedBuffers(plan_buckets(_nbytes(numels, dtypes), [str(d) for d in dtypes], DEFAULT_BUCKET_SIZE),
+                         numels)
 
 
 def _placed(bucket, shapes) -> tuple:

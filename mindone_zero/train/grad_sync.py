@@ -21,15 +21,14 @@ Stage 1 and stage 2 differ only in *when* ``TrainOneStepWrapper`` calls this: on
 optimizer step on locally accumulated full gradients (stage 1), or every micro-step before
 accumulating into shard-sized buffers (stage 2).
 """
-import mindspore as ms
 from mindspore import ParameterTuple, nn, ops
 
 from ..core.comm import GroupComm, cast_if_needed, pad_dim0
 from ..core.comm_records import FLAG_DTYPE
 from ..core.graph_tuples import hyper_map, take
-from ..core.scaling import any_nonfinite, times
+from ..core.scaling import any_nonfinite, squared_sum, times
 from ..core.slicing import narrow
-from .fusion import BucketedComm
+from .fusion import BucketedComm, packed_buffers
 
 __all__ = ["GradSync"]
 
@@ -50,14 +49,6 @@ _cast_like = ops.MultitypeFuncGraph("cast_like")
 @_cast_like.register("Tensor", "Tensor")
 def _cast_like_tensor(x, master):
     return cast_if_needed(x, master.dtype)
-
-
-_squared_sum = ops.MultitypeFuncGraph("squared_sum")
-
-
-@_squared_sum.register("Tensor")
-def _squared_sum_tensor(g):
-    return ops.reduce_sum(ops.square(cast_if_needed(g, ms.float32)))
 
 
 _write_full = ops.MultitypeFuncGraph("write_full")
@@ -99,6 +90,13 @@ class GradSync(nn.Cell):
         self.buckets_every_grad = plan.buckets_every_grad
         self.op_comm = self.world_comm = self.dp_ar = None
         self.ag_index = ()
+        # [Note: unscale and check in the buckets] in core/scaling.py: the check's buffers where the
+        # gradients have no buckets of their own (stage 3, reduction after accumulation, no data
+        # parallelism: gradients shaped and typed like the parameters), and the norm's (the reduced
+        # gradients, shaped and typed like what the optimizer updates), split and whole apart
+        self.check_buffers = packed_buffers(shards.params)
+        self.split_buffers = packed_buffers([shards.opt_params[i] for i in self.split_index])
+        self.whole_buffers = packed_buffers([shards.opt_params[i] for i in self.whole_index])
         if plan.is_parallel:
             self._build_comms(plan, shards)
 
@@ -133,13 +131,19 @@ class GradSync(nn.Cell):
     def reduce_and_check(self, grads, factor):
         """(``reduce_grads`` of ``grads`` each times the 0-d ``factor``, whether any reduced gradient
         holds an inf or nan on this rank). Where every gradient is in a bucket (stages 0-2), both
-        happen in the buckets ([Note: unscale and check in the buckets] in core/scaling.py); else per
-        tensor. Collective."""
+        happen in the buckets ([Note: unscale and check in the buckets] in core/scaling.py); else the
+        factor multiplies each tensor and ``check`` reads them. Collective."""
         if not self.is_parallel or not self.buckets_every_grad:
             reduced = self.reduce_grads(hyper_map(ops.partial(times, factor), grads))
-            return reduced, any_nonfinite(reduced)
+            return reduced, self.check(reduced)
         reduced, buffers = self._reduce(grads, factor)
         return reduced, any_nonfinite(buffers)
+
+    def check(self, grads):
+        """Whether any of ``grads`` (shaped and typed like the parameters: the gradients of stage 3,
+        or local ones before a reduction) holds an inf or nan on this rank, read in packed buffers
+        ([Note: unscale and check in the buckets] in core/scaling.py). Not collective."""
+        return any_nonfinite(self.check_buffers(grads))
 
     def _reduce(self, grads, factor):
         """(``reduce_grads``, the buffers of its last collectives), times the 0-d ``factor`` in the
@@ -172,15 +176,11 @@ class GradSync(nn.Cell):
         """L2 norm of the full (unsharded) gradient, from the reduced ``grads``.
 
         Sharded gradients' squared norms are summed over the optimizer group (padding rows
-        are zero); replicated ones are counted once. Every rank gets the same value. Collective.
+        are zero); replicated ones are counted once. Every rank gets the same value. Each sum reads
+        packed buffers ([Note: unscale and check in the buckets] in core/scaling.py). Collective.
         """
-        squares = hyper_map(_squared_sum, grads)
-        local_split = ops.zeros((), ms.float32)
-        replicated = ops.zeros((), ms.float32)
-        for i in self.split_index:  # each sum in parameter order: the sums keep their bits
-            local_split = local_split + squares[i]
-        for i in self.whole_index:
-            replicated = replicated + squares[i]
+        local_split = squared_sum(self.split_buffers(take(grads, self.split_index)))
+        replicated = squared_sum(self.whole_buffers(take(grads, self.whole_index)))
         if self.is_parallel and self.is_zero:
             local_split = self.op_comm.all_reduce(local_split)
         return ops.sqrt(local_split + replicated)

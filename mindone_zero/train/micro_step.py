@@ -12,7 +12,7 @@ from mindspore import nn, ops
 from ..core.backend import overflow_uses_float_status
 from ..core.graph_tuples import hyper_map
 from ..core.run_mode import IN_PYNATIVE
-from ..core.scaling import any_nonfinite, times
+from ..core.scaling import times
 from .scale_sense import scale_sense_parameter
 
 __all__ = ["MicroStep"]
@@ -95,7 +95,7 @@ class MicroStep:
             grads, local = self.grad_sync.reduce_and_check(grads, 1.0 / scale)
         else:
             grads = hyper_map(ops.partial(times, 1.0 / scale), grads)
-            local = any_nonfinite(grads)
+            local = self.grad_sync.check(grads)
         overflow = self._overflow(grads, local)
         if self.loss_scaling_manager is not None:
             overflow = self.loss_scaling_manager(self.scale_sense, overflow)

@@ -8,9 +8,9 @@ from mindspore import Tensor, nn
 from models import LossNet, TinyNet, init_weights, make_optimizer
 from mindone_zero import ZeroHelper, prepare_train_network
 from mindone_zero.core import backend
-from mindone_zero.core.scaling import any_nonfinite, times
-from mindone_zero.train.fusion import (DEFAULT_BUCKET_SIZE, LARGE_TENSOR_BYTES, BucketedComm, FusionConfig, plan_buckets,
-                                 ring_chunks, ring_rows)
+from mindone_zero.core.scaling import any_nonfinite, squared_sum, times
+from mindone_zero.train.fusion import (DEFAULT_BUCKET_SIZE, LARGE_TENSOR_BYTES, BucketedComm, FusionConfig, packed_buffers,
+                                       plan_buckets, ring_chunks, ring_rows)
 
 ms.set_device("CPU")
 
@@ -232,6 +232,52 @@ def test_any_nonfinite_sees_an_inf_or_nan_anywhere_in_any_tensor(mode):
         # constant tensors would be folded into a new graph for every value (a compile per check)
         cell = _AnyNonfinite()
         _check_any_nonfinite((lambda xs: cell(ms.mutable(xs))) if mode == ms.GRAPH_MODE else any_nonfinite)
+    finally:
+        ms.set_context(mode=before)
+
+
+class _PackedCheck(nn.Cell):
+    def __init__(self, buffers):
+        super().__init__()
+        self.packed = buffers
+
+    def construct(self, xs):
+        buffers = self.packed(xs)
+        return any_nonfinite(buffers), squared_sum(buffers)
+
+
+_PACKED_BASE = (np.full((), 2.5, np.float32), np.arange(12, dtype=np.float16).reshape(3, 4) / 7,
+                np.linspace(-1, 1, 5).astype(np.float32), np.ones((2, 1, 3), np.float32) / 3,
+                np.full((LARGE_TENSOR_BYTES // 4, 1), 0.01, np.float32))
+
+
+@pytest.mark.parametrize("mode", [ms.PYNATIVE_MODE, ms.GRAPH_MODE])
+def test_packed_buffers_give_the_check_and_the_squared_norm_of_their_tensors(mode):
+    """[Note: unscale and check in the buckets] in core/scaling.py: where the gradients have no buckets
+    of their own (stage 3), the check and the clip norm read them packed, one buffer per bucket of one
+    dtype, a large tensor alone; the check's answer is the per-tensor one, the norm the same sum."""
+    buffers = packed_buffers([Tensor(x) for x in _PACKED_BASE])
+    assert buffers.buckets == ((0, 2, 3), (1,), (4,))  # float32 packed, float16 apart, the large tensor alone
+    before = ms.get_context("mode")
+    ms.set_context(mode=mode)
+    try:
+        cell = _PackedCheck(buffers)
+        run = (lambda xs: cell(ms.mutable(xs))) if mode == ms.GRAPH_MODE else cell
+        bad_any, norm = run(tuple(Tensor(x) for x in _PACKED_BASE))
+        assert not bad_any.asnumpy()
+        # the per-tensor sums (each a float32 ReduceSum, as before the buffers): the same within rounding
+        per_tensor = float(squared_sum(tuple(Tensor(x) for x in _PACKED_BASE)).asnumpy())
+        want = sum(float((x.astype(np.float64) ** 2).sum()) for x in _PACKED_BASE)
+        assert norm.dtype == ms.float32 and abs(float(norm.asnumpy()) - per_tensor) <= 1e-6 * per_tensor
+        assert abs(per_tensor - want) <= 1e-2 * want  # a float32 sum of 262144 squares rounds
+        assert float(squared_sum(()).asnumpy()) == 0.0
+        for i, x in enumerate(_PACKED_BASE):
+            for where in (0, x.size - 1):
+                for bad in (np.inf, np.nan):
+                    value = x.copy()
+                    value.reshape(-1)[where] = bad
+                    xs = tuple(Tensor(value if j == i else y) for j, y in enumerate(_PACKED_BASE))
+                    assert run(xs)[0].asnumpy() and any_nonfinite(xs).asnumpy(), (i, where, bad)
     finally:
         ms.set_context(mode=before)
 
