@@ -11,7 +11,8 @@ and the machine's load average), and the raw figures into ``<out>/compile.json``
 The model is a pre-norm MLP language model written here, outside the library (issue 37's): an
 Embedding(64, 96); per block LayerNorm(96), Dense(96, 256) without bias, GELU, Dense(256, 96)
 without bias and a residual; an output Dense(96, 64) without bias: 2 + 4 x blocks parameter
-tensors. AdamWeightDecay, no clipping, no loss scale, GRAPH_MODE, 4 sequences of 16 tokens per rank.
+tensors. AdamWeightDecay, no clipping (``--clip_grad``: this library's rows clip by the global norm;
+``nn.TrainOneStepCell`` has no clipping), no loss scale, GRAPH_MODE, 4 sequences of 16 tokens per rank.
 
 Three msrun jobs of ``--world_size`` ranks (rank 0's figures are reported):
 
@@ -136,7 +137,7 @@ def rows_of(args) -> list:
     return rows
 
 
-def _build_step(kind: str, stage, units: bool, depth: int, out: str):
+def _build_step(kind: str, stage, units: bool, depth: int, out: str, clip_grad: bool = False):
     net = _build_net(depth)
     opt = nn.AdamWeightDecay(net.trainable_params(), 1e-3)
     if kind == "ms":
@@ -150,7 +151,7 @@ def _build_step(kind: str, stage, units: bool, depth: int, out: str):
         from mindone_zero import prepare_train_network
 
         train = prepare_train_network(net, opt, zero_stage=stage, gather_units=(Block,) if units else None,
-                                      params_split_info=os.path.join(out, "split_info"))
+                                      params_split_info=os.path.join(out, "split_info"), clip_grad=clip_grad)
     train.set_train(True)
     return train
 
@@ -274,7 +275,7 @@ def worker(args) -> None:
     emulation = emulation_lines() if args.job == "graphs" else None
     for depth in depths:
         for label, kind, stage, units in rows:
-            train = _build_step(kind, stage, units, depth, args.out)
+            train = _build_step(kind, stage, units, depth, args.out, args.clip_grad)
             entry = {"round": args.round, "depth": depth, "row": label}
             if args.job == "graphs":
                 folder = fresh_folder(Path(args.out) / "graphs" / f"rank{rank}" /
@@ -408,6 +409,7 @@ def _job(args, out: Path, job: str, tag: str = "", env=None, depths=None, row=No
     flags += ["--cache_stages", *map(str, args.cache_stages)]
     flags += [] if args.units else ["--no_units"]
     flags += ["--mindone"] if args.mindone else []
+    flags += ["--clip_grad"] if args.clip_grad else []
     run_msrun(Path(__file__), args.world_size, out, flags, timeout=args.timeout_s, caller="benchmark_compile",
               log_dir=out / "msrun_logs" / f"{job}{tag}", env=env)  # [Note: job environment]
     with open(out / f"{job}{tag}_rank0.json") as f:
@@ -425,6 +427,7 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--rounds", type=int, default=1, help="timing rounds (every row once per round, each in a "
                         "new msrun job)")
     parser.add_argument("--steps", type=int, default=3, help="calls after the first; their median is the step")
+    parser.add_argument("--clip_grad", action="store_true", help="this library's rows clip by the global norm")
     parser.add_argument("--no_graphs", dest="graphs", action="store_false", help="skip the graph-size job")
     parser.add_argument("--graphs_only", action="store_true", help="run the graph-size job only (no timing, no "
                         "compile cache); with --docs_dir, a page of its tables alone")
