@@ -27,9 +27,10 @@ flattened and concatenated, then one IsFinite and one ReduceAll per bucket. The 
 reads such buffers at every stage (the split gradients' and the whole ones apart, as their sums are
 reduced differently): one Square and one ReduceSum per bucket (``squared_sum``). The buckets are
 those of [Note: buckets] (dtype, ``DEFAULT_BUCKET_SIZE``, a tensor of ``LARGE_TENSOR_BYTES`` or more
-alone and not copied), so a buffer copies at most a bucket's bytes. The check's answer is again the same: a
-buffer holds exactly its tensors' elements, no padding. The norm is the same sum of squares added in
-another order, so it agrees with the per-tensor sums within float32 rounding, not bit for bit.
+alone and not copied), so a buffer copies at most a bucket's bytes. The check's answer is again the
+same: a buffer holds exactly its tensors' elements, no padding. The norm is the same sum of squares
+added in another order, so it agrees with the per-tensor sums within float32 rounding, not bit for
+bit.
 """
 from typing import Sequence
 
