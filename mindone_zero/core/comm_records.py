@@ -103,8 +103,10 @@ class GatherRecord:
 
     @property
     def cast_after_gather(self) -> bool:
-        """The gathered tensors are cast to the compute dtype after the all-gather."""
-        return not self.cast_before_gather and self.compute_dtype != self.param_dtype
+        """The gathered tensors are cast to the compute dtype after the all-gather: they arrive in
+        another dtype (the wire dtype, or float32 from qwZ's dequantization)."""
+        arrives = ms.float32 if self.quantize_weights else self.wire_dtype
+        return arrives != self.compute_dtype
 
     @property
     def numel(self) -> int:

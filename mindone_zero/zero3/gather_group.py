@@ -36,7 +36,7 @@ from ..core.packing import PackedLayout
 from ..core.run_mode import in_pynative
 from ..core.slicing import copy_slice
 
-__all__ = ["GatherGroup", "Waiting", "after_grad"]
+__all__ = ["GatherGroup", "after_grad"]
 
 _ZEROS_LIKE, _DEPEND = ops.ZerosLike(), ops.Depend()
 after_grad = ops.MultitypeFuncGraph("after_grad")
@@ -63,12 +63,13 @@ def _after_grad_other(after):
     return zeros_like(after)
 
 
-class Waiting(nn.Cell):
-    """Base of the Cells that run a gather Cell's collective once an input exists: ``cell(x, after)``,
-    held as ``base.waiting`` of the gather Cell ``base`` (its parent, not its child). A subclass
-    writes the forward (``Depend(x, after)`` first) and a custom bprop that returns zeros for
-    ``after``. In PYNATIVE_MODE a call runs ``base(x)`` instead ([Note: gather order] in
-    param_wrapper.py says why); a graph never runs ``__call__``: it compiles ``construct``."""
+class _GroupWaiting(nn.Cell):
+    """A ``GatherGroup``'s all-gather once ``after`` exists: ``cell(x, after)``, held as
+    ``base.waiting`` of the gather Cell ``base`` (its parent, not its child); its reduce-scatter in
+    the custom bprop and zeros for ``after``. The forward is written here and ``GatherGroup.construct``
+    calls it: one graph per call, not two. In PYNATIVE_MODE a call runs ``base(x)`` instead ([Note:
+    gather order] in param_wrapper.py says why); a graph never runs ``__call__``: it compiles
+    ``construct``."""
 
     def __init__(self, base: nn.Cell):
         super().__init__(auto_prefix=False)
@@ -78,12 +79,6 @@ class Waiting(nn.Cell):
         if in_pynative():
             return self.base(x)
         return super().__call__(x, after)
-
-
-class _GroupWaiting(Waiting):
-    """A ``GatherGroup``'s all-gather once ``after`` exists; its reduce-scatter in the custom bprop and
-    zeros for ``after``. The forward is written here and ``GatherGroup.construct`` calls it: one graph
-    per call, not two."""
 
     def construct(self, xs, after):
         """Every member's full tensor (padding rows dropped, compute dtype) of the group from this
@@ -113,7 +108,7 @@ class _GroupWaiting(Waiting):
         g = self.base
         if g.pads[i] > 0:
             x = copy_slice(x, 0, 0, g.full_rows[i])
-        if g.cast_after_gather or g.quantize_weights:  # qwZ dequantizes to the parameter's dtype
+        if g.cast_after_gather:
             x = x.astype(g.compute_dtype)
         return x
 

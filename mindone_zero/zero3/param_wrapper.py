@@ -22,7 +22,7 @@ first input. Not tied: gathers the rewrite puts in methods other than ``construc
 inputs are not known to be the layer's).
 
 The tie is a Depend, on the tensor the collective sends, inside a Cell with a custom bprop: the
-gather Cell's ``waiting`` (``GatherGroup.waiting``, a ``Waiting``: gather_group.py), called as
+gather Cell's ``waiting`` (``GatherGroup.waiting``: gather_group.py), called as
 ``waiting(x, after)``, whose bprop returns the gather's gradient and zeros for ``after``
 (``after_grad``): no number changes. Autodiff does not look inside a custom-bprop Cell, so the
 Depend gets no gradient graph of its own; a Depend outside it (in the wrapper, before the call)
@@ -30,7 +30,7 @@ cost each gather a J graph, a bprop graph and a ``zeros_like`` graph. The forwar
 ``waiting`` Cell and the gather Cell's ``construct`` calls it, so a call compiles one graph, not
 two, as a test of the mode inside ``construct`` would.
 
-PYNATIVE_MODE calls the gather Cell itself, one input (``Waiting.__call__``; a graph compiles
+PYNATIVE_MODE calls the gather Cell itself, one input (``waiting.__call__``; a graph compiles
 ``construct`` and never runs it): MindSpore 2.10's PYNATIVE grad of a recomputed Cell fails on a
 custom bprop with two inputs, and eager ops run in program order, so there is nothing to wait for.
 hpZ's two Cells keep the Depend in the wrapper. The CPU backend runs the gathers in program order
@@ -68,12 +68,12 @@ from ..core.partition import (ShardSpec, check_split_rule_flag, is_frozen_candid
                               zero_spec_of)
 from ..core.slicing import copy_slice
 from ..core.stage import StagePolicy, check_stage
-from .gather_group import GatherGroup, Waiting, _GroupWaiting, after_grad
+from .gather_group import GatherGroup, _GroupWaiting, after_grad
 from .zeropp import ZeroPPConfig
 
 __all__ = [
     "ZeroParamWrapper", "shard_parameter", "compute_dtype_of", "gather_attr_name",
-    "check_group", "check_compute_dtype", "GATHER_SUFFIX", "after_grad", "Waiting", "ZeroParam", "zero_param_of",
+    "check_group", "check_compute_dtype", "GATHER_SUFFIX", "after_grad", "ZeroParam", "zero_param_of",
     "gathers_split", "param_gather", "ParamGather", "cut_parameter", "gather_build_of",
 ]
 
@@ -515,7 +515,7 @@ class _HpzPrimary(nn.Cell):
         self.cut = ops.Slice().recompute(False)
         self.begin = (sec_rank * rows,) + (0,) * (len(padded) - 1)
         self.size = (rows,) + tuple(padded[1:])
-        self.cast_dtype = base.compute_dtype if base.quantize_weights or base.cast_after_gather else None
+        self.cast_dtype = base.compute_dtype if base.cast_after_gather else None
         self.nbytes = record.hpz_shard_nbytes  # the secondary shard
 
     def construct(self, x):
@@ -536,14 +536,13 @@ class _HpzSecondary(_GroupWaiting):
     def __init__(self, base: GatherGroup, sec_group: str):
         super().__init__(base)
         self.comm = GroupComm(sec_group)
-        self.pad = base.pads[0]
-        self.full_rows = base.full_rows[0]
 
     def __call__(self, x, sec):
         return nn.Cell.__call__(self, x, sec)  # the same Cells in every mode ([Note: gather order])
 
     def construct(self, x, sec):
         full = self.comm.all_gather(sec)
-        if self.pad > 0:
-            full = copy_slice(full, 0, 0, self.full_rows)
+        g = self.base
+        if g.pads[0] > 0:
+            full = copy_slice(full, 0, 0, g.full_rows[0])
         return full

@@ -80,7 +80,7 @@ SOURCES = (
 SCOPES = (
     (("param_ag-BucketedComm",), POST_GATHER),
     (("grad_rs-BucketedComm", "grad_ar-BucketedComm", "dp_ar-BucketedComm"), GRAD_SYNC),
-    (("ZeroParamWrapper", "GatherGroup", "Waiting", "_GroupWaiting", "ZeroUnitGather", "ZeroGatherGroup",
+    (("ZeroParamWrapper", "GatherGroup", "_GroupWaiting", "ZeroUnitGather", "ZeroGatherGroup",
       "_HpzPrimary", "_HpzSecondary",
       "_UnitCasts", "_UnitSingle"), STAGE3),
     (("AdamWeightDecay", "Adam", "AdamW", "SGD", "Momentum", "Lamb", "Optimizer"), OPTIMIZER),
