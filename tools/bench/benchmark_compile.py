@@ -19,16 +19,17 @@ Three msrun jobs of ``--world_size`` ranks (rank 0's figures are reported):
 1. *Timing*, one msrun job per row, depth and round. Each train step (``nn.TrainOneStepCell`` under
    ``DATA_PARALLEL``, which all-reduces its gradients through ``nn.DistributedGradReducer``:
    MindSpore's own data-parallel step; this library at stages 0-3; stage 3 with
-   ``gather_units=(Block,)``; MindOne's ``prepare_train_network`` at stages 0 and 1 where
-   ``mindone.trainers.zero`` imports) is built in a new process, as a training job builds it, after
-   one small warm-up compile, and its first call (compile and one step) timed in wall and CPU
-   seconds (the process's CPU, all threads), then ``--steps`` more calls, whose median is the step
-   time. A new process per row, because in one process every later compile pays for the earlier
-   ones: ``nn.TrainOneStepCell`` compiled five times over in one job took 3.4, 5.1, 4.2, 5.1 and
-   4.0 CPU-s, so a row measured after others looked slower than it is. Every round runs every row
-   once, in the same order, so rows of one round are measured side by side; ``--rounds`` repeats
-   that, and a second table gives each row's least first call over the rounds with its ratio to
-   ``nn.TrainOneStepCell``'s least (the least of repeated timings is the one a busy moment slowed least).
+   ``gather_units=(Block,)``, or the classes ``--unit_cells`` names; MindOne's
+   ``prepare_train_network`` at stages 0 and 1 where ``mindone.trainers.zero`` imports) is built in
+   a new process, as a training job builds it, after one small warm-up compile, and its first call
+   (compile and one step) timed in wall and CPU seconds (the process's CPU, all threads), then
+   ``--steps`` more calls, whose median is the step time. A new process per row, because in one
+   process every later compile pays for the earlier ones: ``nn.TrainOneStepCell`` compiled five
+   times over in one job took 3.4, 5.1, 4.2, 5.1 and 4.0 CPU-s, so a row measured after others
+   looked slower than it is. Every round runs every row once, in the same order, so rows of one
+   round are measured side by side; ``--rounds`` repeats that, and a second table gives each row's
+   least first call over the rounds with its ratio to ``nn.TrainOneStepCell``'s least (the least of
+   repeated timings is the one a busy moment slowed least).
 2. *Graph size* (``--no_graphs`` skips it; ``--graph_depths``, by default the first depth). The
    same steps compiled once more with
    ``MS_DEV_DUMP_IR_PASSES`` saving two IRs: the nodes after type inference (the frontend graph,
@@ -133,11 +134,22 @@ def rows_of(args) -> list:
         rows += [(f"MindOne stage {s}", "mindone", s, False) for s in (0, 1)]
     rows += [(f"stage {s}", "zero", s, False) for s in args.stages]
     if 3 in args.stages and args.units:
-        rows.append(("stage 3, gather_units=(Block,)", "zero", 3, True))
+        rows.append((f"stage 3, gather_units={_units_text(args.unit_cells)}", "zero", 3, True))
     return rows
 
 
-def _build_step(kind: str, stage, units: bool, depth: int, out: str, clip_grad: bool = False):
+def _units_text(names) -> str:
+    """``names`` as the tuple of classes a caller writes: ``(Block,)``, ``(LayerNorm, Dense)``."""
+    return "(" + ", ".join(names) + ("," if len(names) == 1 else "") + ")"
+
+
+def unit_classes(names) -> tuple:
+    """The Cell classes of ``--unit_cells``: ``Block`` (the model's block) or a class of ``mindspore.nn``."""
+    return tuple(Block if name == "Block" else getattr(nn, name) for name in names)
+
+
+def _build_step(kind: str, stage, units: bool, depth: int, out: str, clip_grad: bool = False,
+                unit_cells=("Block",)):
     net = _build_net(depth)
     opt = nn.AdamWeightDecay(net.trainable_params(), 1e-3)
     if kind == "ms":
@@ -150,7 +162,8 @@ def _build_step(kind: str, stage, units: bool, depth: int, out: str, clip_grad: 
     else:
         from mindone_zero import prepare_train_network
 
-        train = prepare_train_network(net, opt, zero_stage=stage, gather_units=(Block,) if units else None,
+        train = prepare_train_network(net, opt, zero_stage=stage,
+                                      gather_units=unit_classes(unit_cells) if units else None,
                                       params_split_info=os.path.join(out, "split_info"), clip_grad=clip_grad)
     train.set_train(True)
     return train
@@ -275,7 +288,7 @@ def worker(args) -> None:
     emulation = emulation_lines() if args.job == "graphs" else None
     for depth in depths:
         for label, kind, stage, units in rows:
-            train = _build_step(kind, stage, units, depth, args.out, args.clip_grad)
+            train = _build_step(kind, stage, units, depth, args.out, args.clip_grad, args.unit_cells)
             entry = {"round": args.round, "depth": depth, "row": label}
             if args.job == "graphs":
                 folder = fresh_folder(Path(args.out) / "graphs" / f"rank{rank}" /
@@ -407,7 +420,7 @@ def _job(args, out: Path, job: str, tag: str = "", env=None, depths=None, row=No
     flags += ["--row", str(row)] if row is not None else []
     flags += ["--graph_depths", *map(str, args.graph_depths)] if args.graph_depths else []
     flags += ["--cache_stages", *map(str, args.cache_stages)]
-    flags += [] if args.units else ["--no_units"]
+    flags += ["--unit_cells", *args.unit_cells] if args.units else ["--no_units"]
     flags += ["--mindone"] if args.mindone else []
     flags += ["--clip_grad"] if args.clip_grad else []
     run_msrun(Path(__file__), args.world_size, out, flags, timeout=args.timeout_s, caller="benchmark_compile",
@@ -424,6 +437,9 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--depths", type=int, nargs="+", default=[24, 48], help="blocks of the model")
     parser.add_argument("--stages", type=int, nargs="+", default=[0, 1, 2, 3], choices=[0, 1, 2, 3])
     parser.add_argument("--no_units", dest="units", action="store_false", help="skip stage 3 with gather units")
+    parser.add_argument("--unit_cells", nargs="+", default=["Block"], metavar="CLASS",
+                        help="the classes of stage 3's gather units: Block (the model's block, the default) or "
+                             "classes of mindspore.nn, e.g. LayerNorm")
     parser.add_argument("--rounds", type=int, default=1, help="timing rounds (every row once per round, each in a "
                         "new msrun job)")
     parser.add_argument("--steps", type=int, default=3, help="calls after the first; their median is the step")
@@ -565,6 +581,10 @@ def main(argv=None) -> int:
             parser.error(f"argument --{name}: must be >= 1, got {getattr(args, name)}")
     if args.steps < 0 or args.cache_rounds < 0 or min(args.depths + (args.graph_depths or [])) < 1:
         parser.error("--steps and --cache_rounds must be >= 0, --depths and --graph_depths >= 1")
+    for name in args.unit_cells:
+        cls = getattr(nn, name, None)
+        if name != "Block" and not (isinstance(cls, type) and issubclass(cls, nn.Cell)):
+            parser.error(f"argument --unit_cells: {name!r} is neither Block nor a Cell class of mindspore.nn")
     if args.graphs_only and not args.graphs:
         parser.error("--graphs_only runs the graph-size job that --no_graphs skips: give one of them")
     if args.as_worker:
@@ -588,8 +608,8 @@ def main(argv=None) -> int:
         for tag, key in (("_cold", "cache_cold"), ("_warm", "cache_warm")):
             report[key] += [dict(r, round=k) for r in _job(args, out, "cache", f"{tag}{k}", env)]
     (out / "compile.json").write_text(json.dumps(report, indent=1))
-    results = {"args": {k: getattr(args, k) for k in ("world_size", "depths", "stages", "units", "rounds", "steps",
-                                                      "graph_depths", "cache_rounds", "cache_stages")},
+    results = {"args": {k: getattr(args, k) for k in ("world_size", "depths", "stages", "units", "unit_cells", "rounds",
+                                                      "steps", "graph_depths", "cache_rounds", "cache_stages")},
                "skipped": skipped, "rows": [list(r) for r in rows], "report": report}
     print(render_page(results))
     page = publish(PAGE, results, out_dir=args.docs_dir,

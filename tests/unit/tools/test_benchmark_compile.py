@@ -144,3 +144,34 @@ def test_a_page_from_results_without_a_breakdown_has_no_sources_table():
     old = [{"row": "stage 0", "depth": 24, "type_inference_nodes": 10, "kernel_nodes": 5, "emulation_nodes": 0,
             "emulation_extra": 0}]
     assert bc.sources_table(old) == "" and bc.sources_table([]) == ""
+
+
+def test_unit_cells_name_the_units_row_and_reach_the_worker(tmp_path, monkeypatch):
+    from mindspore import nn
+
+    from tools.dev import launch
+
+    args = bc._parser().parse_args(["--stages", "0", "3", "--unit_cells", "LayerNorm", "Block"])
+    assert bc.rows_of(args)[-1] == ("stage 3, gather_units=(LayerNorm, Block)", "zero", 3, True)
+    assert bc.unit_classes(args.unit_cells) == (nn.LayerNorm, bc.Block)
+    assert bc.rows_of(bc._parser().parse_args(["--stages", "3"]))[-1][0] == "stage 3, gather_units=(Block,)"
+    sent = []
+
+    def fake_run_msrun(script, n, out, flags, **kwargs):
+        sent.append(flags)
+        (out / "graphs_rank0.json").write_text("[]")
+
+    monkeypatch.setattr(launch, "run_msrun", fake_run_msrun)
+    bc._job(args, tmp_path, "graphs")
+    worker_args = bc._parser().parse_args(sent[0])
+    assert worker_args.as_worker and worker_args.unit_cells == ["LayerNorm", "Block"] and worker_args.units
+
+
+def test_a_unit_class_that_is_not_a_cell_exits_before_any_work(tmp_path, monkeypatch, capsys):
+    monkeypatch.setattr(bc, "_job", lambda *a, **k: pytest.fail("a job ran"))
+    for name in ("NoSuchCell", "get_activation"):  # not in mindspore.nn; a function of it, not a Cell class
+        with pytest.raises(SystemExit):
+            bc.main(["--unit_cells", name, "--out", str(tmp_path / "out"), "--docs_dir", str(tmp_path / "docs")])
+        err = capsys.readouterr().err
+        assert f"argument --unit_cells: {name!r} is neither Block nor a Cell class of mindspore.nn" in err
+    assert not (tmp_path / "docs").exists() and not (tmp_path / "out").exists()
