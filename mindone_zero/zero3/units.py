@@ -55,8 +55,10 @@ k * k of them. None of the ways around it is better: the recomputation is not wh
 the shards in a Cell of their own before the gather (so that no UpdateState takes the gathered
 tuple) moves the cost to the tuple of loaded shards; one flat buffer cut per reader, or a chain of
 two-way splits, would trade the zeros for copies of the unit's gradient at every step. So units
-compile slower than per-layer gathers (the benchmark's page shows by how much), and their step is
-faster (fewer, larger collectives).
+compile slower than per-layer gathers (the benchmark's page shows by how much). What they buy is
+fewer, larger collectives, each a synchronization of the ranks on a device; packing and unpacking
+costs a few kernels per member, so on the CPU backend a unit's step is no faster than per-layer
+gathers (``tools/bench/benchmark_compile.py``, ``--unit_cells`` for other unit classes).
 """
 from dataclasses import replace
 from typing import Dict, List, Optional, Tuple
