@@ -144,8 +144,18 @@ def _units_text(names) -> str:
 
 
 def unit_classes(names) -> tuple:
-    """The Cell classes of ``--unit_cells``: ``Block`` (the model's block) or a class of ``mindspore.nn``."""
-    return tuple(Block if name == "Block" else getattr(nn, name) for name in names)
+    """The Cell classes of ``--unit_cells``: ``Block`` (the model's block) or a class of ``mindspore.nn``.
+
+    Raises:
+        ValueError: a name that is neither, naming it.
+    """
+    classes = []
+    for name in names:
+        cls = Block if name == "Block" else getattr(nn, name, None)
+        if not (isinstance(cls, type) and issubclass(cls, nn.Cell)):
+            raise ValueError(f"{name!r} is neither Block nor a Cell class of mindspore.nn")
+        classes.append(cls)
+    return tuple(classes)
 
 
 def _build_step(kind: str, stage, units: bool, depth: int, out: str, clip_grad: bool = False,
@@ -581,10 +591,10 @@ def main(argv=None) -> int:
             parser.error(f"argument --{name}: must be >= 1, got {getattr(args, name)}")
     if args.steps < 0 or args.cache_rounds < 0 or min(args.depths + (args.graph_depths or [])) < 1:
         parser.error("--steps and --cache_rounds must be >= 0, --depths and --graph_depths >= 1")
-    for name in args.unit_cells:
-        cls = getattr(nn, name, None)
-        if name != "Block" and not (isinstance(cls, type) and issubclass(cls, nn.Cell)):
-            parser.error(f"argument --unit_cells: {name!r} is neither Block nor a Cell class of mindspore.nn")
+    try:
+        unit_classes(args.unit_cells)
+    except ValueError as e:
+        parser.error(f"argument --unit_cells: {e}")
     if args.graphs_only and not args.graphs:
         parser.error("--graphs_only runs the graph-size job that --no_graphs skips: give one of them")
     if args.as_worker:
