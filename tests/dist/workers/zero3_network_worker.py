@@ -45,11 +45,21 @@ UNCOALESCED_CASES = ("graph_recompute", "pynative_fp16")
 CASES = [f"{mode}_{variant}" for mode in ("graph", "pynative") for variant in ("fp32", "fp16", "recompute")]
 
 
+def _grad_runs(loss_net, batches):
+    """[(loss, logits, gradients of every trainable parameter)] on each of ``batches``, by one gradient
+    function: in GRAPH_MODE each ``value_and_grad`` compiles its graph again on its first call."""
+    fn = ms.value_and_grad(loss_net, None, loss_net.trainable_params(), has_aux=True)
+    runs = []
+    for batch in batches:
+        (loss, out), grads = fn(*batch)
+        runs.append((float(loss.asnumpy()), out.asnumpy().astype(np.float32),
+                     [g.asnumpy().astype(np.float32) for g in grads]))
+    return runs
+
+
 def _grads(loss_net, batch):
     """(loss, logits, gradients of every trainable parameter) on one batch."""
-    fn = ms.value_and_grad(loss_net, None, loss_net.trainable_params(), has_aux=True)
-    (loss, out), grads = fn(*batch)
-    return float(loss.asnumpy()), out.asnumpy().astype(np.float32), [g.asnumpy().astype(np.float32) for g in grads]
+    return _grad_runs(loss_net, [batch])[0]
 
 
 def _count_gathers(fn):
@@ -118,7 +128,7 @@ def run_case(mode, fp16, size, rank, recompute=False):
     }
     batches = [zm.make_batch(SEED, r) for r in range(size)]
     ref_loss_net, loss_net = zm.Zero3LossNet(ref), zm.Zero3LossNet(net)
-    ref_runs = [_grads(ref_loss_net, b) for b in batches]
+    ref_runs = _grad_runs(ref_loss_net, batches)
     # Inference without a train wrapper: the sharded network called directly.
     ids, img, _ = batches[rank]
     report["forward_max_abs"] = float(np.abs(net(ids, img).asnumpy().astype(np.float32) - ref_runs[rank][1]).max())
