@@ -8,10 +8,12 @@ Launch ``msrun`` jobs on this machine: the one launcher of the tools and the tes
 Every job gets a free port, the repository first on ``PYTHONPATH`` and a log folder of its own
 (msrun writes each worker's output to ``worker_<rank>.log`` there). A job with a time limit runs
 in its own process group, which is killed whole when the limit passes: msrun's workers and
-scheduler die with it. A failed job raises ``MsrunError`` with the tail of msrun's output and of
-every worker's log, without MindSpore's WARNING and INFO lines.
+scheduler die with it. A failed job raises ``MsrunError`` with msrun's lines on the processes that
+ended with an error (``exit_lines``), the tail of msrun's output and of every worker's log, without
+MindSpore's WARNING and INFO lines.
 """
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -60,8 +62,20 @@ def free_port() -> int:
 # a random interval between MS_RETRY_INTERVAL_LOWER and MS_RETRY_INTERVAL_UPPER seconds (3 and 5 by
 # default, the heartbeat's interval too). On loopback an answer takes milliseconds, so the jobs
 # here use 1 and 2 s: a two-rank job that only calls init() took 16.0 s from launch to exit
-# with the defaults and 10.0 s with these. The heartbeat's timeout (MS_NODE_TIMEOUT, 30 s) is unchanged.
-JOB_ENV = {"MS_DEV_LAUNCH_BLOCKING": "1", "MS_RETRY_INTERVAL_LOWER": "1", "MS_RETRY_INTERVAL_UPPER": "2"}
+# with the defaults and 10.0 s with these.
+#
+# [Note: node time-out]
+# msrun's scheduler declares a rank dead when it has had no heartbeat from it for MS_NODE_TIMEOUT
+# seconds (30 by default), measured on the wall clock (``time()``), and then fails the whole job. On
+# this machine, a virtual machine, every process can stall at once: a CI run failed that way, with
+# every rank of a four-rank job declared dead in one pass and no error in any worker's log. Stopping
+# a four-rank job's processes for 40 s (SIGSTOP, then SIGCONT) gives the same failure at 30 s and
+# none at 120 s. A dead worker does not need the heartbeat to be found: msrun polls its workers' exit
+# codes every second and kills the rest. Only the scheduler's own exit waits for the time-out, so a
+# job whose worker fails ends about 90 s later than with the default. Jobs here use 120 s, unless
+# the caller's environment sets the variable (tests/dist/test_checkpoint_fault.py keeps 30 s).
+JOB_ENV = {"MS_DEV_LAUNCH_BLOCKING": "1", "MS_RETRY_INTERVAL_LOWER": "1", "MS_RETRY_INTERVAL_UPPER": "2",
+           "MS_NODE_TIMEOUT": "120"}
 
 # [Note: job environment]
 # What a job compiles is decided by the job, not by the shell that launched it. A developer's own
@@ -80,7 +94,8 @@ def msrun_env(extra: Optional[dict] = None) -> dict:
     """This process's environment without the variables of ``CALLER_DROPPED`` ([Note: job
     environment]), with the repository first on ``PYTHONPATH`` (so that a worker imports this
     checkout), ``GLOG_v=3`` (MindSpore: errors only) and ``JOB_ENV`` ([Note: blocking launches],
-    [Note: retry interval]) where the caller's environment does not set them, and ``extra``."""
+    [Note: retry interval], [Note: node time-out]) where the caller's environment does not set them,
+    and ``extra``."""
     env = {k: v for k, v in os.environ.items() if k in CALLER_KEPT or not k.startswith(CALLER_DROPPED)}
     env["PYTHONPATH"] = os.pathsep.join([str(REPO), env.get("PYTHONPATH", "")])
     env.setdefault("GLOG_v", "3")
@@ -157,9 +172,28 @@ def _wait_all(procs: List[subprocess.Popen], cmds: List[List[str]], timeout: flo
     return results
 
 
+# msrun's own line on a process of the job that ended with an error (mindspore/parallel/cluster/
+# process_entity/_api.py, 2.10): "Worker process 4242 exit with exception. Error code: -9."
+_EXIT_LINE = re.compile(r"(?:Worker|Scheduler) process \d+ exit with exception\.(?: Error code: (-?\d+)\.)?")
+
+
+def exit_lines(output: str) -> str:
+    """msrun's lines in ``output`` on the job's processes that ended with an error, a negative code
+    followed by the signal's name. They tell a crash (SIGSEGV, SIGABRT), a kill from outside
+    (SIGKILL) and a Python exception (1) apart, and a long job's output pushes them out of its tail."""
+    lines = []
+    for match in _EXIT_LINE.finditer(output or ""):
+        code = int(match.group(1) or 0)
+        name = signal.Signals(-code).name if -code in signal.valid_signals() else None
+        lines.append(match.group(0) + (f" ({name})" if name else ""))
+    return "\n".join(lines)
+
+
 def _failure(caller: str, job: str, result, timeout: float, log_dir) -> MsrunError:
     outcome = f"timed out after {timeout}s" if result.returncode is None else f"exited with {result.returncode}"
-    return MsrunError(f"For '{caller}', the msrun job {job} {outcome}.\n{result.stdout[-OUTPUT_TAIL:]}\n"
+    exits = exit_lines(result.stdout)
+    exits = f"msrun's exit lines:\n{exits}\n" if exits else ""
+    return MsrunError(f"For '{caller}', the msrun job {job} {outcome}.\n{exits}{result.stdout[-OUTPUT_TAIL:]}\n"
                       f"{log_tails(log_dir)}", result)
 
 

@@ -28,6 +28,9 @@ if mode == "hang":  # a worker that outlives its launcher unless the whole group
     child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"])
     open("child.pid", "w").write(str(child.pid))
     time.sleep(600)
+if mode == "fail":  # msrun's line on a crashed worker, then more output than the error's tail holds
+    print("[ERROR] ME(7:1,MainProcess):0 [_api.py:365] Worker process 4242 exit with exception. Error code: -11.")
+    print("\\n".join(f"rank 0: line {{i}}" for i in range(1000)))
 print("msrun says bye")
 sys.exit(3 if mode == "fail" else 0)
 """
@@ -60,6 +63,10 @@ def test_a_failed_job_raises_with_the_log_tails_without_mindspore_logging(fake_m
         run_msrun("tools/train.py", 2, tmp_path, timeout=60, caller="my_tool")
     assert "Traceback: boom" in str(err.value) and "noise" not in str(err.value)
     assert "msrun says bye" in str(err.value) and err.value.result.returncode == 3
+    # msrun's exit line, out of the tail, comes first with its signal's name
+    assert "line 100\n" not in str(err.value)
+    exit_line = "Worker process 4242 exit with exception. Error code: -11. (SIGSEGV)"
+    assert f"msrun's exit lines:\n{exit_line}\n" in str(err.value)
     assert run_msrun("tools/train.py", 2, tmp_path, timeout=60, check=False).returncode == 3
 
 
@@ -130,13 +137,15 @@ def test_a_given_master_port_is_kept():
 
 def test_jobs_launch_ops_blocking_and_retry_often_unless_the_caller_says_otherwise(monkeypatch):
     # [Note: blocking launches] and [Note: retry interval]: the defaults for jobs on this machine
-    for name in ("MS_DEV_LAUNCH_BLOCKING", "MS_RETRY_INTERVAL_LOWER", "MS_RETRY_INTERVAL_UPPER"):
+    # and [Note: node time-out]
+    names = ("MS_DEV_LAUNCH_BLOCKING", "MS_RETRY_INTERVAL_LOWER", "MS_RETRY_INTERVAL_UPPER", "MS_NODE_TIMEOUT")
+    for name in names:
         monkeypatch.delenv(name, raising=False)
     env = msrun_env()
-    assert ((env["MS_DEV_LAUNCH_BLOCKING"], env["MS_RETRY_INTERVAL_LOWER"], env["MS_RETRY_INTERVAL_UPPER"])
-            == ("1", "1", "2"))
+    assert tuple(env[name] for name in names) == ("1", "1", "2", "120")
     monkeypatch.setenv("MS_DEV_LAUNCH_BLOCKING", "0")
-    assert msrun_env()["MS_DEV_LAUNCH_BLOCKING"] == "0"
+    monkeypatch.setenv("MS_NODE_TIMEOUT", "30")
+    assert (msrun_env()["MS_DEV_LAUNCH_BLOCKING"], msrun_env()["MS_NODE_TIMEOUT"]) == ("0", "30")
     assert msrun_env({"MS_DEV_LAUNCH_BLOCKING": "1"})["MS_DEV_LAUNCH_BLOCKING"] == "1"
 
 
