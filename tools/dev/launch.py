@@ -68,7 +68,8 @@ def free_port() -> int:
 # msrun's scheduler declares a rank dead when it has had no heartbeat from it for MS_NODE_TIMEOUT
 # seconds (30 by default), measured on the wall clock (``time()``), and then fails the whole job. On
 # this machine, a virtual machine, every process can stall at once: a CI run failed that way, with
-# every rank of a four-rank job declared dead in one pass and no error in any worker's log. Stopping
+# every rank of a four-rank job declared dead in one pass and no error in the worker logs it showed
+# (it cut msrun's exit lines, which would have told a killed worker apart: ``exit_lines``). Stopping
 # a four-rank job's processes for 40 s (SIGSTOP, then SIGCONT) gives the same failure at 30 s and
 # none at 120 s. A dead worker does not need the heartbeat to be found: msrun polls its workers' exit
 # codes every second and kills the rest. Only the scheduler's own exit waits for the time-out, so a
