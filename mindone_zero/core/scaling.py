@@ -21,7 +21,9 @@ check's answer is the same.
 
 Stage 3 reduce-scatters its split parameters' gradients in their own bprops ([Note: gradient
 reduction] in train/grad_sync.py), and a step that accumulates before it reduces (stages 0-1) checks
-its local gradients: neither has a bucket of its own to read. There the unscale stays per tensor, and
+its local gradients: neither has a bucket of its own to read. There the unscale stays per tensor (at
+stage 3 it divides by the group size too: ``unscaled``, [Note: the group mean in the step] in
+zero3/gather_group.py), and
 the check packs the gradients into buffers of its own (``PackedBuffers``): each bucket's tensors
 flattened and concatenated, then one IsFinite and one ReduceAll per bucket. The clip's global norm
 reads such buffers at every stage (the split gradients' and the whole ones apart, as their sums are
@@ -37,11 +39,11 @@ from typing import Sequence
 import mindspore as ms
 from mindspore import nn, ops
 
-from .comm import cast_if_needed
+from .comm import cast_if_needed, divide
 from .graph_tuples import hyper_map, take
 from .packing import PackedLayout
 
-__all__ = ["times", "scaled", "any_nonfinite", "squared_sum", "PackedBuffers"]
+__all__ = ["times", "scaled", "unscaled", "any_nonfinite", "squared_sum", "PackedBuffers"]
 
 # Primitives called directly: ``g * ...``, ``ops.cast`` and ``Tensor.all`` are functions the graph
 # compiler parses and type-infers again for every tensor of a map ([Note: compile cost] in
@@ -62,6 +64,20 @@ def scaled(x, factor):
     if factor is None:
         return x
     return _MUL(x, cast_if_needed(factor, x.dtype))
+
+
+def unscaled(xs, factor, summed_by=None, factor_index=None):
+    """Each tensor of the tuple ``xs`` times the 0-d ``factor``: one Mul per tensor. Where
+    ``summed_by`` (a static group size N) is not None, the split parameters' gradients, which still
+    need the division by N ([Note: the group mean in the step] in zero3/gather_group.py), take
+    ``factor / N`` instead: every tensor where ``factor_index`` is None, else those whose entry in that
+    static tuple is 1."""
+    if summed_by is None:
+        return hyper_map(ops.partial(times, factor), xs)
+    split_factor = divide(factor, summed_by)
+    if factor_index is None:
+        return hyper_map(ops.partial(times, split_factor), xs)
+    return hyper_map(times, take((factor, split_factor), factor_index), xs)
 
 
 _finite = ops.MultitypeFuncGraph("finite")

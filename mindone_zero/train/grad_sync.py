@@ -16,6 +16,9 @@ stage  sharded parameters                                  replicated parameters
 3      already reduce-scattered by the ZeRO-3 wrapper      all-reduce
 =====  ==================================================  ==========================
 
+(at stage 3 the wrapper's reduce-scatter leaves the group's sum where the train step divides it by
+the group size in its unscale: [Note: the group mean in the step] in zero3/gather_group.py)
+
 then, with hybrid groups, an all-reduce over ``dp_group`` (replicas of the same shard).
 Stage 1 and stage 2 differ only in *when* ``TrainOneStepWrapper`` calls this: once per
 optimizer step on locally accumulated full gradients (stage 1), or every micro-step before
@@ -26,7 +29,7 @@ from mindspore import ParameterTuple, nn, ops
 from ..core.comm import GroupComm, cast_if_needed, pad_dim0
 from ..core.comm_records import FLAG_DTYPE
 from ..core.graph_tuples import hyper_map, take
-from ..core.scaling import any_nonfinite, squared_sum, times
+from ..core.scaling import any_nonfinite, squared_sum, unscaled
 from ..core.slicing import narrow
 from .fusion import BucketedComm, packed_buffers
 
@@ -87,6 +90,8 @@ class GradSync(nn.Cell):
         self.use_masters = plan.policy.uses_masters
         self.grads_mean = plan.grads_mean
         self.split_index, self.whole_index = plan.split_index, plan.whole_index
+        # ``unscaled``: which gradients are split (1), where some are not
+        self.factor_index = tuple(int(s.split) for s in plan.specs) if plan.whole_index else None
         self.buckets_every_grad = plan.buckets_every_grad
         self.op_comm = self.world_comm = self.dp_ar = None
         self.ag_index = ()
@@ -128,13 +133,16 @@ class GradSync(nn.Cell):
             return grads
         return self._reduce(grads, None)[0]
 
-    def reduce_and_check(self, grads, factor):
+    def reduce_and_check(self, grads, factor, summed_by=None):
         """(``reduce_grads`` of ``grads`` each times the 0-d ``factor``, whether any reduced gradient
         holds an inf or nan on this rank). Where every gradient is in a bucket (stages 0-2), both
         happen in the buckets ([Note: unscale and check in the buckets] in core/scaling.py); else the
-        factor multiplies each tensor and ``check`` reads them. Collective."""
-        if not self.is_parallel or not self.buckets_every_grad:
-            reduced = self.reduce_grads(hyper_map(ops.partial(times, factor), grads))
+        factor multiplies each tensor and ``check`` reads them. ``summed_by``: None, or the group size
+        N when the split parameters' gradients arrive as the group's sums (stage 3: [Note: the group
+        mean in the step] in zero3/gather_group.py), which ``factor / N`` multiplies instead.
+        Collective."""
+        if not self.is_parallel or not self.buckets_every_grad or summed_by is not None:
+            reduced = self.reduce_grads(unscaled(grads, factor, summed_by, self.factor_index))
             return reduced, self.check(reduced)
         reduced, buffers = self._reduce(grads, factor)
         return reduced, any_nonfinite(buffers)

@@ -70,7 +70,9 @@ class _FloatStatus(nn.Cell):
 
 class MicroStep:
     """The micro-step part of the train step (a base of ``TrainOneStepWrapper``). Reads the step's
-    ``weights``, ``grad_sync``, ``reduce_each_micro_step`` and ``sharded_params``."""
+    ``weights``, ``grad_sync``, ``reduce_each_micro_step``, ``sharded_params`` and ``summed_by`` (the
+    group size the split gradients are still to be divided by: [Note: the group mean in the step] in
+    zero3/gather_group.py)."""
 
     def _build_micro_step(self, network, scale_sense) -> None:
         """The loss-and-gradients function, the loss scale's Parameter (and update Cell) from a
@@ -92,7 +94,7 @@ class MicroStep:
         (_, loss), grads = self.loss_and_grads(*inputs, scale)
         grads = self._shard_shaped(grads)
         if self.reduce_each_micro_step:  # unscaled in the buckets where it can ([Note: unscale and check in the buckets])
-            grads, local = self.grad_sync.reduce_and_check(grads, 1.0 / scale)
+            grads, local = self.grad_sync.reduce_and_check(grads, 1.0 / scale, self.summed_by)
         else:
             grads = hyper_map(ops.partial(times, 1.0 / scale), grads)
             local = self.grad_sync.check(grads)

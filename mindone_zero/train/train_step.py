@@ -19,7 +19,9 @@ import mindspore as ms
 from mindspore import Tensor, nn, ops
 
 from ..core.graph_tuples import hyper_map
+from ..core.partition import zero_spec_of
 from ..core.scaling import times
+from ..zero3.gather_group import sum_grads_in_backward
 from .accumulation import GradAccumulation
 from .micro_step import MicroStep
 from .comm_accounting import StepCommAccounting, network_gathers
@@ -170,6 +172,9 @@ class TrainOneStepWrapper(MicroStep, GradAccumulation, StepCommAccounting, MindO
         # only a ZeRO-3 network's parameters are shards, whose gradients may come full-shaped (_shard_shaped)
         self.sharded_params = policy.shards_params
         self._gathers = network_gathers(network)  # [Note: comm records] in core/comm_records.py
+        # [Note: the group mean in the step] in zero3/gather_group.py: the split gradients' 1/N in the unscale
+        self.summed_by = (_take_over_group_mean(network, self._gathers, self.weights, self.zero_plan)
+                          if self.sharded_params else None)
         self._comm_plan = self.plan_comm(self.accum_steps)
         self._build_accumulation()
         if self.verbose:
@@ -289,6 +294,16 @@ def build_train_step(network, optimizer, settings: StepSettings, zero_helper) ->
     nn.Cell.__init__(step, auto_prefix=False)
     step._build(network, optimizer, settings, zero_helper)
     return step
+
+
+def _take_over_group_mean(network, gathers, weights, plan):
+    """The group size N by which the train step divides the split parameters' gradients, which the
+    network's gathers then leave summed ([Note: the group mean in the step] in zero3/gather_group.py);
+    None where they stay means. Not collective."""
+    if not plan.is_parallel:
+        return None
+    names = [getattr(zero_spec_of(weights[i]), "name", weights[i].name) for i in plan.split_index]
+    return sum_grads_in_backward(network, gathers, names) if names else None
 
 
 def _step_class(helper) -> type:

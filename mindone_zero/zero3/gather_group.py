@@ -10,7 +10,8 @@ param_wrapper.py (its ``waiting`` Cell).
 The unit of communication at stage 3 is a group of parameters, as FSDP2's ``FSDPParamGroup`` is: a
 lone parameter is a group of one. Two methods of the group's ``waiting`` Cell move it: ``construct``
 (forward: every member's full tensor from this rank's shards) and ``reduce_scatter_members``
-(backward: this rank's block of the group mean of every member's gradient). A group of one sends
+(backward: this rank's block of the group mean of every member's gradient, or of the group sum
+where a train step divides: [Note: the group mean in the step]). A group of one sends
 its shard as it is: a tensor in, a tensor out, no buffer. A group of several packs its shards into
 one buffer and sends it in one collective ([Note: coalesced gathers] in coalesce.py; [Note: packed
 layout] in core/packing.py), and its methods take and return tuples in member order.
@@ -25,7 +26,25 @@ through methods, with one communicator or one each), MindSpore 2.10 fails to com
 qwZ and qgZ together ("The func graph is empty ... quantize_blocks" in the reduce-scatter's
 custom bprop), while the same calls from the group's own methods compile
 (tests/dist/test_zeropp.py trains with both).
+
+[Note: the group mean in the step]
+A group's backward returns the mean over the group of each member's gradient, MindOne's contract
+for a ZeRO-3 network: the reduce-scatter's sum divided by the group size, one RealDiv per group.
+The train step then multiplies every gradient by ``1 / loss scale``, one Mul per tensor (its
+gradients come out of backward one by one, in no bucket: [Note: unscale and check in the buckets]
+in core/scaling.py). ``TrainOneStepWrapper`` folds the first into the second: when it is built over
+a network whose reducing groups all share one size N, it sets their ``divides_grads`` to False
+(``sum_grads_in_backward``) and multiplies the split parameters' gradients by ``1 / (scale * N)``
+instead (``GradSync.reduce_and_check``). Per group of one that is one kernel fewer, one per
+parameter on a model of lone tensors. The numbers are the same where N is a power of two (every
+group here): dividing by it and multiplying by its inverse only move the exponent, so both ways
+round once, at the product, to the same float, unless a value falls among the subnormals. For
+other N they may differ in the last bit. After that, a gradient of the network taken outside the
+train step (``ms.grad`` of it) is the group's sum, not its mean: the switch belongs to the network
+and is read when a graph compiles.
 """
+from typing import Optional, Sequence
+
 import numpy as np
 from mindspore import nn, ops
 from mindspore.ops.composite import zeros_like
@@ -36,7 +55,7 @@ from ..core.packing import PackedLayout
 from ..core.run_mode import in_pynative
 from ..core.slicing import copy_slice
 
-__all__ = ["GatherGroup", "after_grad"]
+__all__ = ["GatherGroup", "after_grad", "sum_grads_in_backward"]
 
 _ZEROS_LIKE, _DEPEND = ops.ZerosLike(), ops.Depend()
 after_grad = ops.MultitypeFuncGraph("after_grad")
@@ -114,9 +133,9 @@ class _GroupWaiting(nn.Cell):
 
     def reduce_scatter_members(self, douts, xs):
         """This rank's block of the group mean of every member's gradient ``douts`` (shaped like the
-        shards ``xs``: a tensor for a group of one, else a tuple), in the parameters' dtype. Zeros
-        without a collective for frozen members. Collective over the group where ``gathers``
-        and ``reduces``."""
+        shards ``xs``: a tensor for a group of one, else a tuple), in the parameters' dtype; the group
+        sum where not ``divides_grads`` ([Note: the group mean in the step]). Zeros without a
+        collective for frozen members. Collective over the group where ``gathers`` and ``reduces``."""
         g = self.base
         if g.single:
             if not g.reduces:
@@ -124,14 +143,18 @@ class _GroupWaiting(nn.Cell):
             grad = cast_if_needed(douts, g.param_dtype)
             if g.gathers:
                 grad = pad_dim0(grad, g.pads[0])
-                grad = divide(g.reduce_padded(grad), g.group_size)  # [Note: Div on CPU] in core/comm.py
+                grad = g.reduce_padded(grad)
+                if g.divides_grads:
+                    grad = divide(grad, g.group_size)  # [Note: Div on CPU] in core/comm.py
             return grad
         if not g.reduces:
             return each(_ZEROS_LIKE, xs)
         grads = ()
         for i in range(len(douts)):
             grads = grads + (pad_dim0(cast_if_needed(douts[i], g.param_dtype), g.pads[i]),)
-        buf = divide(g.reduce_padded(g.layout.pack_rank_major(grads)), g.group_size)
+        buf = g.reduce_padded(g.layout.pack_rank_major(grads))
+        if g.divides_grads:
+            buf = divide(buf, g.group_size)
         blocks = g.layout.unpack_shards(buf)
         shards = ()
         for i in range(len(blocks)):
@@ -170,6 +193,7 @@ class GatherGroup(nn.Cell):
         self.group_size = record.group_size
         self.gathers = record.gathers
         self.reduces = record.reduces  # a frozen parameter's gradient is zeros, not communicated
+        self.divides_grads = True  # [Note: the group mean in the step]
         self.param_dtype = record.param_dtype
         self.compute_dtype = record.compute_dtype
         self.quantize_weights, self.quantize_grads = record.quantize_weights, record.quantize_grads
@@ -214,3 +238,23 @@ class GatherGroup(nn.Cell):
 
     def extend_repr(self):
         return self.plan.describe() if self.single and self.plan is not None else ""
+
+
+def sum_grads_in_backward(network: nn.Cell, records: Sequence, names: Sequence[str]) -> Optional[int]:
+    """Hand the division by the group size to the train step ([Note: the group mean in the step]).
+
+    ``records`` are the ``GatherRecord``s of the gathers ``network`` calls (``network_gathers`` in
+    train/comm_accounting.py: gather Cells are shared between callers, [Note: shared gather graphs]
+    in gather_build.py, so only the records name every member) and ``names`` the split parameters
+    whose gradients the step takes. When the records that reduce gradients have every name among
+    their members, and they and the ``GatherGroup``s in ``network`` that reduce have one group size N
+    between them, set each such group's ``divides_grads`` to False and return N; otherwise change
+    nothing and return None. Call it before the network's gradient graph compiles. Not collective."""
+    reducing = [r for r in records if r.gathers and r.reduces]
+    groups = {id(c): c for _, c in network.cells_and_names() if isinstance(c, GatherGroup) and c.gathers and c.reduces}
+    sizes = {r.group_size for r in reducing} | {g.group_size for g in groups.values()}
+    if len(sizes) != 1 or not set(names) <= {name for r in reducing for name in r.members}:
+        return None
+    for g in groups.values():
+        g.divides_grads = False
+    return sizes.pop()
