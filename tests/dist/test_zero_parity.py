@@ -53,6 +53,18 @@ def test_replicas_bit_identical(parity_jobs, world, case):
             assert np.array_equal(r.params[name], value), f"{name} differs between rank 0 and rank {ranks.index(r)}"
 
 
+@pytest.mark.parametrize("world,case", TRAINING)
+def test_stage3_steps_divide_by_the_group_size_in_the_unscale(parity_jobs, world, case):
+    """[Note: the group mean in the step] in zero3/gather_group.py: at stage 3 the train step takes
+    the division of the split gradients by their group's size (the shard group's, 2 in the hybrid
+    grid at N=4); below stage 3, and where nothing is split, the gathers have none to hand over. The
+    parity checks above hold these steps to the reference."""
+    world, out = parity_jobs(world)
+    meta = load_case(out, case["name"], world)[0].meta
+    sizes = {s["group_size"] for s in meta["specs"].values() if s and s["split"]}
+    assert meta["summed_by"] == (sizes.pop() if case["stage"] == 3 and sizes else None)
+
+
 @pytest.mark.parametrize("world", [2, 4])
 @pytest.mark.parametrize("stage", [s for s in STAGES if s > 0])
 def test_optimizer_state_bytes_are_padded_one_nth(parity_jobs, world, stage):

@@ -140,7 +140,7 @@ def run_case(case, out, rank, world, hybrid):
                    "split": [bool(s.split) for s in layout.specs], "memory": measure_model_states(train),
                    "offload": train.zero_helper.host_offload.store.location if train.offload else None,
                    "plan": [list(e) for e in plan.entries], "recomputed": list(recomputed_cells(loss_net)),
-                   "frozen": frozen_report(net),
+                   "frozen": frozen_report(net), "summed_by": train.summed_by,
                    "calls_per_step": {k: v / case["steps"] for k, v in counter.counts.items()} if counter else None}, f)
 
 
