@@ -57,7 +57,6 @@ PARTS = (MODEL_FWD, MODEL_BWD, STAGE3_FWD, STAGE3_BWD, GRAD_SYNC, SCALING, OPTIM
 SOURCES = (
     ("/mindone_zero/train/grad_sync.py", ("all_gather_params", "_write_full_tensor"), None, POST_GATHER),
     ("/mindone_zero/train/grad_sync.py", ("global_norm", "any_rank", "check"), None, SCALING),
-    ("/mindone_zero/train/grad_sync.py", ("reduce_and_check",), "partial(times", SCALING),  # per-tensor unscale
     ("/mindone_zero/train/grad_sync.py", ("run_optimizer",), None, OPTIMIZER),
     ("/mindone_zero/train/grad_sync.py", None, None, GRAD_SYNC),  # reduce_grads, reduce_and_check, pads, casts
     ("/mindspore/nn/wrap/grad_reducer.py", None, None, GRAD_SYNC),  # nn.TrainOneStepCell's all-reduce

@@ -30,9 +30,14 @@ EMULATED = (BPROP.split("\n", 2)[0] + "\n" + BPROP.split("\n", 2)[1] + "\n"
             f"      # In file {LIB}/zero3/param_wrapper.py:609, 15~40/        return self.comm.reduce_scatter(g)/\n"
             f"      # In file {LIB}/core/comm.py:246~252, 4~40/    def _reduce_scatter(self, x, role):/\n"
             f"      # In file {LIB}/core/comm.py:251, 15~40/        return copy_slice(total, 0, r, rows)/\n")
-UNSCALE = (f"      # In file {LIB}/train/grad_sync.py:133~142, 4~46/    def reduce_and_check(self, grads, factor):/\n"
-           f"      # In file {LIB}/train/grad_sync.py:139, 40~84/            reduced = self.reduce_grads("
-           "hyper_map(ops.partial(times, factor), grads))/\n")
+UNSCALE = (f"      # In file {LIB}/train/grad_sync.py:133~146, 4~46/    def reduce_and_check(self, grads, factor, "
+           "summed_by=None):/\n"
+           f"      # In file {LIB}/train/grad_sync.py:143, 40~84/            reduced = self.reduce_grads("
+           "unscaled(grads, factor, summed_by, self.factor_index))/\n"
+           f"      # In file {LIB}/core/scaling.py:84~96, 4~60/def unscaled(xs, factor, summed_by=None, "
+           "factor_index=None):/\n"
+           f"      # In file {LIB}/core/scaling.py:91, 15~60/        return hyper_map(ops.partial(times, "
+           "split_factor), xs)/\n")
 REDUCE = (f"      # In file {LIB}/train/grad_sync.py:133~142, 4~46/    def reduce_and_check(self, grads, factor):/\n"
           f"      # In file {LIB}/train/grad_sync.py:141, 28~46/        reduced, buffers = "
           "self._reduce(grads, factor)/\n"
