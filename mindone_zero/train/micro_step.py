@@ -12,7 +12,7 @@ from mindspore import nn, ops
 from ..core.backend import overflow_uses_float_status
 from ..core.graph_tuples import hyper_map
 from ..core.run_mode import IN_PYNATIVE
-from ..core.scaling import times
+from ..core.scaling import unscaled
 from .scale_sense import scale_sense_parameter
 
 __all__ = ["MicroStep"]
@@ -96,7 +96,7 @@ class MicroStep:
         if self.reduce_each_micro_step:  # unscaled in the buckets where it can ([Note: unscale and check in the buckets])
             grads, local = self.grad_sync.reduce_and_check(grads, 1.0 / scale, self.summed_by)
         else:
-            grads = hyper_map(ops.partial(times, 1.0 / scale), grads)
+            grads = unscaled(grads, 1.0 / scale)
             local = self.grad_sync.check(grads)
         overflow = self._overflow(grads, local)
         if self.loss_scaling_manager is not None:
