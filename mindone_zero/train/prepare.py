@@ -11,7 +11,7 @@ from mindspore import nn
 from ..core.comm import is_data_parallel
 from ..core.group_alias import group_argument
 from .ema import bind_ema_to_zero, check_ema, ema_entries
-from ..zero3.options import Stage3Options
+from ..zero3.options import AUTO_UNITS, Stage3Options
 from ..zero3.shard import shard_with_options
 from ..zero3.state import options_of
 from .optimizer_states import find_optimizer_states, optimizer_parameters
@@ -28,8 +28,8 @@ _logger = logging.getLogger(__name__)
 
 
 def prepare_network(network, zero_stage=0, optimizer_parallel_group=None, parallel_modules=None,
-                    special_cases_parallel_module=None, reshard_after_forward=True, zeropp=None, gather_units=None,
-                    pad_uneven_params=False, *, op_group=None):
+                    special_cases_parallel_module=None, reshard_after_forward=True, zeropp=None,
+                    gather_units=AUTO_UNITS, pad_uneven_params=False, *, op_group=None):
     """Shard ``network``'s parameters in place for ZeRO-3 (other stages return it unchanged).
 
     Must run before the network (or anything using its parameters) is compiled, and before
@@ -57,13 +57,16 @@ def prepare_network(network, zero_stage=0, optimizer_parallel_group=None, parall
             all-gather (``quantize_weights``), int8 gradient reduce-scatter (``quantize_gradients``),
             backward re-gather in a secondary group (``hpz_group``), ``block_size`` elements per
             scale. See ``ZeroPPConfig``.
-        gather_units (tuple): stage 3 only, FSDP-style units: a tuple of Cell classes; each instance
-            gathers the split parameters of its subtree in one all-gather when its forward starts and
-            reduce-scatters their gradients in one (per gather setting); with
-            ``reshard_after_forward`` it is the recomputed region. None (default): each Cell gathers
-            its own. Not with ``zeropp``. The whole unit is then full at once: for
-            ``estimate_peak_memory`` the largest layer is the largest unit. See [Note: gather units]
-            in ``mindone_zero/zero3/units.py``.
+        gather_units (str | tuple): stage 3 only, FSDP-style units: a tuple of Cell classes; each
+            instance gathers the split parameters of its subtree in one all-gather when its forward
+            starts and reduce-scatters their gradients in one (per gather setting); with
+            ``reshard_after_forward`` it is the recomputed region. ``"auto"`` (default): the
+            network's repeated blocks (the Cells of a ``CellList`` or ``SequentialCell`` of one
+            class), falling back to a gather per Cell where they cannot be units or with ``zeropp``
+            ([Note: units by default] in ``mindone_zero/zero3/auto_units.py``). None or ``()``:
+            each Cell gathers its own. A tuple is not allowed with ``zeropp``. The whole unit is full
+            at once: for ``estimate_peak_memory`` the largest layer is the largest unit. See [Note:
+            gather units] in ``mindone_zero/zero3/units.py``.
         pad_uneven_params (bool): stage 3 only. False (default, MindOne's rule): a parameter is split
             only when its dim 0 divides by the group size; the others stay whole on every rank and
             their gradients are all-reduced. True: split those too, zero-padded, so per-rank memory
@@ -155,7 +158,7 @@ def prepare_train_network(network, optimizer, scale_sense=1.0, ema=None, updates
                           zero_stage=0, optimizer_offload=False, optimizer_parallel_group=None, dp_group=None,
                           comm_fusion=None, parallel_modules=None, params_split_info="params_info",
                           special_cases_parallel_module=None, reshard_after_forward=True, zeropp=None,
-                          gather_units=None, pad_uneven_params=False, shard_ema=False, *, op_group=None):
+                          gather_units=AUTO_UNITS, pad_uneven_params=False, shard_ema=False, *, op_group=None):
     """Wrap ``network`` (returning the loss) and ``optimizer`` into a ZeRO train step.
 
     MindOne's ``prepare_train_network``: the same parameters, in the same order, with the same
@@ -226,8 +229,9 @@ def prepare_train_network(network, optimizer, scale_sense=1.0, ema=None, updates
             (True, default) or keep them until backward; see ``prepare_network``.
         zeropp (ZeroPPConfig | dict): stage 3 only: ZeRO++ (qwZ, qgZ, hpZ); None (default): off. See
             ``ZeroPPConfig``.
-        gather_units (tuple): stage 3 only: Cell classes whose instances gather their parameters in
-            one collective; see ``prepare_network``. None (default): per Cell.
+        gather_units (str | tuple): stage 3 only: Cell classes whose instances gather their parameters
+            in one collective; ``"auto"`` (default): the repeated blocks; None: per Cell. See
+            ``prepare_network``.
         op_group (str): MindOne 0.2.0's name for ``optimizer_parallel_group``; give one or the other.
 
     Returns:

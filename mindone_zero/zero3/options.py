@@ -14,7 +14,7 @@ being ignored (the network cannot be sharded twice). Below stage 3 only ``pad_un
 """
 from dataclasses import dataclass, fields
 from types import MappingProxyType
-from typing import Mapping, Optional, Tuple
+from typing import Mapping, Optional, Tuple, Union
 
 import mindspore as ms
 from mindspore import nn
@@ -24,7 +24,10 @@ from ..core.partition import check_split_rule_flag
 from ..core.quantize import check_block_size
 from .zeropp import ZeroPPConfig
 
-__all__ = ["Stage3Options"]
+__all__ = ["Stage3Options", "AUTO_UNITS"]
+
+AUTO_UNITS = "auto"
+"""``gather_units``' default: the network's repeated blocks are units ([Note: units by default] in units.py)."""
 
 
 @dataclass(frozen=True)
@@ -44,14 +47,14 @@ class Stage3Options:
 
     reshard_after_forward: bool = True
     zeropp: Optional[ZeroPPConfig] = None
-    gather_units: Optional[Tuple[type, ...]] = None
+    gather_units: Union[str, Tuple[type, ...], None] = AUTO_UNITS
     parallel_modules: Optional[Mapping] = None
     special_cases_parallel_module: Optional[Mapping] = None
     pad_uneven_params: bool = False
 
     @classmethod
     def build(cls, where: str, zero_stage: int = 3, group: Optional[str] = None, reshard_after_forward=True,
-              zeropp=None, gather_units=None, parallel_modules=None, special_cases_parallel_module=None,
+              zeropp=None, gather_units=AUTO_UNITS, parallel_modules=None, special_cases_parallel_module=None,
               pad_uneven_params=False) -> "Stage3Options":
         """Check the keywords of the entry point ``where`` and return them as one value.
 
@@ -123,13 +126,15 @@ def _module_map(where: str, name: str, value) -> Optional[Mapping]:
     return MappingProxyType(dict(value))
 
 
-def _gather_units(where: str, value, zero_stage: int, zeropp: Optional[ZeroPPConfig]) -> Optional[tuple]:
-    if value is None:
+def _gather_units(where: str, value, zero_stage: int, zeropp: Optional[ZeroPPConfig]):
+    if value is None or (isinstance(value, (tuple, list)) and not value):  # a gather per reading Cell
         return None
+    if isinstance(value, str) and value == AUTO_UNITS:
+        return AUTO_UNITS  # shard_network finds the blocks, or none ([Note: units by default] in units.py)
     ok = isinstance(value, (tuple, list)) and len(value) > 0 and all(
         isinstance(c, type) and issubclass(c, nn.Cell) for c in value)
     if not ok:
-        raise TypeError(f"For '{where}', the argument 'gather_units' must be None or a non-empty tuple of Cell "
+        raise TypeError(f"For '{where}', the argument 'gather_units' must be 'auto', None, () or a tuple of Cell "
                         f"classes, but got {value!r}.")
     if zero_stage != 3:
         raise ValueError(f"For '{where}', the argument 'gather_units' applies to zero_stage 3 only, but got "

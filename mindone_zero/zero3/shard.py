@@ -15,7 +15,8 @@ from ..core.partition import (WHOLE_WARN_SHARE, is_frozen_candidate, is_split_ca
 from .carry import carry_hooks, check_carryable, reapply_recompute, recompute_options
 from .frozen import in_place_state
 from .layers import PARALLEL_MODULES, ZeroCell
-from .options import Stage3Options
+from .auto_units import repeated_blocks
+from .options import AUTO_UNITS, Stage3Options
 from .gather_build import GatherBuild
 from .param_wrapper import compute_dtype_of, cut_parameter
 from .direct_reads import record_rewritten_reads
@@ -94,7 +95,7 @@ def recomputed_cells(network: nn.Cell) -> tuple:
 
 def shard_network(network: nn.Cell, group: Optional[str] = None, parallel_modules: Optional[Dict] = None,
                   special_cases_parallel_module: Optional[Dict] = None, reshard_after_forward: bool = True,
-                  zeropp=None, gather_units=None, pad_uneven_params: bool = False) -> nn.Cell:
+                  zeropp=None, gather_units=AUTO_UNITS, pad_uneven_params: bool = False) -> nn.Cell:
     """Rewrite ``network`` in place for ZeRO-3 over ``group`` and return it.
 
     MindOne's ``shard_network``, which ``prepare_network`` and ``prepare_train_network`` call at
@@ -143,12 +144,14 @@ def shard_network(network: nn.Cell, group: Optional[str] = None, parallel_module
             it again for backward (True, default, 3Φ traffic), or keep it until its backward (False,
             2Φ).
         zeropp (ZeroPPConfig | dict): ZeRO++ options (qwZ, qgZ, hpZ; ``ZeroPPConfig``); None: none.
-        gather_units (tuple): a tuple of Cell classes (FSDP's ``transformer_layer_cls``): each
+        gather_units (str | tuple): a tuple of Cell classes (FSDP's ``transformer_layer_cls``): each
             instance is a unit whose split parameters are all-gathered in one collective when its
             forward starts and reduce-scattered in one; with ``reshard_after_forward`` the unit is
             the recomputed region. Cells inside a unit are not replaced by ``parallel_modules``
             classes. See [Note: gather units] in ``units.py`` (what can be threaded, what raises).
-            None (default): each reading Cell gathers its own parameters.
+            ``"auto"`` (default): the network's repeated blocks, or a gather per reading Cell where
+            there are none, they cannot be units, or with ``zeropp`` ([Note: units by default] in
+            ``auto_units.py``). None or ``()``: each reading Cell gathers its own parameters.
         pad_uneven_params (bool): split parameters whose dim 0 does not divide by the group size
             too, zero-padded (default False: they stay whole, as MindOne leaves them).
 
@@ -210,17 +213,12 @@ def shard_with_options(network: nn.Cell, group: Optional[str], options: Stage3Op
 
 def _shard(network, cells: tuple, group, match, options: Stage3Options):
     """``shard_network`` after its checks; ``cells``: ``network.cells_and_names()`` before any change."""
-    units = find_units(network, options.gather_units) if options.gather_units else {}
-    if units:
-        match = _outside_units(match, units)
-    slots = _replacement_slots(network, match)
-    replaced = {id(child) for _, _, child in slots}
-    recomputed = _recompute_records(cells, replaced)
     params = tuple(p for _, p in network.parameters_and_names())
     in_place = in_place_state(cells)  # frozen state a Cell writes: never sharded ([Note: split rule])
     size = group_size_and_rank(group)[0]
     split_ids = {id(p) for p in params if splits_over(p, size, options.pad_uneven_params, id(p) not in in_place)}
-    plans = plan_rewrites(network, cells, params, split_ids, replaced, units)
+    units, match, slots, plans = _plan_units(network, cells, params, split_ids, match, options)
+    recomputed = _recompute_records(cells, {id(child) for _, _, child in slots})
     build, owner = GatherBuild(), object()  # owner: this call, on every record (ZeroParam.owner)
     try:
         # Every parameter first, in the network's order ([Note: delayed initialisation]), with its record,
@@ -247,6 +245,33 @@ def _shard(network, cells: tuple, group, match, options: Stage3Options):
     state = ZeroState(options, tuple(gather_calls(network)), tuple(describe_recomputed(found)))
     object.__setattr__(network, STATE_ATTR, state)  # [Note: zero3 state] in state.py
     return network
+
+
+def _plan_units(network, cells: tuple, params: tuple, split_ids: set, match, options: Stage3Options):
+    """The gather units, the Cell matcher outside them, the replacement slots and the rewrite plans;
+    with ``gather_units="auto"`` the repeated blocks, or no units where they cannot be ([Note: units
+    by default] in ``auto_units.py``). Nothing is modified."""
+    classes = options.gather_units
+    if classes == AUTO_UNITS:
+        classes = repeated_blocks(network, lambda p: id(p) in split_ids) if options.zeropp is None else ()
+        if classes:
+            try:
+                return _plan_with(network, cells, params, split_ids, match, classes)
+            except ValueError as err:
+                _logger.info("shard_network: the repeated blocks %s gather per reading Cell, not as units ([Note: "
+                             "units by default] in mindone_zero/zero3/auto_units.py): %s",
+                             [c.__name__ for c in classes], err)
+                classes = ()
+    return _plan_with(network, cells, params, split_ids, match, classes)
+
+
+def _plan_with(network, cells: tuple, params: tuple, split_ids: set, match, classes):
+    units = find_units(network, classes) if classes else {}
+    if units:
+        match = _outside_units(match, units)
+    slots = _replacement_slots(network, match)
+    plans = plan_rewrites(network, cells, params, split_ids, {id(child) for _, _, child in slots}, units)
+    return units, match, slots, plans
 
 
 def _warn_whole(candidates, size: int) -> None:

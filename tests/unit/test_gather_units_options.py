@@ -33,7 +33,7 @@ def _lm():
     return init_lm_weights(build_lm(LM), 0)
 
 
-@pytest.mark.parametrize("value", [Block, [], (), ("Block",), (Block, 3), (nn.Dense(2, 2),), "Block"])
+@pytest.mark.parametrize("value", [Block, ("Block",), (Block, 3), (nn.Dense(2, 2),), "Block", "Auto", 1])
 @pytest.mark.parametrize("where", ["shard_network", "prepare_network", "prepare_train_network"])
 @pytest.mark.usefixtures("data_parallel")
 def test_not_a_tuple_of_cell_classes(where, value, tmp_path):
@@ -47,8 +47,8 @@ def test_not_a_tuple_of_cell_classes(where, value, tmp_path):
         else:
             prepare_train_network(net, make_optimizer(net.trainable_params()), zero_stage=3, gather_units=value,
                                   params_split_info=str(tmp_path / "info"))
-    assert str(info.value).startswith(f"For '{where}', the argument 'gather_units' must be None or a non-empty tuple "
-                                      f"of Cell classes, but got {value!r}")
+    assert str(info.value).startswith(f"For '{where}', the argument 'gather_units' must be 'auto', None, () or a "
+                                      f"tuple of Cell classes, but got {value!r}")
     _assert_untouched(net, before)
     assert not (tmp_path / "info").exists()
 

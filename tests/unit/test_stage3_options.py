@@ -70,7 +70,7 @@ def test_prepare_train_network_keeps_the_networks_options(given, tmp_path):
 
 def test_a_loss_cell_around_the_prepared_network_finds_its_options(tmp_path):
     inner = prepare_network(init_weights(TinyNet()), 3, reshard_after_forward=False)
-    with pytest.raises(ValueError, match="'gather_units': got \\(<class 'models.TinyNet'>,\\), the network has None"):
+    with pytest.raises(ValueError, match="'gather_units': got \\(<class 'models.TinyNet'>,\\), the network has 'auto'"):
         _train(LossNet(inner), tmp_path, gather_units=(TinyNet,))
     _train(LossNet(inner), tmp_path)
 
