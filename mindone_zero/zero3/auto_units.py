@@ -5,7 +5,9 @@
 ``prepare_train_network``, makes the network's repeated blocks gather units ([Note: gather units]
 in ``units.py``), as a DeepSpeed or FSDP user wraps each transformer layer. A repeated block is the
 class of the elements of a ``CellList`` or ``SequentialCell`` that holds at least two Cells, all of
-that one class, each holding at least two split parameters in its subtree. Lists inside a chosen
+that one class, in each of which at least two Cells hold split parameters (a block of layers, not a
+layer: a layer's own parameters are one coalesced group already, [Note: coalesced gathers] in
+``coalesce.py``). Lists inside a chosen
 block are not searched (one level of units: the outermost repeated block). The network's top Cell
 is never a unit.
 
@@ -62,21 +64,21 @@ def _block_class(cells: nn.Cell, is_split) -> type:
         return None
     if isinstance(items[0], (nn.CellList, nn.SequentialCell)):
         return None
-    if any(_split_count(c, is_split) < 2 for c in items):
+    if any(_owners_of_split(c, is_split) < 2 for c in items):
         return None
     return type(items[0])
 
 
-def _split_count(cell: nn.Cell, is_split) -> int:
-    counted: Set[int] = set()
+def _owners_of_split(cell: nn.Cell, is_split) -> int:
+    """How many Cells of ``cell``'s subtree (itself included) hold a split parameter."""
+    owners: Set[int] = set()
 
     def walk(c):
-        for p in own_params(c).values():
-            if p is not None and is_split(p):
-                counted.add(id(p))
+        if any(p is not None and is_split(p) for p in own_params(c).values()):
+            owners.add(id(c))
         for name, child in child_cells(c).items():
             if child is not None and name != RECOMPUTE_WRAPPER:
                 walk(child)
 
     walk(cell)
-    return len(counted)
+    return len(owners)
