@@ -205,7 +205,7 @@ class Job:
         from mindone_zero.core.comm import GroupComm
         from tools import lm_model
         from tools.lm_model import LMLoss, build_lm, init_lm_weights
-        from tools.train_config import per_rank_batch, unit_names
+        from tools.train_config import gather_units_of, per_rank_batch
 
         self.cfg, self.rank, self.world = cfg, rank, world
         train = cfg["train"]
@@ -223,7 +223,7 @@ class Job:
             gradient_accumulation_steps=train["gradient_accumulation_steps"], clip_grad=train["clip_grad"],
             clip_norm=train["clip_norm"], zero_stage=train["zero_stage"],
             reshard_after_forward=train["reshard_after_forward"],
-            gather_units=tuple(getattr(lm_model, name) for name in unit_names(train["gather_units"])) or None,
+            gather_units=gather_units_of(train["gather_units"], lm_model),
             pad_uneven_params=train["pad_uneven_params"], shard_ema=train["shard_ema"],
             params_split_info=str(self.out / "params_info"),
         )

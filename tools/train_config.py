@@ -15,7 +15,7 @@ from typing import Any, Dict, Optional
 import yaml
 
 __all__ = ["DEFAULTS", "add_override_flags", "load_config", "build_config", "check_config", "per_rank_batch",
-           "overrides_from_args", "unit_names", "UNIT_CLASSES"]
+           "overrides_from_args", "unit_names", "gather_units_of", "UNIT_CLASSES"]
 
 DEFAULTS: Dict[str, Dict[str, Any]] = {
     "model": {"vocab_size": 32, "d_model": 64, "n_layers": 2, "n_heads": 4, "d_ff": 128, "max_len": 16},
@@ -26,7 +26,7 @@ DEFAULTS: Dict[str, Dict[str, Any]] = {
         "mode": "graph",
         "zero_stage": 3,
         "reshard_after_forward": True,
-        "gather_units": "",
+        "gather_units": "auto",
         "pad_uneven_params": False,
         "shard_ema": False,
         "steps": 100,
@@ -155,10 +155,11 @@ def check_config(cfg: Dict[str, Dict[str, Any]]) -> None:
 
     _require(train["zero_stage"] in STAGES, "zero_stage", f"one of {list(STAGES)}", train["zero_stage"])
     _require(train["mode"] in MODES, "mode", f"one of {list(MODES)}", train["mode"])
-    units = unit_names(train["gather_units"])
+    units = [] if train["gather_units"] == "auto" else unit_names(train["gather_units"])
     _require(all(name in UNIT_CLASSES for name in units), "gather_units",
-             f"empty or comma-separated names from {list(UNIT_CLASSES)}", train["gather_units"])
-    _require(not units or train["zero_stage"] == 3, "gather_units", "empty below zero_stage 3", train["gather_units"])
+             f"'auto', empty or comma-separated names from {list(UNIT_CLASSES)}", train["gather_units"])
+    _require(not units or train["zero_stage"] == 3, "gather_units", "'auto' or empty below zero_stage 3",
+             train["gather_units"])
     _require(train["optimizer"] in OPTIMIZERS, "optimizer", f"one of {list(OPTIMIZERS)}", train["optimizer"])
     _require(train["steps"] >= 1, "steps", ">= 1", train["steps"])
     _require(train["gradient_accumulation_steps"] >= 1, "gradient_accumulation_steps", ">= 1",
@@ -174,6 +175,15 @@ def check_config(cfg: Dict[str, Dict[str, Any]]) -> None:
 def unit_names(text: str) -> list:
     """``gather_units`` ("Block,TransformerLM") as a list of names; [] for an empty string."""
     return [name.strip() for name in text.split(",") if name.strip()]
+
+
+def gather_units_of(text: str, module):
+    """The ``gather_units`` argument for the config's text: "auto" as it is (the library's default:
+    the model's repeated blocks), an empty string None (a gather per Cell), names the classes of
+    ``module``."""
+    if text == "auto":
+        return "auto"
+    return tuple(getattr(module, name) for name in unit_names(text)) or None
 
 
 def per_rank_batch(cfg: Dict[str, Dict[str, Any]], world: int) -> int:

@@ -1,5 +1,6 @@
 """``shard_network``: turn a network into its ZeRO-3 form in place (the entry point)."""
 import logging
+from dataclasses import replace
 from typing import Dict, Optional
 
 from mindspore import nn
@@ -217,7 +218,8 @@ def _shard(network, cells: tuple, group, match, options: Stage3Options):
     in_place = in_place_state(cells)  # frozen state a Cell writes: never sharded ([Note: split rule])
     size = group_size_and_rank(group)[0]
     split_ids = {id(p) for p in params if splits_over(p, size, options.pad_uneven_params, id(p) not in in_place)}
-    units, match, slots, plans = _plan_units(network, cells, params, split_ids, match, options)
+    units, match, slots, plans, classes = _plan_units(network, cells, params, split_ids, match, options)
+    options = replace(options, gather_units=classes or None)  # what was done, for check_same_as
     recomputed = _recompute_records(cells, {id(child) for _, _, child in slots})
     build, owner = GatherBuild(), object()  # owner: this call, on every record (ZeroParam.owner)
     try:
@@ -248,9 +250,9 @@ def _shard(network, cells: tuple, group, match, options: Stage3Options):
 
 
 def _plan_units(network, cells: tuple, params: tuple, split_ids: set, match, options: Stage3Options):
-    """The gather units, the Cell matcher outside them, the replacement slots and the rewrite plans;
-    with ``gather_units="auto"`` the repeated blocks, or no units where they cannot be ([Note: units
-    by default] in ``auto_units.py``). Nothing is modified."""
+    """The gather units, the Cell matcher outside them, the replacement slots, the rewrite plans and the
+    unit classes used (a tuple, empty for none); with ``gather_units="auto"`` the repeated blocks, or no
+    units where they cannot be ([Note: units by default] in ``auto_units.py``). Nothing is modified."""
     classes = options.gather_units
     if classes == AUTO_UNITS:
         classes = repeated_blocks(network, lambda p: id(p) in split_ids) if options.zeropp is None else ()
@@ -266,12 +268,13 @@ def _plan_units(network, cells: tuple, params: tuple, split_ids: set, match, opt
 
 
 def _plan_with(network, cells: tuple, params: tuple, split_ids: set, match, classes):
+    classes = tuple(classes or ())
     units = find_units(network, classes) if classes else {}
     if units:
         match = _outside_units(match, units)
     slots = _replacement_slots(network, match)
     plans = plan_rewrites(network, cells, params, split_ids, {id(child) for _, _, child in slots}, units)
-    return units, match, slots, plans
+    return units, match, slots, plans, classes
 
 
 def _warn_whole(candidates, size: int) -> None:

@@ -56,7 +56,8 @@ class ZeroState:
     """What ``shard_network`` built ([Note: zero3 state]), on the top Cell as ``zero3_state``.
 
     Attributes:
-        options (Stage3Options): the options the network was sharded with.
+        options (Stage3Options): the options the network was sharded with, ``gather_units`` as done: the
+            unit classes, or None for a gather per Cell ([Note: units by default] in auto_units.py).
         calls (tuple): every ``GatherCall`` of the network, in the network's order.
         recomputed (tuple): ``recomputed_cells``' lines: the readers whose code is not direct.
     """

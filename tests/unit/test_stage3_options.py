@@ -52,7 +52,8 @@ def test_the_options_are_one_frozen_value_built_from_the_keywords():
 def test_prepare_network_marks_the_network_with_its_options():
     net = prepare_network(LossNet(init_weights(TinyNet())), 3, reshard_after_forward=False, pad_uneven_params=True)
     assert _sharded(net)
-    assert options_of(net) == [Stage3Options(reshard_after_forward=False, pad_uneven_params=True)]
+    # gather_units as done: TinyNet has no repeated block ([Note: units by default])
+    assert options_of(net) == [Stage3Options(reshard_after_forward=False, gather_units=None, pad_uneven_params=True)]
     below = LossNet(init_weights(TinyNet()))
     assert prepare_network(below, 2) is below and options_of(below) == []  # nothing sharded, nothing marked
 
@@ -65,12 +66,13 @@ def test_prepare_train_network_keeps_the_networks_options(given, tmp_path):
     assert train.zero_stage == 3
     # reshard_after_forward=False held: no Cell was marked with recompute() by either call
     assert not any(c._has_config_recompute for _, c in train.network.cells_and_names())
-    assert options_of(train.network) == [Stage3Options(reshard_after_forward=False, pad_uneven_params=True)]
+    assert options_of(train.network) == [Stage3Options(reshard_after_forward=False, gather_units=None,
+                                                       pad_uneven_params=True)]
 
 
 def test_a_loss_cell_around_the_prepared_network_finds_its_options(tmp_path):
     inner = prepare_network(init_weights(TinyNet()), 3, reshard_after_forward=False)
-    with pytest.raises(ValueError, match="'gather_units': got \\(<class 'models.TinyNet'>,\\), the network has 'auto'"):
+    with pytest.raises(ValueError, match="'gather_units': got \\(<class 'models.TinyNet'>,\\), the network has None"):
         _train(LossNet(inner), tmp_path, gather_units=(TinyNet,))
     _train(LossNet(inner), tmp_path)
 
