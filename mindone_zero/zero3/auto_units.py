@@ -19,7 +19,9 @@ units, and the first call slower (MindSpore's autodiff compiles about k * k smal
 step decides.
 
 What falls back to a gather per reading Cell, without an error: ZeRO++ options (their gathers are
-per parameter), a network without a repeated block, and a network whose blocks cannot be units
+per parameter), ``parallel_modules`` or ``special_cases_parallel_module`` given (the caller asked
+for its layers to be replaced, which does not happen inside a unit), a network without a repeated
+block, and a network whose blocks cannot be units
 (their code cannot be threaded, a Cell shared between blocks, a layer that gathers itself: the
 reasons ``gather_units=(Block,)`` raises for). The fallback is logged at INFO with the reason. Pass
 ``gather_units=None`` for a gather per reading Cell, or a tuple of classes to choose the units.

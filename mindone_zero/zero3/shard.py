@@ -255,7 +255,8 @@ def _plan_units(network, cells: tuple, params: tuple, split_ids: set, match, opt
     units where they cannot be ([Note: units by default] in ``auto_units.py``). Nothing is modified."""
     classes = options.gather_units
     if classes == AUTO_UNITS:
-        classes = repeated_blocks(network, lambda p: id(p) in split_ids) if options.zeropp is None else ()
+        per_cell = options.zeropp is not None or options.parallel_modules or options.special_cases_parallel_module
+        classes = () if per_cell else repeated_blocks(network, lambda p: id(p) in split_ids)
         if classes:
             try:
                 return _plan_with(network, cells, params, split_ids, match, classes)

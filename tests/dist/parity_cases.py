@@ -127,6 +127,7 @@ GRAPH_CASES = {
         dict(kind="graph", name="s1_offload", stage=1, offload=True, clip=True, optimizer="momentum"),
         dict(kind="graph", name="s3_offload", stage=3, offload=True, optimizer="momentum"),
         dict(kind="graph", name="s3_lm", stage=3, net="lm", clip=True),
+        dict(kind="graph", name="s3_lm_auto", stage=3, net="lm2", units="auto", clip=True),  # the default's units
         dict(kind="graph", name="s3_lora", stage=3, net="lora", clip=True),  # frozen: gathers, no reduce-scatter
     ],
     4: [dict(kind="graph", name="s3_hpz", stage=3, net="noscalar", zeropp=_QUANT, hpz=True),

@@ -2,8 +2,9 @@
 
 One msrun job at N=2 (``workers/units_worker.py``) trains each case twice with
 ``prepare_train_network`` at stage 3, 2 micro-steps per optimizer step and gradient clipping:
-without ``gather_units`` and with them. Cases: the demo LM (``tools/lm_model.py``) with
-``(Block,)`` in GRAPH_MODE with both ``reshard_after_forward`` values, with nested units
+with ``gather_units=None`` and with units. Cases: the demo LM (``tools/lm_model.py``) with
+``(Block,)`` in GRAPH_MODE with both ``reshard_after_forward`` values, with the default (the
+argument left out, which makes the Blocks units), with nested units
 ``(Block, TransformerLM)``, and in PYNATIVE_MODE (MindOne's split rule, the default: every dim 0
 divides by 2); a stack of Dense-holding Cells (uneven shapes, so sharded with
 ``pad_uneven_params=True``, a LayerNorm between, Dense layers computing in float16: two gather
@@ -32,6 +33,8 @@ CASES = [
     # dropped: per micro-step, the re-gathers MindSpore drops outside the units ([Note: dropped
     # re-gathers]): the 2 embedding tables and the final LayerNorm's beta
     {"name": "lm_graph_reshard", "model": "lm", "units": ["Block"], "reshard": True, "steps": 3, "dropped": 3},
+    # the default, gather_units left out ([Note: units by default] in mindone_zero/zero3/auto_units.py)
+    {"name": "lm_graph_default", "model": "lm", "units": "auto", "reshard": True, "steps": 3, "dropped": 3},
     {"name": "lm_graph_keep", "model": "lm", "units": ["Block"], "reshard": False, "steps": 3},
     {"name": "lm_graph_nested", "model": "lm", "units": ["Block", "TransformerLM"], "reshard": True, "steps": 3},
     {"name": "mlp_graph_fp16", "model": "dense", "units": ["MLP"], "reshard": True, "fp16": True, "steps": 3},
@@ -85,6 +88,17 @@ def test_one_gather_and_one_reduce_scatter_per_unit_and_micro_step(reports, name
     assert counts["all_gather"] == gathers * counts["reduce_scatter"] - dropped
 
 
+def test_by_default_the_blocks_are_the_units(reports):
+    """gather_units left out: the demo LM's Blocks are units, the run is the one with
+    ``gather_units=(Block,)``, bit for bit and collective for collective, and the network keeps the
+    classes it was sharded with."""
+    for default, named in zip(reports("lm_graph_default"), reports("lm_graph_reshard")):
+        assert default["unit_classes"] == ["Block"] and named["unit_classes"] == ["Block"]
+        assert default["losses"] == named["losses"] and default["plan"] == named["plan"]
+        assert default["unit_parts"] == named["unit_parts"]
+    assert reports("lm_graph_shared")[0]["unit_classes"] == []
+
+
 def test_identical_groups_call_one_gather_cell(reports):
     """[Note: shared gather graphs] in mindone_zero/zero3/gather_build.py: the demo LM's 7 coalesced
     groups (its Dense layers q, k, v, out, fc1, fc2, head) call 4 gather Cells, one for the four
@@ -108,7 +122,8 @@ def test_a_weight_over_1_mib_is_gathered_alone(reports):
     assert ["all_gather", "mccl_world_group", 520 * 520 * 4, 2] in rep["plan"]
 
 
-@pytest.mark.parametrize("name,total,base_total", [("lm_graph_reshard", 33, 83), ("lm_graph_keep", 27, 63),
+@pytest.mark.parametrize("name,total,base_total", [("lm_graph_reshard", 33, 83), ("lm_graph_default", 33, 83),
+                                                   ("lm_graph_keep", 27, 63),
                                                    ("lm_graph_nested", 15, 83), ("lm_pynative", 39, 93)])
 def test_demo_lm_collectives_per_optimizer_step(reports, name, total, base_total):
     """Issue 11's count at stage 3 (2 micro-steps): 83 per optimizer step without units in GRAPH_MODE

@@ -12,7 +12,7 @@ from mindone_zero import prepare_network, prepare_train_network
 from mindone_zero.zero3.auto_units import repeated_blocks
 from mindone_zero.zero3.options import Stage3Options
 from mindone_zero.zero3.state import options_of
-from parallel_modules import shard_network
+from parallel_modules import Dense, shard_network
 from tools.lm_model import Block, LMLoss, build_lm, init_lm_weights, reversal_batch
 
 ms.set_device("CPU")
@@ -163,3 +163,14 @@ def test_the_network_keeps_what_the_default_did(tmp_path):
     assert options_of(train.network) == [Stage3Options(gather_units=(Block,))]
     stack = prepare_network(_Stack([nn.Dense(4, 4), nn.Dense(4, 4)]), 3)
     assert options_of(stack) == [Stage3Options(gather_units=None)]
+
+
+@pytest.mark.parametrize("given", [dict(parallel_modules={nn.Dense: Dense}),
+                                   dict(special_cases_parallel_module={nn.Dense: Dense})],
+                         ids=["parallel_modules", "special_cases"])
+def test_a_module_map_given_keeps_the_layers_replaced(given):
+    """Cells inside a unit are not replaced: a caller who names layer classes gets them."""
+    ms.set_context(mode=ms.GRAPH_MODE)
+    net = shard_network(init_lm_weights(build_lm(LM), 0), **given)
+    assert not any(hasattr(c, "zero3_unit_gather") for _, c in net.cells_and_names())
+    assert isinstance(net.blocks[0].fc1, Dense)

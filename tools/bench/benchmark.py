@@ -340,7 +340,9 @@ def _notes(rows: List[dict]) -> List[str]:
         notes.append(f"- \"3 (units)\": stage 3 with gather_units=({'; '.join(units)}): each unit's parameters in one "
                      f"all-gather (again in backward, without recomputing the unit's layers) and one reduce-scatter ([Note: gather units] in "
                      f"mindone_zero/zero3/units.py); \"3 (units, keep)\" the same units with "
-                     f"reshard_after_forward=False.")
+                     f"reshard_after_forward=False. The rows \"3\" and \"3 (keep)\" gather per Cell "
+                     f"(gather_units=None); the library's default, gather_units=\"auto\", makes the demo LM's "
+                     f"blocks units ([Note: units by default] in mindone_zero/zero3/auto_units.py).")
     idle = sorted({r["idle"] for r in rows if r.get("idle")})
     if idle:
         notes.append(f"- \"0 (+k idle collectives)\": stage 0 with k extra 4-byte all-reduces per optimizer step (k = "

@@ -18,8 +18,9 @@ Three msrun jobs of ``--world_size`` ranks (rank 0's figures are reported):
 
 1. *Timing*, one msrun job per row, depth and round. Each train step (``nn.TrainOneStepCell`` under
    ``DATA_PARALLEL``, which all-reduces its gradients through ``nn.DistributedGradReducer``:
-   MindSpore's own data-parallel step; this library at stages 0-3; stage 3 with
-   ``gather_units=(Block,)``, or the classes ``--unit_cells`` names; MindOne's
+   MindSpore's own data-parallel step; this library at stages 0-3 (stage 3 with a gather per Cell,
+   ``gather_units=None``); stage 3 with ``gather_units=(Block,)`` (what the default, ``"auto"``,
+   picks on this model), or the classes ``--unit_cells`` names; MindOne's
    ``prepare_train_network`` at stages 0 and 1 where ``mindone.trainers.zero`` imports) is built in
    a new process, as a training job builds it, after one small warm-up compile, and its first call
    (compile and one step) timed in wall and CPU seconds (the process's CPU, all threads), then
@@ -484,7 +485,9 @@ def render_page(results: dict) -> str:
             "described in `tools/bench/benchmark_compile.py`'s docstring. With several rounds a cell lists "
             "one figure per round, rounds in order. A ratio is the row's first call over the first row's "
             "(`nn.TrainOneStepCell`) at the same depth, in the same round. On a shared machine "
-            "the CPU seconds (the rank's process, all threads) move less than the wall seconds.",
+            "the CPU seconds (the rank's process, all threads) move less than the wall seconds. The row "
+            "\"stage 3\" gathers per Cell (`gather_units=None`); the library's default (`\"auto\"`) makes "
+            "this model's blocks units, the row \"stage 3, gather_units=(Block,)\".",
             results["skipped"] or "MindOne's rows use `mindone.trainers.zero.prepare_train_network`.",
             "## First call and later steps", timing_table(report["timing"], rows, args["depths"])]
     least = least_table(report["timing"], rows, args["depths"])

@@ -24,6 +24,7 @@ from mindspore.communication import create_group
 
 from mindone_zero import prepare_train_network
 from mindone_zero.core.comm import NATIVE_ITEMSIZE, NATIVE_OP, NATIVE_SCALE, NATIVE_SHARE
+from mindone_zero.train.comm_accounting import network_gathers
 from lora_models import build_own_lora
 from models import LossNet, SparseCELoss, TinyNet, init_weights, make_optimizer, micro_batch
 from tools.lm_model import LMLoss, build_lm, init_lm_weights, reversal_batch
@@ -93,8 +94,8 @@ def _hpz_group(rank: int, world: int) -> str:
 def _network(case, rank, world):
     """(loss network, optimizer, one micro-batch's inputs) of ``case``."""
     net = case.get("net", "tiny")
-    if net == "lm":
-        loss = LMLoss(init_lm_weights(build_lm(LM), 0))
+    if net in ("lm", "lm2"):  # lm2: two blocks, which the default makes gather units
+        loss = LMLoss(init_lm_weights(build_lm(dict(LM, n_layers=2) if net == "lm2" else LM), 0))
         arrays = reversal_batch(1, 0, 4 * world, 8, LM["vocab_size"])
         inputs = tuple(Tensor(a[rank * 4:(rank + 1) * 4]) for a in arrays)
     elif net == "lora":  # its base frozen (tests/lora_models.py)
@@ -116,6 +117,13 @@ def _network(case, rank, world):
     return loss, make_optimizer(loss.trainable_params(), case.get("optimizer", "adam")), inputs
 
 
+def _gather_units(names, classes):
+    """The case's ``gather_units``: "auto" as it is (the default), else the named classes or None."""
+    if names == "auto":
+        return "auto"
+    return tuple(classes[u] for u in names) or None
+
+
 def _build(case, rank, world, hybrid, out):
     loss, optimizer, inputs = _network(case, rank, world)
     zeropp = dict(case["zeropp"]) if case.get("zeropp") else None
@@ -126,8 +134,8 @@ def _build(case, rank, world, hybrid, out):
     train = prepare_train_network(
         loss, optimizer, zero_stage=case["stage"], clip_grad=case.get("clip", False), clip_norm=2.0,
         optimizer_offload=case.get("offload", False), reshard_after_forward=case.get("reshard", True),
-        pad_uneven_params=case.get("net") not in ("lm", "wide"), zeropp=zeropp,
-        gather_units=tuple(units[u] for u in case.get("units", ())) or None,
+        pad_uneven_params=case.get("net") not in ("lm", "lm2", "wide"), zeropp=zeropp,
+        gather_units=_gather_units(case.get("units", ()), units),
         params_split_info=os.path.join(out, f"graph_{case['name']}_info"), **groups)
     train.set_train(True)
     return train, inputs
@@ -154,7 +162,11 @@ def run_graph_case(case, out, rank, world, hybrid, keep_alive: list) -> dict:
                 os.environ["MS_DEV_DUMP_IR_PASSES"] = passes
         graph = compiled_collectives(folder)
         shutil.rmtree(folder, ignore_errors=True)
+        records = [r for r in network_gathers(train.network) if r.gathers]
         return {"plan": [list(e) for e in train.comm_plan.entries], "graph": graph,
+                "groups": {"gathering": len(records), "reducing": sum(1 for r in records if r.reduces),
+                           "unit": sum(1 for r in records if r.kind == "unit"),
+                           "unit_bytes": [r.gathered_nbytes for r in records if r.kind == "unit"]},
                 "ops": dict(Counter(e[3] for e in graph)),
                 "regathered": [g["name"] for g in train.param_gathers() if g["regathered"]]}
     except Exception:  # noqa: BLE001 - reported to the test, which fails with it; the job goes on

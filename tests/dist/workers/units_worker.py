@@ -42,7 +42,7 @@ from mindone_zero.zero3 import gather_build  # noqa: E402
 from mindone_zero.zero3.coalesce import ZeroGatherGroup  # noqa: E402
 from mindone_zero.zero3.gather_group import GatherGroup  # noqa: E402
 from mindone_zero.zero3.param_wrapper import gathers_split  # noqa: E402
-from mindone_zero.zero3.state import unit_gathers  # noqa: E402
+from mindone_zero.zero3.state import options_of, unit_gathers  # noqa: E402
 from parallel_modules import Dense, shard_network  # noqa: E402
 from tools.lm_model import Block, LMLoss, TransformerLM, build_lm, init_lm_weights, reversal_batch  # noqa: E402
 
@@ -114,6 +114,9 @@ def _build(case):
 
 
 def _units(case):
+    """The case's unit classes; "auto" for the library's default (the argument left out)."""
+    if case["units"] == "auto":
+        return "auto"
     names = {"Block": Block, "TransformerLM": TransformerLM, "MLP": MLP, "Wide": Wide}
     return tuple(names[n] for n in case["units"])
 
@@ -167,10 +170,11 @@ def _train(case, units, rank, world, out):
     built, undo = _counting_builds()
     try:
         # the Dense stack's shapes do not divide by 2 on purpose: it shards with the padded rule; the LM's do
+        given = {} if units == "auto" else {"gather_units": units}  # "auto": the default, left out
         train = prepare_train_network(
             net, opt, zero_stage=3, gradient_accumulation_steps=ACCUM, clip_grad=True, clip_norm=0.5,
-            reshard_after_forward=case["reshard"], gather_units=units, pad_uneven_params=case["model"] == "dense",
-            params_split_info=os.path.join(out, "split_info", case["name"] + str(bool(units))))
+            reshard_after_forward=case["reshard"], pad_uneven_params=case["model"] == "dense",
+            params_split_info=os.path.join(out, "split_info", case["name"] + str(bool(units))), **given)
     finally:
         undo()
     _BUILT[id(train)] = len(built)
@@ -286,6 +290,7 @@ def run_case(case, rank, world, out):
     return {"case": case["name"], "rank": rank, "world": world, "losses": losses, "base_losses": base_losses,
             "shards_equal_each_step": same, "plan": plan, "base_plan": base_plan, "unit_entries": unit_entries,
             "unit_parts": parts, "accum": ACCUM, "gather_cells": _gather_cells(train),
+            "unit_classes": [c.__name__ for c in options_of(train.network)[0].gather_units or ()],
             "base_gather_cells": _gather_cells(base)}
 
 

@@ -12,7 +12,8 @@ from mindspore import Tensor
 from tools import train
 from tools.estimate_memory import count_params_from_config
 from tools.lm_model import SEP, LMLoss, build_lm, init_lm_weights, reversal_batch
-from tools.train_config import DEFAULTS, build_config, load_config, per_rank_batch, unit_names
+from tools import lm_model
+from tools.train_config import DEFAULTS, build_config, gather_units_of, load_config, per_rank_batch, unit_names
 
 ROOT = Path(__file__).resolve().parents[3]
 
@@ -43,7 +44,10 @@ def test_stage3_options_from_the_command_line():
     cfg = load_config(str(CONFIG), {"gather_units": " Block, TransformerLM", "reshard_after_forward": False})
     assert unit_names(cfg["train"]["gather_units"]) == ["Block", "TransformerLM"]
     assert cfg["train"]["reshard_after_forward"] is False
-    assert unit_names(DEFAULTS["train"]["gather_units"]) == [] and DEFAULTS["train"]["reshard_after_forward"] is True
+    assert DEFAULTS["train"]["gather_units"] == "auto" and DEFAULTS["train"]["reshard_after_forward"] is True
+    # the library's default, a gather per Cell, the named classes
+    assert gather_units_of("auto", lm_model) == "auto" and gather_units_of("", lm_model) is None
+    assert gather_units_of(" Block, TransformerLM", lm_model) == (lm_model.Block, lm_model.TransformerLM)
 
 
 def test_shipped_config_loads_and_is_the_default_demo():
@@ -63,9 +67,9 @@ def test_shipped_config_loads_and_is_the_default_demo():
     ({"train": {"mode": "eager"}}, "'mode' must be one of ['graph', 'pynative'], but got 'eager'"),
     ({"train": {"ckpt_interval": -1}}, "'ckpt_interval' must be >= 0"),
     ({"train": {"gather_units": "Block,Dense"}},
-     "'gather_units' must be empty or comma-separated names from ['Block', 'Attention', 'TransformerLM'], but got "
+     "'gather_units' must be 'auto', empty or comma-separated names from ['Block', 'Attention', 'TransformerLM'], but got "
      "'Block,Dense'"),
-    ({"train": {"zero_stage": 2, "gather_units": "Block"}}, "'gather_units' must be empty below zero_stage 3, but got "
+    ({"train": {"zero_stage": 2, "gather_units": "Block"}}, "'gather_units' must be 'auto' or empty below zero_stage 3, but got "
      "'Block'"),
     ({"train": {"reshard_after_forward": "no"}}, "'train.reshard_after_forward' from the config must be a bool"),
 ])
