@@ -137,8 +137,8 @@ def estimate_peak_memory(num_params, world_size: int, zero_stage: int, largest_l
         world_size: as in ``estimate_model_states_memory``.
         zero_stage: as in ``estimate_model_states_memory``.
         largest_layer_params: parameters ``L`` of the largest layer (the most that are gathered at
-            once; for a Transformer block recomputed as one Cell, the whole block; with
-            ``gather_units``, the largest unit), 0 <= L <= P.
+            once; for a Transformer block recomputed as one Cell, the whole block; with gather
+            units, which by default are a model's repeated blocks, the largest unit), 0 <= L <= P.
         param_bytes: as in ``estimate_model_states_memory``.
         grad_bytes: as in ``estimate_model_states_memory``.
         optimizer_bytes: as in ``estimate_model_states_memory``.

@@ -116,17 +116,11 @@ def test_none_and_zeropp_gather_per_cell(given):
     assert not any(hasattr(c, "zero3_unit_gather") for _, c in net.cells_and_names())
 
 
-class _LoopBlock(nn.Cell):
+class _LoopBlock(_Stack):
     """A block whose code loops over its layers: it cannot be a unit."""
 
     def __init__(self):
-        super().__init__()
-        self.layers = nn.CellList([nn.Dense(4, 4), nn.Dense(4, 4)])
-
-    def construct(self, x):
-        for layer in self.layers:
-            x = layer(x)
-        return x
+        super().__init__([nn.Dense(4, 4), nn.Dense(4, 4)])
 
 
 def test_blocks_that_cannot_be_units_fall_back_to_a_gather_per_cell(caplog):

@@ -106,8 +106,8 @@ def _init(net, seed):
 
 
 def _build(case):
-    if case["model"] == "lm":
-        return LMLoss(init_lm_weights(build_lm(LM), 0))
+    if case["model"] == "lm":  # one block unless the case says "layers"
+        return LMLoss(init_lm_weights(build_lm(dict(LM, n_layers=case.get("layers", 1))), 0))
     if case["model"] == "wide":
         return _init(WideLoss(), 0)
     return _init(DenseStack(case.get("fp16", False)), 0)
@@ -158,7 +158,7 @@ _PLAIN = {}  # what _train gave without units, by what it depends on: each such 
 def _train_plain(case, rank, world, out):
     """``_train(case, None, ...)``, run once for every case with the same model, mode, steps and
     ``reshard``: several cases compare with the same run without units."""
-    key = (case["model"], case.get("mode"), case["steps"], case["reshard"], case.get("fp16"))
+    key = (case["model"], case.get("layers"), case.get("mode"), case["steps"], case["reshard"], case.get("fp16"))
     if key not in _PLAIN:
         _PLAIN[key] = _train(case, None, rank, world, out)
     return _PLAIN[key]
