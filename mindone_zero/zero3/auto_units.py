@@ -7,9 +7,9 @@ in ``units.py``), as a DeepSpeed or FSDP user wraps each transformer layer. A re
 class of the elements of a ``CellList`` or ``SequentialCell`` that holds at least two Cells, all of
 that one class, in each of which at least two Cells hold split parameters (a block of layers, not a
 layer: a layer's own parameters are one coalesced group already, [Note: coalesced gathers] in
-``coalesce.py``). Lists inside a chosen
-block are not searched (one level of units: the outermost repeated block). The network's top Cell
-is never a unit.
+``coalesce.py``). Lists inside a chosen block are not searched (one level of units: the outermost
+repeated block). The network's top Cell is never a unit. A block is chosen by structure, not by
+size: pass a tuple of classes where a repeated Cell is too large to be gathered at once.
 
 Why this default (measured by ``tools/bench/benchmark_compile.py``, the 24- and 48-block narrow LM,
 N=2, on the CPU backend; the figures are on the compile page): a block of k tensors sends one
@@ -21,10 +21,10 @@ step decides.
 What falls back to a gather per reading Cell, without an error: ZeRO++ options (their gathers are
 per parameter), ``parallel_modules`` or ``special_cases_parallel_module`` given (the caller asked
 for its layers to be replaced, which does not happen inside a unit), a network without a repeated
-block, and a network whose blocks cannot be units
-(their code cannot be threaded, a Cell shared between blocks, a layer that gathers itself: the
-reasons ``gather_units=(Block,)`` raises for). The fallback is logged at INFO with the reason. Pass
-``gather_units=None`` for a gather per reading Cell, or a tuple of classes to choose the units.
+block, and a network whose blocks cannot be units (their code cannot be threaded, a Cell shared
+between blocks, a layer that gathers itself: the reasons ``gather_units=(Block,)`` raises for; this
+fallback is logged at INFO with the reason). Pass ``gather_units=None`` for a gather per reading
+Cell, or a tuple of classes to choose the units.
 """
 from typing import Callable, Set
 

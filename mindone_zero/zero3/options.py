@@ -27,7 +27,7 @@ from .zeropp import ZeroPPConfig
 __all__ = ["Stage3Options", "AUTO_UNITS"]
 
 AUTO_UNITS = "auto"
-"""``gather_units``' default: the network's repeated blocks are units ([Note: units by default] in units.py)."""
+"""``gather_units``' default: the network's repeated blocks are units ([Note: units by default] in auto_units.py)."""
 
 
 @dataclass(frozen=True)
@@ -130,7 +130,7 @@ def _gather_units(where: str, value, zero_stage: int, zeropp: Optional[ZeroPPCon
     if value is None or (isinstance(value, (tuple, list)) and not value):  # a gather per reading Cell
         return None
     if isinstance(value, str) and value == AUTO_UNITS:
-        return AUTO_UNITS  # shard_network finds the blocks, or none ([Note: units by default] in units.py)
+        return AUTO_UNITS  # shard_network finds the blocks, or none ([Note: units by default] in auto_units.py)
     ok = isinstance(value, (tuple, list)) and len(value) > 0 and all(
         isinstance(c, type) and issubclass(c, nn.Cell) for c in value)
     if not ok:
