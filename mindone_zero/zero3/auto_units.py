@@ -50,9 +50,8 @@ def repeated_blocks(network: nn.Cell, is_split: Callable[[object], bool]) -> tup
                 if cls not in found:
                     found.append(cls)
                 return
-        for name, child in child_cells(cell).items():
-            if child is not None and name != RECOMPUTE_WRAPPER:
-                walk(child, False)
+        for child in _children(cell):
+            walk(child, False)
 
     walk(network, True)
     return tuple(found)
@@ -61,7 +60,7 @@ def repeated_blocks(network: nn.Cell, is_split: Callable[[object], bool]) -> tup
 def _block_class(cells: nn.Cell, is_split) -> type:
     """The one class of the Cells of the list ``cells`` when there are two or more and each holds two
     or more split parameters; else None."""
-    items = [c for name, c in child_cells(cells).items() if c is not None and name != RECOMPUTE_WRAPPER]
+    items = _children(cells)
     if len(items) < 2 or len({type(c) for c in items}) != 1:
         return None
     if isinstance(items[0], (nn.CellList, nn.SequentialCell)):
@@ -78,9 +77,13 @@ def _owners_of_split(cell: nn.Cell, is_split) -> int:
     def walk(c):
         if any(p is not None and is_split(p) for p in own_params(c).values()):
             owners.add(id(c))
-        for name, child in child_cells(c).items():
-            if child is not None and name != RECOMPUTE_WRAPPER:
-                walk(child)
+        for child in _children(c):
+            walk(child)
 
     walk(cell)
     return len(owners)
+
+
+def _children(cell: nn.Cell) -> list:
+    """``cell``'s child Cells, without empty slots and MindSpore's recompute wrapper."""
+    return [c for name, c in child_cells(cell).items() if c is not None and name != RECOMPUTE_WRAPPER]

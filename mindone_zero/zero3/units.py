@@ -57,8 +57,9 @@ tuple) moves the cost to the tuple of loaded shards; one flat buffer cut per rea
 two-way splits, would trade the zeros for copies of the unit's gradient at every step. So units
 compile slower than per-layer gathers (the benchmark's page shows by how much). What they buy is
 fewer, larger collectives, each a synchronization of the ranks on a device; packing and unpacking
-costs a few kernels per member, so on the CPU backend a unit's step is no faster than per-layer
-gathers (``tools/bench/benchmark_compile.py``, ``--unit_cells`` for other unit classes).
+costs a few kernels per member, so on the CPU backend a unit's step gains most where a unit holds
+many tensors, and little where it holds few (``tools/bench/benchmark_compile.py``, ``--unit_cells``
+for other unit classes; [Note: units by default] in ``auto_units.py``).
 """
 from dataclasses import replace
 from typing import Dict, List, Optional, Tuple
