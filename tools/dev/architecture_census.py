@@ -52,6 +52,12 @@ The definitions (one line each in the table; ``architecture_census_worker.py`` s
    their files, in the order each function is first called, the distinct files and the re-entries (a
    file entered again after the sequence moved to another); per call too. Upward calls: package calls
    from a lower layer into a higher one (core < zero3, offload < train < checkpoint, memory < cli).
+   8b. Tangled returns (issue 58's Goals): of those calls, each that enters a non-leaf file (one from
+   which the trace calls into another package file outside ``core``) that the network had entered
+   and left for a file other than its callers of then, while no frame of that file is on the call
+   stack: data re-entering a module that was done with it. A caller resuming, a caller's loop that
+   calls the file again, and a call into a leaf helper are not tangled. By first call of each
+   function (as 8's headline), and per call.
 9. MindSpore private API in the package (AST): imports from ``mindspore`` of a private module or
    name; attributes starting with one ``_`` that MindSpore's classes have (``dir()`` of nn.Cell,
    Parameter, Tensor, the optimizers, Primitive ...) and the package does not define itself, or
@@ -370,6 +376,8 @@ DEFINITIONS = {
     "7": "class of mindone_zero/ with the most lines, end_lineno - lineno + 1 (AST)",
     "8": "package calls taking a Cell of the network (1a's trace), their files in first-call order of each "
          "function: distinct files, re-entries after leaving; per call; calls from a lower layer up",
+    "8b": "of 8's calls, those into a non-leaf file (one that calls a package file outside core/) that the network "
+          "had left for a file other than its callers, with no frame of the file on the stack; by first call, per call",
     "9": "imports of private mindspore modules/names; attributes _x that MindSpore's classes have and the package "
          "does not define (or on a mindspore import); string constants of such names (AST)",
     "10": "physical lines (wc -l) of mindone_zero/**/*.py; non-blank lines in brackets",
@@ -386,6 +394,7 @@ TITLES = {
     "6": "class-level patches alive after sharded_init's block",
     "7": "the largest class",
     "8": "following network, prepare_train_network -> returned Cell",
+    "8b": "tangled returns, prepare_train_network",
     "9": "MindSpore private API uses",
     "10": "lines of mindone_zero/",
 }
@@ -421,6 +430,8 @@ def trace_values(trace: dict) -> Dict[str, str]:
         "8": f"{follow['functions']['files']} files, {follow['functions']['reentries']} re-entries; per call "
              f"{follow['calls']['length']} calls, {follow['calls']['reentries']} re-entries; "
              f"{sum(train['upward_calls'].values())} upward calls",
+        "8b": f"{follow['tangled']['functions']['count']} (first calls); {follow['tangled']['calls']['count']} "
+              f"per call",
     }
 
 
@@ -527,6 +538,10 @@ def _trace_details(trace: dict) -> List[str]:
                         f"{fig['reentries']} re-entries", [f"per file: {_counts(fig['per_file'], short=True)}"])
     out += [f"   sequence: {' > '.join(_short(s) for s in train['follow']['functions']['sequence'])}",
             f"   upward calls: {_counts(train['upward_calls']) or 'none'}"]
+    for kind in ("functions", "calls"):
+        fig = train["follow"]["tangled"][kind]
+        out += _listing(f"8b. tangled returns, by {'first call' if kind == 'functions' else 'call'}: {fig['count']}",
+                        fig["list"][:40])
     return out
 
 

@@ -376,11 +376,11 @@ class Tracer:
         for value in frame.f_locals.values():
             values.extend(value if isinstance(value, (tuple, list)) else (value,))
         if any(id(v) in self.cells and self.cells[id(v)][1] is v for v in values):
-            self.followed.append((node.where, None))
+            self.followed.append((node.where, None, node))
         else:
             new = tuple(v for v in values if isinstance(v, self.nn.Cell) and id(v) not in self.alive)
             if new:
-                self.followed.append((node.where, new))
+                self.followed.append((node.where, new, node))
 
     # -------------------------------------------------------------- results
     def result(self, root):
@@ -394,14 +394,21 @@ class Tracer:
             node.walks = [w for w in node.walks if counts(w)]
         walks = sorted((w[0], n, w[1], w[2]) for n in self.nodes for w in n.walks)
         passes = {origin: self._passes(origin) for origin in ("user", "attached")}
-        calls = [w for w, new in self.followed if new is None or (root is not self.top and any(o is root for o in new))]
+        kept = [(w, n) for w, new, n in self.followed
+                if new is None or (root is not self.top and any(o is root for o in new))]
+        calls = [w for w, _ in kept]
+        firsts = {}
+        for where, node in kept:
+            firsts.setdefault(where, node)  # each function's first call, in call order
         return {
             "walks": len(walks),
             "walk_list": [{"by": n.where, "method": m, "receiver": k, "under": self._under(n)} for _, n, m, k in walks],
             "mutating_passes": len(passes["user"][0]), "passes": passes["user"][0],
             "mutations_outside_walks": passes["user"][1],
             "attached_passes": passes["attached"][0], "attached_outside_walks": passes["attached"][1],
-            "follow": {"functions": _follow_figures(list(dict.fromkeys(calls))), "calls": _follow_figures(calls)},
+            "follow": {"functions": _follow_figures(list(dict.fromkeys(calls))), "calls": _follow_figures(calls),
+                       "tangled": {"functions": _tangled(list(firsts.items()), self.nodes),
+                                   "calls": _tangled(kept, self.nodes)}},
             "upward_calls": dict(self.upward), "package_calls": len(self.nodes),
         }
 
@@ -446,6 +453,43 @@ def _follow_figures(wheres):
     return {"length": len(files), "files": distinct, "reentries": sum(again.values()),
             "per_file": dict(sorted(again.items(), key=lambda kv: (-kv[1], kv[0]))), "sequence": _runs(files),
             "order": list(wheres) if len(wheres) <= 200 else None}
+
+
+def _file(node) -> str:
+    return node.where.split(":")[0]
+
+
+def _tangled(entries, nodes):
+    """Tangled returns in ``entries`` ([("file:function", Node)] of calls that take the network, in call
+    order): a call into a non-leaf file (one from which the trace calls into another package file
+    outside ``core``, the bottom layer) that the network had entered and then left, with no frame of
+    that file on the call stack, and that the network left for a file other than its callers of
+    then. Not tangled: a caller resuming, a loop in a caller that calls the file again (only the
+    file's callers were visited in between), and calls into leaf helpers, which do not take the
+    network away from the file that called them. Returns the count and each one as "files visited in
+    between -> function (called from caller)"."""
+    nonleaf = {_file(n.parent) for n in nodes
+               if n.parent is not None and _file(n.parent) != _file(n) and layer_of(_file(n)) != LAYERS["core"]}
+    since, callers, previous, tangled = {}, {}, None, []  # since: file -> the files visited after it
+    for where, node in entries:
+        path, stack = _file(node), set()
+        parent = node.parent
+        while parent is not None:
+            stack.add(_file(parent))
+            parent = parent.parent
+        if path not in nonleaf:
+            continue  # a leaf helper: the network goes back to its caller
+        if path != previous and path in since and path not in stack:
+            away = [f for f in since[path] if f not in callers[path]]
+            if away:
+                caller = node.parent.where if node.parent is not None else "<entry>"
+                tangled.append(f"{', '.join(away)} -> {where} (called from {caller})")
+        for visited in since.values():
+            if path not in visited:
+                visited.append(path)
+        since[path], callers[path] = [], stack
+        previous = path
+    return {"count": len(tangled), "list": tangled}
 
 
 def _runs(sequence):

@@ -171,6 +171,28 @@ def test_reentries_and_layers():
     assert worker.layer_of("mindone_zero/__init__.py") is None
 
 
+def test_tangled_returns_count_a_module_reentered_after_it_was_done():
+    def node(where, parent):
+        return worker.Node(f"mindone_zero/{where}", parent)
+
+    entry = node("train/p.py:entry", None)
+    plan = node("zero3/u.py:plan", entry)
+    helper = node("zero3/h.py:cut", plan)  # u.py calls h.py, outside core: u.py is not a leaf
+    leaf = node("core/c.py:probe", helper)  # h.py calls only core: a leaf
+    resume = node("zero3/u.py:plan_more", entry)  # u.py again, only its callees in between: not tangled
+    apply = node("zero3/r.py:apply", entry)
+    h_again = node("zero3/h.py:cut", apply)  # a leaf: never tangled
+    inner = node("zero3/u.py:inner", apply)  # left for r.py, not on the stack: tangled
+    back = node("zero3/r.py:more", apply)  # r.py is on the stack (apply): a caller resuming
+    again = node("zero3/u.py:inner", back)  # a loop in r.py: only r.py, on the stack, in between
+    nodes = [entry, plan, helper, leaf, resume, apply, h_again, inner, back, again]
+    entries = [(n.where, n) for n in nodes]
+    assert worker._tangled(entries, nodes) == {
+        "count": 1, "list": ["mindone_zero/zero3/r.py -> mindone_zero/zero3/u.py:inner "
+                             "(called from mindone_zero/zero3/r.py:apply)"]}
+    assert worker._tangled(entries[:5], nodes) == {"count": 0, "list": []}
+
+
 def test_a_tree_without_the_package_is_refused(tmp_path, capsys):
     with pytest.raises(SystemExit):
         census.parse_args(["--tree", str(tmp_path)])
