@@ -42,12 +42,11 @@ from typing import List, Optional
 import mindspore as ms
 from mindspore import nn
 
+from ..core.to_float import dtype_flags
 from .carry import is_recompute_scoped, spread_recompute_scope
 from .param_wrapper import ZERO_PARAM_ATTR, zero_param_of
 
 __all__ = ["GatherBuild", "share_key"]
-
-_DTYPE_FLAGS = ("fp16", "bf16", "fp32")  # what ``to_float`` sets on a Cell and every Cell below it
 
 
 def share_key(plan, mark: Optional[str], flags: tuple) -> Optional[tuple]:
@@ -92,7 +91,7 @@ class GatherBuild:
             zeropp = plan.zeropp
             hpz_group = zeropp.hpz_group if zeropp is not None and is_recompute_scoped(caller) else None
             mark = "collective" if id(caller) in self._regathered else "scope" if is_recompute_scoped(caller) else None
-            flags = tuple((k, v) for k, v in sorted(caller.get_flags().items()) if k in _DTYPE_FLAGS)
+            flags = dtype_flags(caller)
             key = share_key(plan, mark, flags) if graph_mode and hpz_group is None else None
             gather = built.get(key) if key is not None else None
             if gather is None:

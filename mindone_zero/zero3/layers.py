@@ -22,7 +22,8 @@ from ..core.stage import StagePolicy, check_stage
 from .direct_reads import gather_attrs, source_indirect_reads
 from .layer_gathers import LayerGathers
 from .carry import carry_cell_state, check_carryable, is_recompute_scoped, reapply_recompute, recompute_options
-from .param_wrapper import (check_compute_dtype, check_group, compute_dtype_of)
+from ..core.to_float import compute_dtype_of
+from .param_wrapper import check_compute_dtype, check_group
 
 __all__ = ["Dense", "Linear", "Conv1d", "Conv2d", "Conv3d", "Mint_Conv2d", "Mint_Conv3d", "Embedding", "ZeroCell",
            "PARALLEL_MODULES"]

@@ -56,7 +56,6 @@ from functools import cached_property
 from typing import Optional
 
 import numpy as np
-import mindspore as ms
 from mindspore import Parameter, nn, ops
 
 from ..core.comm import GroupComm, group_size_and_rank, world_group
@@ -68,13 +67,14 @@ from ..core.partition import (ShardSpec, check_split_rule_flag, is_frozen_candid
                               zero_spec_of)
 from ..core.slicing import copy_slice
 from ..core.stage import StagePolicy, check_stage
+from ..core.to_float import compute_dtype_of
 from .gather_group import GatherGroup, _GroupWaiting, after_grad
 from .zeropp import ZeroPPConfig
 
 __all__ = [
-    "ZeroParamWrapper", "shard_parameter", "compute_dtype_of", "gather_attr_name",
+    "ZeroParamWrapper", "shard_parameter", "gather_attr_name",
     "check_group", "check_compute_dtype", "GATHER_SUFFIX", "after_grad", "ZeroParam", "zero_param_of",
-    "gathers_split", "param_gather", "ParamGather", "cut_parameter", "gather_build_of",
+    "param_gather", "ParamGather", "cut_parameter", "gather_build_of",
 ]
 
 GATHER_SUFFIX = "_zero_gather"
@@ -203,18 +203,6 @@ def cut_parameter(param: Parameter, group: Optional[str], pad_uneven: bool, zero
         set_zero_spec(param, spec)
         setattr(param, ZERO_PARAM_ATTR, ZeroParam(spec, zeropp, build, group, owner))
     return spec
-
-
-_FLAG_DTYPES = (("fp16", ms.float16), ("bf16", ms.bfloat16), ("fp32", ms.float32))
-
-
-def compute_dtype_of(cell: nn.Cell):
-    """The dtype ``cell.to_float(...)`` set on ``cell`` (float16, bfloat16, float32), or None."""
-    flags = cell.get_flags()
-    for flag, dtype in _FLAG_DTYPES:
-        if flags.get(flag):
-            return dtype
-    return None
 
 
 _OUR_FORM = ("group", "compute_dtype")
@@ -460,11 +448,6 @@ def param_gather(param: Parameter, group: Optional[str], compute_dtype,
     spec = record.spec if record is not None else spec
     return ParamGather(spec, param.dtype, group, compute_dtype, record and record.zeropp, not param.requires_grad)
 
-
-def gathers_split(cell: nn.Cell) -> bool:
-    """Whether ``cell`` is a gather wrapper that all-gathers (a split parameter over 2+ ranks)."""
-    record = cell.gather_record if isinstance(cell, ZeroParamWrapper) else None
-    return record is not None and record.gathers
 
 def _gather_record(spec: ShardSpec, param_dtype, group: Optional[str], compute_dtype, zeropp,
                    frozen: bool = False) -> GatherRecord:

@@ -59,7 +59,8 @@ from ..core.ms_internals import RECOMPUTE_WRAPPER, child_cells, has_config_recom
 from .carry import is_recompute_scoped, spread_recompute_scope
 from .coalesce import ZeroGatherGroup
 from .direct_reads import INDIRECT_ATTR, gather_attrs, source_indirect_reads
-from .param_wrapper import ZeroParamWrapper, gathers_split
+from .gather_kinds import gathers_split
+from .param_wrapper import ZeroParamWrapper
 from .units import ZeroUnitGather
 
 __all__ = ["finish_gathers", "describe_recomputed"]

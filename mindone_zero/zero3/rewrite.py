@@ -66,11 +66,12 @@ import types
 import weakref
 from typing import Dict, List, Optional, Set, Tuple
 
-from mindspore import Parameter, ParameterTuple, nn
+from mindspore import Parameter, nn
 
-from ..core.ms_internals import cell_member, lazy_inline_key, own_params
+from ..core.ms_internals import lazy_inline_key, own_params
+from ..core.to_float import compute_dtype_of
 from .carry import is_recompute_scoped
-from .param_wrapper import GATHER_SUFFIX, ZeroParamWrapper, compute_dtype_of
+from .param_wrapper import GATHER_SUFFIX, ZeroParamWrapper
 from .rewrite_plan import MethodPlan, ParamRead, RewriteAnalysis, RewritePlan
 from .static_lookup import METADATA, MISSING, Method, candidates, contains_split, follow, lookup, subscript_key
 from .unit_threading import thread_units, unreached_note

@@ -10,6 +10,7 @@ from mindspore.communication import GlobalComm
 from ..core.comm import group_size_and_rank, world_group
 from ..core.ms_internals import child_cells, has_config_recompute, set_child
 from ..core.packing import itemsize_of
+from ..core.to_float import compute_dtype_of
 from ..core.partition import (WHOLE_WARN_SHARE, is_frozen_candidate, is_split_candidate, mark_shard_flag, splits_over,
                               whole_candidates, zero_spec_of)
 
@@ -19,7 +20,7 @@ from .layers import PARALLEL_MODULES, ZeroCell
 from .auto_units import repeated_blocks
 from .options import AUTO_UNITS, Stage3Options
 from .gather_build import GatherBuild
-from .param_wrapper import compute_dtype_of, cut_parameter
+from .param_wrapper import cut_parameter
 from .direct_reads import record_rewritten_reads
 from .reshard import describe_recomputed, finish_gathers
 from .rewrite import apply_rewrites, plan_rewrites

@@ -21,7 +21,8 @@ from .backward_reads import backward_reads
 from .coalesce import ZeroGatherGroup
 from .layers import ZeroCell
 from .options import Stage3Options
-from .param_wrapper import ZeroParamWrapper, gathers_split
+from .gather_kinds import gathers_split
+from .param_wrapper import ZeroParamWrapper
 from .units import ZeroUnitGather
 
 __all__ = ["STATE_ATTR", "ZeroState", "GatherCall", "gather_calls", "zero_states", "gather_call", "options_of",

@@ -17,11 +17,36 @@ forward hook of a Cell inside a unit (PYNATIVE_MODE) gets the tuple as its Cell'
 import ast
 from typing import List, Optional
 
-from ..core.ms_internals import child_cells, own_params
+from mindspore import Parameter, nn
+
+from ..core.ms_internals import RECOMPUTE_WRAPPER, child_cells, own_params
 from .rewrite_plan import RewriteAnalysis
-from .units import UNIT_ARG, UNIT_GATHER_ATTR, param_path
+from .units import UNIT_ARG, UNIT_GATHER_ATTR
 
 __all__ = ["thread_units", "unreached_note"]
+
+
+def param_path(root: nn.Cell, param: Parameter) -> Optional[List]:
+    """Steps (attribute names, or int indices of CellLists) from ``root`` to ``param``; None if not found."""
+    seen = set()
+
+    def search(cell, steps):
+        if id(cell) in seen:
+            return None
+        seen.add(id(cell))
+        for name, p in own_params(cell).items():
+            if p is param:
+                return steps + [name]
+        for name, child in child_cells(cell).items():
+            if child is None or name == RECOMPUTE_WRAPPER:
+                continue
+            step = int(name) if isinstance(cell, (nn.CellList, nn.SequentialCell)) and name.isdigit() else name
+            found = search(child, steps + [step])
+            if found is not None:
+                return found
+        return None
+
+    return search(root, [])
 
 
 def _error(msg: str) -> ValueError:

@@ -67,7 +67,7 @@ from typing import Dict, List, Optional, Tuple
 from mindspore import Parameter, nn, ops
 
 from ..core.graph_tuples import each, hyper_map, take
-from ..core.ms_internals import RECOMPUTE_WRAPPER, child_cells, own_params
+from ..core.ms_internals import RECOMPUTE_WRAPPER, child_cells
 from .coalesce import COALESCE_MAX_BYTES, ZeroGatherGroup, gather_settings
 from .param_wrapper import param_gather
 
@@ -137,29 +137,6 @@ def find_units(network: nn.Cell, classes: tuple, where: str = "shard_network") -
     if missing:
         raise _unit_error(where, f"names classes with no instance in the network: {missing} (got {classes!r}).")
     return {k: u for k, u in owner.items() if u is not None}
-
-
-def param_path(root: nn.Cell, param: Parameter) -> Optional[List]:
-    """Steps (attribute names, or int indices of CellLists) from ``root`` to ``param``; None if not found."""
-    seen = set()
-
-    def search(cell, steps):
-        if id(cell) in seen:
-            return None
-        seen.add(id(cell))
-        for name, p in own_params(cell).items():
-            if p is param:
-                return steps + [name]
-        for name, child in child_cells(cell).items():
-            if child is None or name == RECOMPUTE_WRAPPER:
-                continue
-            step = int(name) if isinstance(cell, (nn.CellList, nn.SequentialCell)) and name.isdigit() else name
-            found = search(child, steps + [step])
-            if found is not None:
-                return found
-        return None
-
-    return search(root, [])
 
 
 # Per-element work of a unit runs through hyper_map and take, not loops that grow tuples ([Note:

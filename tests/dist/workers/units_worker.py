@@ -41,7 +41,7 @@ from mindone_zero.train.comm_accounting import step_plan  # noqa: E402
 from mindone_zero.zero3 import gather_build  # noqa: E402
 from mindone_zero.zero3.coalesce import ZeroGatherGroup  # noqa: E402
 from mindone_zero.zero3.gather_group import GatherGroup  # noqa: E402
-from mindone_zero.zero3.param_wrapper import gathers_split  # noqa: E402
+from mindone_zero.zero3.gather_kinds import gathers_split  # noqa: E402
 from mindone_zero.zero3.state import options_of, unit_gathers  # noqa: E402
 from parallel_modules import Dense, shard_network  # noqa: E402
 from tools.lm_model import Block, LMLoss, TransformerLM, build_lm, init_lm_weights, reversal_batch  # noqa: E402

@@ -36,7 +36,7 @@ from parallel_modules import shard_network  # noqa: E402
 from mindone_zero.zero3.gather_group import GatherGroup  # noqa: E402
 from mindone_zero.zero3.coalesce import ZeroGatherGroup  # noqa: E402
 from mindone_zero.zero3.state import coalesced_groups, regathered_param_names  # noqa: E402
-from mindone_zero.zero3.param_wrapper import gathers_split  # noqa: E402
+from mindone_zero.zero3.gather_kinds import gathers_split  # noqa: E402
 
 SEED = 7
 # Cases that also run the network with one collective per parameter ([Note: coalesced gathers]): the
