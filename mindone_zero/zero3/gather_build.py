@@ -39,7 +39,6 @@ Limits:
 from dataclasses import replace
 from typing import List, Optional
 
-import mindspore as ms
 from mindspore import nn
 
 from ..core.to_float import dtype_flags
@@ -77,11 +76,11 @@ class GatherBuild:
         collective alone is recomputed] in reshard.py)."""
         self._regathered.add(id(caller))
 
-    def build(self, callers: list) -> int:
+    def build(self, callers: list, graph_mode: bool) -> int:
         """Build, mark and attach every deferred gather Cell: those of ``callers`` (the network's
-        gathering wrappers and groups, in its order) first, then any other that was deferred. Returns
-        how many callers share another's Cell ([Note: shared gather graphs]). Not collective."""
-        graph_mode = ms.get_context("mode") == ms.GRAPH_MODE
+        gathering wrappers and groups, in its order) first, then any other that was deferred; callers
+        share Cells only where ``graph_mode`` (the mode the shard was planned in). Returns how many
+        callers share another's Cell ([Note: shared gather graphs]). Not collective."""
         order = [c for c in callers if self.defers(c)]
         placed = {id(c) for c in order}
         order += [c for c in self._deferred if id(c) not in placed]

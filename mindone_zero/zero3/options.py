@@ -11,8 +11,10 @@ options (``ZeroState``, [Note: zero3 state] in ``state.py``; ``options_of``), so
 means the network's value, and one given with another value raises (``check_same_as``) instead of
 being ignored (the network cannot be sharded twice). Below stage 3 only ``pad_uneven_params`` acts
 (the optimizer's shards follow the same split rule); ``zeropp`` and ``gather_units`` then raise.
+``build`` also reads MindSpore's mode, once: the options carry it (``graph_mode``) to the build,
+which decides from it what to recompute and whether gather Cells are shared, and reads it no more.
 """
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, field, fields
 from types import MappingProxyType
 from typing import Mapping, Optional, Tuple, Union
 
@@ -43,6 +45,9 @@ class Stage3Options:
         parallel_modules (Mapping): ``{Cell class: ZeRO-3 Cell class}`` matched by exact type, or None.
         special_cases_parallel_module (Mapping): the same, matched with ``isinstance``, or None.
         pad_uneven_params (bool): the padded split rule ([Note: split rule] in ``partition.py``).
+        graph_mode (bool): whether MindSpore was in GRAPH_MODE when the options were built: the one
+            read of the mode for a shard, which decides what the build marks for recomputation and
+            whether gather Cells are shared. Not an option: equality and ``check_same_as`` ignore it.
     """
 
     reshard_after_forward: bool = True
@@ -51,6 +56,7 @@ class Stage3Options:
     parallel_modules: Optional[Mapping] = None
     special_cases_parallel_module: Optional[Mapping] = None
     pad_uneven_params: bool = False
+    graph_mode: bool = field(default=True, compare=False)
 
     @classmethod
     def build(cls, where: str, zero_stage: int = 3, group: Optional[str] = None, reshard_after_forward=True,
@@ -69,13 +75,14 @@ class Stage3Options:
                 a module map not a dict of Cell classes to ZeRO-3 Cell classes; ``pad_uneven_params``
                 not a bool.
         """
+        graph_mode = ms.get_context("mode") == ms.GRAPH_MODE
         _check_reshard(where, reshard_after_forward)
         check_split_rule_flag(where, "pad_uneven_params", pad_uneven_params)
-        zeropp = _zeropp(where, zeropp, zero_stage, group, reshard_after_forward)
+        zeropp = _zeropp(where, zeropp, zero_stage, group, reshard_after_forward, graph_mode)
         return cls(reshard_after_forward, zeropp, _gather_units(where, gather_units, zero_stage, zeropp),
                    _module_map(where, "parallel_modules", parallel_modules),
                    _module_map(where, "special_cases_parallel_module", special_cases_parallel_module),
-                   pad_uneven_params)
+                   pad_uneven_params, graph_mode)
 
     def check_same_as(self, where: str, prepared: "Stage3Options") -> None:
         """Raise unless every field of ``self`` (given at ``where``) is left at its default or equals
@@ -86,7 +93,7 @@ class Stage3Options:
         """
         default = Stage3Options()
         differ = [f.name for f in fields(self)
-                  if getattr(self, f.name) != getattr(default, f.name)
+                  if f.compare and getattr(self, f.name) != getattr(default, f.name)
                   and getattr(self, f.name) != getattr(prepared, f.name)]
         if differ:
             pairs = "; ".join(f"'{name}': got {_shown(getattr(self, name))!r}, the network has "
@@ -179,7 +186,7 @@ def _check_min_quantize_numel(where: str, value) -> None:
         raise ValueError(message)
 
 
-def _zeropp(where: str, value, zero_stage: int, group: Optional[str], reshard_after_forward: bool):
+def _zeropp(where: str, value, zero_stage: int, group: Optional[str], reshard_after_forward: bool, graph_mode: bool):
     config = _zeropp_config(where, value)
     if config is None:
         return None
@@ -187,16 +194,17 @@ def _zeropp(where: str, value, zero_stage: int, group: Optional[str], reshard_af
         raise ValueError(f"For '{where}', the argument 'zeropp' applies to zero_stage 3 only, but got zeropp={config!r} "
                          f"with zero_stage={zero_stage}.")
     if config.hpz_group is not None:
-        _check_hpz(where, config.hpz_group, group, reshard_after_forward)
+        _check_hpz(where, config.hpz_group, group, reshard_after_forward, graph_mode)
     return config
 
 
-def _check_hpz(where: str, hpz_group: str, op_group: Optional[str], reshard_after_forward: bool) -> None:
+def _check_hpz(where: str, hpz_group: str, op_group: Optional[str], reshard_after_forward: bool,
+               graph_mode: bool) -> None:
     if reshard_after_forward is not True:
         raise ValueError(f"For '{where}', the argument 'zeropp.hpz_group' ({hpz_group!r}) needs "
                          f"reshard_after_forward=True (it shortens the backward re-gather), but got "
                          f"reshard_after_forward={reshard_after_forward!r}.")
-    if ms.get_context("mode") != ms.GRAPH_MODE:
+    if not graph_mode:
         raise ValueError(f"For '{where}', the argument 'zeropp.hpz_group' ({hpz_group!r}) needs GRAPH_MODE (PYNATIVE "
                          f"recompute re-runs the whole Cell, primary gather included), but the mode is PYNATIVE_MODE.")
     op_members = group_members(op_group or world_group())

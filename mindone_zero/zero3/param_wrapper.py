@@ -67,7 +67,6 @@ from ..core.partition import (ShardSpec, check_split_rule_flag, is_frozen_candid
                               zero_spec_of)
 from ..core.slicing import copy_slice
 from ..core.stage import StagePolicy, check_stage
-from ..core.to_float import compute_dtype_of
 from .gather_group import GatherGroup, _GroupWaiting, after_grad
 from .zeropp import ZeroPPConfig
 

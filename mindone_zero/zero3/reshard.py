@@ -52,7 +52,6 @@ process).
 """
 from typing import List, Tuple
 
-import mindspore as ms
 from mindspore import nn
 
 from ..core.ms_internals import RECOMPUTE_WRAPPER, child_cells, has_config_recompute
@@ -159,7 +158,7 @@ def finish_gathers(network: nn.Cell, options, build) -> Tuple[List[Tuple[str, nn
         network's order: the order ``build`` builds in).
     """
     zeropp = options.zeropp
-    pynative = ms.get_context("mode") == ms.PYNATIVE_MODE
+    pynative = not options.graph_mode  # the mode the shard was planned in
     whole_gathers = zeropp is not None or pynative
     found, callers, wrappers = [], [], []
     seen, decided = {id(network)}, set()

@@ -238,7 +238,7 @@ def _shard(network, cells: tuple, group, match, options: Stage3Options):
         attach_unit_gathers(list({id(u): u for u in units.values()}.values()), group, build)
         _restore_recompute(recomputed, new_cells)
         found, callers = finish_gathers(network, options, build)  # the one pass over what was attached
-        build.build(callers)
+        build.build(callers, options.graph_mode)
     finally:
         build.close(params)
     _warn_recomputed(found)

@@ -101,7 +101,7 @@ def test_callers_alike_share_one_gather_built_once(built, mode):
         net = _Readers(build)
         assert [id(c) for c in built] == [id(net.j.gather), id(net.m.gather)]  # at once; the others wait
         assert [build.defers(c) for c in net.callers()] == [c not in (net.j, net.m) for c in net.callers()]
-        shared = build.build(net.callers())
+        shared = build.build(net.callers(), mode == ms.GRAPH_MODE)
         build.close(net.params)
     finally:
         ms.set_context(mode=old)

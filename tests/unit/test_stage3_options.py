@@ -5,6 +5,7 @@ prepare_network sharded (same or left-out options accepted, other ones raise nam
 One process in ParallelMode.DATA_PARALLEL: a group of one rank, so stage 3 really shards (every
 candidate splits over one rank) and nothing communicates while building."""
 import dataclasses
+import sys
 
 import pytest
 import mindspore as ms
@@ -131,3 +132,32 @@ def test_each_check_runs_once_per_entry_point(monkeypatch, tmp_path):
     _train(net, tmp_path)
     assert [c for c in calls if c[0] == "build"] == [("build", "prepare_network"), ("build", where)]
     assert [c for c in calls if c[0] == "_zeropp"] == [("_zeropp", "prepare_network"), ("_zeropp", where)]
+
+
+@pytest.mark.parametrize("mode", [ms.GRAPH_MODE, ms.PYNATIVE_MODE], ids=["graph", "pynative"])
+def test_sharding_reads_the_mode_once(mode, monkeypatch, tmp_path):
+    """Issue 58's frozen plan: the entry point reads MindSpore's mode once, into the options, and the
+    build decides from that (recompute marks, shared gather Cells), not from reads of its own."""
+    reads, real = [], ms.get_context
+
+    def get_context(key, *args, **kwargs):
+        if key == "mode":
+            caller = sys._getframe(1).f_code.co_filename
+            if "mindone_zero" in caller:
+                reads.append(caller)
+        return real(key, *args, **kwargs)
+
+    old = ms.get_context("mode")
+    ms.set_context(mode=mode)
+    monkeypatch.setattr(ms, "get_context", get_context)
+    try:
+        net = prepare_network(LossNet(init_weights(TinyNet())), 3)
+        assert len(reads) == 1, reads
+        reads.clear()
+        _train(LossNet(init_weights(TinyNet())), tmp_path)
+        assert len(reads) == 1, reads
+    finally:
+        monkeypatch.undo()
+        ms.set_context(mode=old)
+    assert options_of(net)[0].graph_mode is (mode == ms.GRAPH_MODE)
+    assert options_of(net) == [Stage3Options(gather_units=None)]  # the mode is not an option
