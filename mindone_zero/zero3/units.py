@@ -54,7 +54,9 @@ zeros but one (``bprop_tuple_getitem``); each zero is a small graph to infer, so
 k * k of them. None of the ways around it is better: the recomputation is not what costs; loading
 the shards in a Cell of their own before the gather (so that no UpdateState takes the gathered
 tuple) moves the cost to the tuple of loaded shards; one flat buffer cut per reader, or a chain of
-two-way splits, would trade the zeros for copies of the unit's gradient at every step. So units
+two-way splits, would trade the zeros for copies of the unit's gradient at every step; a ``fusion``
+id on per-member collectives, for the backend to merge, merges no all-gathers on the CPU backend
+(``tools/dev/comm_fusion_probe.py``; the design page, "Stage 3's groups by default"). So units
 compile slower than per-layer gathers (the benchmark's page shows by how much). What they buy is
 fewer, larger collectives, each a synchronization of the ranks on a device; packing and unpacking
 costs a few kernels per member, so on the CPU backend a unit's step gains most where a unit holds
