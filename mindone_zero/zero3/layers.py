@@ -18,11 +18,11 @@ from ..core.ms_internals import (RECOMPUTE_WRAPPER, child_cells, mark_recomputed
                                   own_params)
 from ..core.partition import zero_spec_of
 from ..core.stage import StagePolicy, check_stage
+from ..core.to_float import compute_dtype_of
 
 from .direct_reads import gather_attrs, source_indirect_reads
 from .layer_gathers import LayerGathers
 from .carry import carry_cell_state, check_carryable, is_recompute_scoped, reapply_recompute, recompute_options
-from ..core.to_float import compute_dtype_of
 from .param_wrapper import check_compute_dtype, check_group
 
 __all__ = ["Dense", "Linear", "Conv1d", "Conv2d", "Conv3d", "Mint_Conv2d", "Mint_Conv3d", "Embedding", "ZeroCell",

@@ -10,9 +10,9 @@ from mindspore.communication import GlobalComm
 from ..core.comm import group_size_and_rank, world_group
 from ..core.ms_internals import child_cells, has_config_recompute, set_child
 from ..core.packing import itemsize_of
-from ..core.to_float import compute_dtype_of
 from ..core.partition import (WHOLE_WARN_SHARE, is_frozen_candidate, is_split_candidate, mark_shard_flag, splits_over,
                               whole_candidates, zero_spec_of)
+from ..core.to_float import compute_dtype_of
 
 from .carry import carry_hooks, check_carryable, reapply_recompute, recompute_options
 from .frozen import in_place_state
