@@ -36,6 +36,7 @@ follows the flush-to-zero state of the thread that runs the kernel, which a libr
 one kernel's thread and not the other's (seen in PYNATIVE_MODE after other tests in one process).
 RealDiv takes no bfloat16 scalar on CPU, so a bfloat16 tensor keeps ``/``.
 """
+import weakref
 from contextlib import contextmanager
 from typing import List, Optional, Tuple
 
@@ -143,18 +144,29 @@ def _tagged(prim, native: str, scale: int = 1, share: int = 1, itemsize: int = 0
     return prim
 
 
-_PRIMITIVES = {}
+class _GroupPrimitives:
+    """The primitives ``_group_primitives`` built for one group: ``by_name``, ``{attribute name: tuple}``.
+    Every ``GroupComm`` of the group holds it, and the cache entry lives only as long as one does."""
+
+    def __init__(self, by_name: dict):
+        self.by_name = by_name
 
 
-def _group_primitives(group: str, size: int, native_gather: bool, native_rs: bool, native_bcast: bool) -> dict:
+_PRIMITIVES = weakref.WeakValueDictionary()  # key -> _GroupPrimitives, while a GroupComm holds it
+
+
+def _group_primitives(group: str, size: int, native_gather: bool, native_rs: bool,
+                      native_bcast: bool) -> _GroupPrimitives:
     """The tagged collective primitives of a ``GroupComm`` over ``group``, by attribute name: one per
     role ([Note: native tags]): plain and bfloat16 carried in float32 (``_PLAIN``, ``_BF16``), and for
     gathers the quantized roles too. Built once per group and shared, as a shared gather Cell's are
     ([Note: shared gather graphs] in zero3/gather_build.py): a primitive holds no state of a call,
-    and building a dozen per gather Cell costs build time."""
+    and building a dozen per gather Cell costs build time. Shared only while a ``GroupComm`` that
+    holds them lives: the cache does not outlive the networks that use it."""
     key = (group, size, native_gather, native_rs, native_bcast)
-    if key in _PRIMITIVES:
-        return _PRIMITIVES[key]
+    held = _PRIMITIVES.get(key)
+    if held is not None:
+        return held
 
     def summed(native, share, itemsize):
         return _tagged(ops.AllReduce(ops.ReduceOp.SUM, group), native, 1, share, itemsize)
@@ -173,8 +185,9 @@ def _group_primitives(group: str, size: int, native_gather: bool, native_rs: boo
         prims["_scatter_sums"] = tuple(summed("reduce_scatter", 1, i) for i in (0, 2))
     if native_bcast:
         prims["_native_bcast_ops"] = tuple(_tagged(ops.Broadcast(0, group), "broadcast", itemsize=i) for i in (0, 2))
-    _PRIMITIVES[key] = prims
-    return prims
+    held = _GroupPrimitives(prims)
+    _PRIMITIVES[key] = held
+    return held
 
 
 class GroupComm(nn.Cell):
@@ -195,8 +208,9 @@ class GroupComm(nn.Cell):
         self._native_gather = backend_has_native("all_gather", self.group)
         self._native_rs = backend_has_native("reduce_scatter", self.group)
         self._native_bcast = backend_has_native("broadcast", self.group)
-        prims = _group_primitives(self.group, self.size, self._native_gather, self._native_rs, self._native_bcast)
-        for name, value in prims.items():
+        held = _group_primitives(self.group, self.size, self._native_gather, self._native_rs, self._native_bcast)
+        object.__setattr__(self, "_held_primitives", held)  # keeps the shared entry alive (not a Cell attribute)
+        for name, value in held.by_name.items():
             setattr(self, name, value)
         # [Note: same graph on every rank] On the CPU backend, the collectives of one graph run
         # in the graph's topological order, and collectives are matched across ranks by that

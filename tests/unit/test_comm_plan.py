@@ -42,6 +42,24 @@ def test_every_collective_primitive_says_what_the_native_path_sends():
                                                            "all_to_all") for p in found)
 
 
+def test_group_primitives_are_shared_and_do_not_outlive_their_users():
+    """Issue 58: no module-global state that outlives a network. The primitives of a group are
+    built once and shared by its GroupComms while one lives, then dropped."""
+    import gc
+    import weakref
+
+    group = "test_primitives_lifetime"  # no other test's GroupComm holds this group's entry
+    first, second = GroupComm(group), GroupComm(group)
+    assert first._sum_ops is second._sum_ops  # shared, not built twice
+    held = weakref.ref(first._held_primitives)
+    assert any(key[0] == group for key in comm._PRIMITIVES.keys())
+    del first, second
+    gc.collect()
+    assert held() is None
+    assert not any(key[0] == group for key in comm._PRIMITIVES.keys())
+    assert GroupComm(group)._sum_ops[0].attrs[NATIVE_OP] == "all_reduce"  # built again when needed
+
+
 def test_context_counts_reductions():
     assert PlanContext(micro_steps=3).reductions == 3
     assert PlanContext(micro_steps=3, reduce_each_micro_step=False).reductions == 1
