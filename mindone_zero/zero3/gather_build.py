@@ -10,8 +10,9 @@ plan of its gather (``gather_plan``: a ``ParamGather`` or ``CoalescedPlan``) and
 call's ``GatherBuild``. The build reaches every such constructor through the parameters' ``ZeroParam``
 records, which ``shard_network`` stamps before any layer is built: the layer Cells it builds, the
 generic rewrite, and a user's MindOne-style class that builds a ``ZeroParamWrapper`` all register,
-without an argument for it. ``finish_gathers`` then decides the marks on the finished network, and
-``GatherBuild.build`` makes each gather Cell once, marked, with the hpZ Cells of its wrapper,
+without an argument for it. ``plan_gathers`` then decides the marks on the finished network and,
+through ``GatherBuild.plan``, how each gather Cell is built ([Note: a frozen gather plan] in
+reshard.py); ``GatherBuild.apply`` makes each once, marked, with the hpZ Cells of its wrapper,
 shared where it can be; the records then forget the build.
 Built at once, as before: a gather that does not all-gather (a group of one rank, a parameter kept
 whole), a gather unit's element gathered alone (``_UnitSingle``), and every gather built outside
@@ -36,7 +37,7 @@ Limits:
 * Not shared: hpZ wrappers (their two Cells hold the gather, [Note: hpZ] in ``param_wrapper.py``)
   and what is built at once (above).
 """
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from typing import List, Optional
 
 from mindspore import nn
@@ -45,13 +46,27 @@ from ..core.to_float import dtype_flags
 from .carry import is_recompute_scoped, spread_recompute_scope
 from .param_wrapper import ZERO_PARAM_ATTR, zero_param_of
 
-__all__ = ["GatherBuild", "share_key"]
+__all__ = ["GatherBuild", "BuildStep", "share_key"]
 
 
 def share_key(plan, mark: Optional[str], flags: tuple) -> Optional[tuple]:
     """The key under which callers share one gather Cell ([Note: shared gather graphs]): its plan's
     kind and ``graph_key``, its recompute mark and its flags (None: not shared)."""
     return type(plan), plan.graph_key(), mark, flags
+
+
+@dataclass(frozen=True)
+class BuildStep:
+    """How one caller's gather Cell is built: its recompute mark (``"collective"``: its collective
+    runs again in backward; ``"scope"``: recomputed with its caller; None), its hpZ group (None: no
+    hpZ), the ``to_float`` flags it gets from its caller, and the key under which callers share one
+    Cell (None: not shared)."""
+
+    caller: nn.Cell
+    mark: Optional[str]
+    hpz_group: Optional[str]
+    flags: tuple
+    key: Optional[tuple]
 
 
 class GatherBuild:
@@ -76,36 +91,54 @@ class GatherBuild:
         collective alone is recomputed] in reshard.py)."""
         self._regathered.add(id(caller))
 
-    def build(self, callers: list, graph_mode: bool) -> int:
-        """Build, mark and attach every deferred gather Cell: those of ``callers`` (the network's
-        gathering wrappers and groups, in its order) first, then any other that was deferred; callers
-        share Cells only where ``graph_mode`` (the mode the shard was planned in). Returns how many
-        callers share another's Cell ([Note: shared gather graphs]). Not collective."""
+    def plan(self, callers: list, graph_mode: bool, scoped=is_recompute_scoped, regathered=frozenset()) -> tuple:
+        """How each deferred gather Cell is built, decided before any is: those of ``callers`` (the
+        network's gathering wrappers and groups, in its order) first, then any other that was deferred.
+        ``scoped(caller)``: whether the caller will be inside a recomputed region once the plan's marks
+        are made ([Note: predicted recompute marks] in recompute_marks.py); ``regathered``: ids of the
+        callers whose collective backward runs again, besides those ``regather`` named. Callers share
+        Cells only where ``graph_mode`` (the mode the shard was planned in). Returns ``BuildStep``s.
+        Not collective."""
         order = [c for c in callers if self.defers(c)]
         placed = {id(c) for c in order}
         order += [c for c in self._deferred if id(c) not in placed]
-        built, shared = {}, 0
+        regathered = self._regathered | set(regathered)
+        steps = []
         for caller in order:
             plan = caller.gather_plan
             zeropp = plan.zeropp
-            hpz_group = zeropp.hpz_group if zeropp is not None and is_recompute_scoped(caller) else None
-            mark = "collective" if id(caller) in self._regathered else "scope" if is_recompute_scoped(caller) else None
+            hpz_group = zeropp.hpz_group if zeropp is not None and scoped(caller) else None
+            mark = "collective" if id(caller) in regathered else "scope" if scoped(caller) else None
             flags = dtype_flags(caller)
             key = share_key(plan, mark, flags) if graph_mode and hpz_group is None else None
-            gather = built.get(key) if key is not None else None
+            steps.append(BuildStep(caller, mark, hpz_group, flags, key))
+        return tuple(steps)
+
+    def apply(self, steps: tuple) -> int:
+        """Build, mark and attach the gather Cell of each step (``plan``), one Cell for the steps with
+        one key. Returns how many callers share another's Cell ([Note: shared gather graphs]). Not
+        collective."""
+        built, shared = {}, 0
+        for step in steps:
+            caller = step.caller
+            gather = built.get(step.key) if step.key is not None else None
             if gather is None:
-                gather = _build(plan, mark, flags)
-                if key is not None:
-                    built[key] = gather
+                gather = _build(caller.gather_plan, step.mark, step.flags)
+                if step.key is not None:
+                    built[step.key] = gather
             else:
                 shared += 1
-            if hpz_group is None:
+            if step.hpz_group is None:
                 caller.use_gather(gather)
             else:
-                caller.use_gather(gather, hpz_group)
+                caller.use_gather(gather, step.hpz_group)
             spread_recompute_scope(caller)  # recomputed with its caller: the Cells just attached
         self._deferred, self._ids = [], set()
         return shared
+
+    def build(self, callers: list, graph_mode: bool) -> int:
+        """``apply(plan(callers, graph_mode))``, with the marks the Cells have now."""
+        return self.apply(self.plan(callers, graph_mode))
 
     def close(self, params) -> None:
         """Take this build off the records of ``params`` that carry it. Not collective."""

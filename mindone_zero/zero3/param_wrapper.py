@@ -47,9 +47,10 @@ gather with ZeRO++ options is never coalesced (``build_gather_group`` in ``coale
 layer Cell decides at build time to gather per parameter. Whether a wrapper splits its gather for
 hpZ is decided with its gather Cell, once its place in the network is known ([Note: gather Cells
 built once] in gather_build.py). A layer the user built before calling ``shard_network`` was built
-without the options: ``finish_gathers`` (``reshard.py``) turns its coalescing off
-(``ZeroCell.gather_per_parameter``, before its gathers are marked) and gives its wrappers ZeRO++
-gather Cells (``enable_zeropp``).
+without the options: ``shard_network`` finds it before anything changes, turns its coalescing off
+once the network is assembled (``ZeroCell.gather_per_parameter``, before the gathers are planned),
+and the gather plan gives its wrappers ZeRO++ gather Cells (``enable_zeropp``; [Note: a frozen
+gather plan] in reshard.py).
 """
 from dataclasses import dataclass, replace
 from functools import cached_property

@@ -50,23 +50,21 @@ Either way the recomputed code is the same code on the same inputs, so losses an
 those of ``reshard_after_forward=False`` (the parity tests check both against stage 0 and one
 process).
 """
-from typing import List, Tuple
+from dataclasses import dataclass
+from typing import List, Optional, Tuple
 
 from mindspore import nn
 
-from ..core.ms_internals import RECOMPUTE_WRAPPER, child_cells, has_config_recompute
-from .carry import is_recompute_scoped, spread_recompute_scope
+from ..core.ms_internals import RECOMPUTE_WRAPPER, child_cells, mark_recomputed_child
+from .carry import spread_recompute_scope
 from .coalesce import ZeroGatherGroup
 from .direct_reads import INDIRECT_ATTR, gather_attrs, source_indirect_reads
 from .gather_kinds import gathers_split
 from .param_wrapper import ZeroParamWrapper
+from .recompute_marks import RecomputeMarks
 from .units import ZeroUnitGather
 
-__all__ = ["finish_gathers", "describe_recomputed"]
-
-
-def _recompute_marked(cell: nn.Cell) -> bool:
-    return has_config_recompute(cell) or is_recompute_scoped(cell)
+__all__ = ["GatherPlan", "plan_gathers", "apply_gathers", "describe_recomputed"]
 
 
 PYNATIVE_REASON = ("PYNATIVE_MODE: re-gathering a tensor without its reader needs MindSpore's non-reentrant "
@@ -128,57 +126,89 @@ def _regather_cell(gather: nn.Cell, whole: bool) -> nn.Cell:
     return gather.gather
 
 
-def _regather_only(cell: nn.Cell, whole: bool, build) -> None:
-    for gather in _gather_children(cell):
-        if _recompute_marked(gather):
-            continue
-        if not whole and build.defers(gather):
-            build.regather(gather)  # its collective, when it is built
-            continue
-        target = _regather_cell(gather, whole)
-        if not _recompute_marked(target):
-            target.recompute(output_recompute=True)
-            if target is not gather:  # GRAPH_MODE runs the collective in it ([Note: gather order])
-                target.waiting.recompute(output_recompute=True)
+# [Note: a frozen gather plan]
+# ``plan_gathers`` decides everything that finishing the gathers does, on the network as rows 6-8 of
+# docs/design.md left it, before any of it is done: which readers are recomputed whole or re-gather
+# only, which gather Cells or collectives are marked, which Cells get the recompute scope of the
+# Cell above them, which wrappers built before ``shard_network`` get their ZeRO++ gather (and
+# hpZ), and how each gather Cell still to be built is built (its mark, hpZ, the callers that share
+# it). It reads the Cells and changes none: the marks it decides are kept beside the Cells' own
+# ([Note: predicted recompute marks] in recompute_marks.py). The ``GatherPlan`` it returns is frozen;
+# ``apply_gathers`` makes what it says, in its order, and decides nothing.
 
 
-def finish_gathers(network: nn.Cell, options, build) -> Tuple[List[Tuple[str, nn.Cell, List[str], bool]], List[nn.Cell]]:
-    """The build's one pass over the gathers it attached, in the network's order, after the Cells are
-    replaced and rewritten, the units attached and the user's ``recompute()`` re-applied. It spreads
-    each recompute scope to the children added since (gather wrappers, layers); with
-    ``reshard_after_forward``, it marks the readers that [Note: reshard after forward] chooses, and
-    tells ``build`` (a ``GatherBuild``) which collectives of gathers still to be built to mark. With
-    ZeRO++, it turns a layer the user built before ``shard_network`` to per-parameter gathers, then
-    gives each wrapper of such a layer its ZeRO++ gather, split for hpZ inside a recomputed region
-    ([Note: ZeRO++ at build], [Note: hpZ] in param_wrapper.py). Not collective.
+@dataclass(frozen=True)
+class GatherPlan:
+    """What finishing the gathers does ([Note: a frozen gather plan]).
 
-    Returns:
-        (readers whose code is not direct: ``(path, Cell, reasons, whole)``, ``whole`` False for one
-        that holds other readers and is re-gathered only; the gathering wrappers and groups, in the
-        network's order: the order ``build`` builds in).
+    Attributes:
+        marks (tuple): ``(what, Cell)`` in the network's order; ``what`` is ``"child"`` (the recompute
+            scope of the Cell above it, which has it: ``mark_recomputed_child``, for a Cell added after
+            the user's ``recompute()``), ``"whole"`` (``recompute()``: a reader recomputed whole) or
+            ``"output"`` (``recompute(output_recompute=True)``: a gather Cell or collective run again
+            in backward).
+        readers (tuple): ``(path, Cell, reasons, whole)`` for each reader whose code is not direct,
+            ``whole`` False for one that holds other readers and is re-gathered only.
+        zeropp (tuple): ``(wrapper, ZeroPPConfig, hpZ group or None)`` for each gathering wrapper
+            built before ``shard_network``, given its ZeRO++ gather ([Note: ZeRO++ at build]).
+        builds (tuple): the ``GatherBuild``'s steps, one per gather Cell caller still to be built.
     """
+
+    marks: Tuple[Tuple[str, nn.Cell], ...]
+    readers: Tuple[Tuple[str, nn.Cell, Tuple[str, ...], bool], ...]
+    zeropp: Tuple[Tuple[nn.Cell, object, Optional[str]], ...]
+    builds: tuple
+
+
+def plan_gathers(network: nn.Cell, options, build) -> GatherPlan:
+    """Decide, in one walk over the network in its order and without changing it, what finishing
+    its gathers does ([Note: a frozen gather plan]): the recompute scope for the Cells added since
+    the user's ``recompute()`` (gather wrappers, layers); with ``reshard_after_forward``, the readers
+    that [Note: reshard after forward] chooses and what is marked for each; with ZeRO++, the gather of
+    each wrapper built before ``shard_network`` (split for hpZ inside a recomputed region, [Note: hpZ]
+    in param_wrapper.py); how ``build`` (a ``GatherBuild``) builds each gather Cell it holds. Not
+    collective."""
     zeropp = options.zeropp
     pynative = not options.graph_mode  # the mode the shard was planned in
     whole_gathers = zeropp is not None or pynative
-    found, callers, wrappers = [], [], []
+    state = RecomputeMarks()
+    marks, readers, callers, wrappers, regathered = [], [], [], [], set()
     seen, decided = {id(network)}, set()
 
+    def mark(what, cell):
+        marks.append((what, cell))
+        state.recompute(cell)
+
+    def regather_only(cell):
+        for gather in _gather_children(cell):
+            if state.marked(gather):
+                continue
+            if not whole_gathers and build.defers(gather):
+                regathered.add(id(gather))  # its collective, when it is built
+                continue
+            target = _regather_cell(gather, whole_gathers)
+            if not state.marked(target):
+                mark("output", target)
+                if target is not gather:  # GRAPH_MODE runs the collective in it ([Note: gather order])
+                    mark("output", target.waiting)
+
     def decide(child, where) -> bool:
-        """Mark reader ``child``; whether the readers below it are still to be decided."""
+        """Decide reader ``child``; whether the readers below it are still to be decided."""
         reasons = [PYNATIVE_REASON] if pynative else _indirect_reads(child)
         if not reasons:
-            _regather_only(child, whole_gathers, build)
+            regather_only(child)
             return False
         if pynative or not _holds_readers(child):
-            child.recompute()
-            found.append((where, child, reasons, True))
+            mark("whole", child)
+            readers.append((where, child, tuple(reasons), True))
             return False
-        _regather_only(child, whole_gathers, build)  # recomputing it whole would recompute every reader below it
-        found.append((where, child, reasons, False))
+        regather_only(child)  # recomputing it whole would recompute every reader below it
+        readers.append((where, child, tuple(reasons), False))
         return True
 
     def visit(cell, path, free):
-        spread_recompute_scope(cell)  # children added after recompute() (wrappers, layers)
+        for child in state.spread(cell):  # added after recompute() (wrappers, layers): the scope
+            marks.append(("child", child))
         for name, child in child_cells(cell).items():
             if child is None:
                 continue
@@ -190,24 +220,41 @@ def finish_gathers(network: nn.Cell, options, build) -> Tuple[List[Tuple[str, nn
             seen.add(id(child))
             where = f"{path}.{name}" if path else name
             if first:
-                if zeropp is not None and getattr(child, "zero_coalesce", False):
-                    child.gather_per_parameter()
                 _collect(child, callers, wrappers)
             if child_free:
                 decided.add(id(child))
-                if _recompute_marked(child):
+                if state.marked(child):
                     child_free = False
                 elif _gathers_directly(child):
                     child_free = decide(child, where)
             visit(child, where, child_free)
 
     visit(network, "", options.reshard_after_forward)
-    if zeropp is not None:
-        for wrapper in wrappers:
-            if not build.defers(wrapper):  # built before shard_network
-                wrapper.enable_zeropp(zeropp, zeropp.hpz_group if is_recompute_scoped(wrapper) else None)
-                spread_recompute_scope(wrapper)  # the Cells it just built
-    return found, callers
+    prebuilt = ()
+    if zeropp is not None:  # a wrapper's hpZ Cells sit inside its reader's recomputed region ([Note: hpZ])
+        prebuilt = tuple((w, zeropp, zeropp.hpz_group if state.scoped(w) else None)
+                         for w in wrappers if not build.defers(w))
+    steps = build.plan(callers, options.graph_mode, state.scoped, frozenset(regathered))
+    return GatherPlan(tuple(marks), tuple(readers), prebuilt, steps)
+
+
+_MARKS = {
+    "child": mark_recomputed_child,
+    "whole": lambda cell: cell.recompute(),
+    "output": lambda cell: cell.recompute(output_recompute=True),
+}
+
+
+def apply_gathers(plan: GatherPlan, build) -> int:
+    """Make what ``plan`` says, in its order: the marks, the ZeRO++ gathers of wrappers built before
+    ``shard_network``, then every gather Cell ``build`` holds. Returns how many callers share
+    another's gather Cell ([Note: shared gather graphs] in gather_build.py). Not collective."""
+    for what, cell in plan.marks:
+        _MARKS[what](cell)
+    for wrapper, zeropp, hpz_group in plan.zeropp:
+        wrapper.enable_zeropp(zeropp, hpz_group)
+        spread_recompute_scope(wrapper)  # the Cells it just built
+    return build.apply(plan.builds)
 
 
 def _collect(cell, callers, wrappers) -> None:
@@ -218,7 +265,7 @@ def _collect(cell, callers, wrappers) -> None:
         wrappers.append(cell)
 
 
-def describe_recomputed(found: List[Tuple[str, nn.Cell, List[str], bool]]) -> List[str]:
-    """One line per reader of ``finish_gathers``'s result: path, class, what is done, why."""
+def describe_recomputed(found) -> List[str]:
+    """One line per reader of ``GatherPlan.readers``: path, class, what is done, why."""
     return [f"{path} ({type(cell).__name__}) {'recomputed whole' if whole else 're-gathered only, transformed copies may be kept'}: "
             f"{'; '.join(reasons)}" for path, cell, reasons, whole in found]

@@ -22,7 +22,7 @@ from .options import AUTO_UNITS, Stage3Options
 from .gather_build import GatherBuild
 from .param_wrapper import cut_parameter
 from .direct_reads import record_rewritten_reads
-from .reshard import describe_recomputed, finish_gathers
+from .reshard import apply_gathers, describe_recomputed, plan_gathers
 from .rewrite import apply_rewrites, plan_rewrites
 from .state import STATE_ATTR, ZeroState, gather_calls, zero_states
 from .units import attach_unit_gathers, find_units
@@ -222,6 +222,8 @@ def _shard(network, cells: tuple, group, match, options: Stage3Options):
     units, match, slots, plans, classes = _plan_units(network, cells, params, split_ids, match, options)
     options = replace(options, gather_units=classes or None)  # what was done, for check_same_as
     recomputed = _recompute_records(cells, {id(child) for _, _, child in slots})
+    # layers built before shard_network, without the ZeRO++ options: each gathers per parameter
+    per_parameter = [c for _, c in cells if options.zeropp is not None and getattr(c, "zero_coalesce", False)]
     build, owner = GatherBuild(), object()  # owner: this call, on every record (ZeroParam.owner)
     try:
         # Every parameter first, in the network's order ([Note: delayed initialisation]), with its record,
@@ -237,10 +239,13 @@ def _shard(network, cells: tuple, group, match, options: Stage3Options):
         record_rewritten_reads(plans, units)
         attach_unit_gathers(list({id(u): u for u in units.values()}.values()), group, build)
         _restore_recompute(recomputed, new_cells)
-        found, callers = finish_gathers(network, options, build)  # the one pass over what was attached
-        build.build(callers, options.graph_mode)
+        for layer in per_parameter:  # [Note: ZeRO++ at build] in param_wrapper.py
+            layer.gather_per_parameter()
+        plan = plan_gathers(network, options, build)  # [Note: a frozen gather plan] in reshard.py
+        apply_gathers(plan, build)
     finally:
         build.close(params)
+    found = plan.readers
     _warn_recomputed(found)
     for _, param in network.parameters_and_names():  # the replacements' own parameters too
         spec = zero_spec_of(param)
