@@ -5,7 +5,6 @@ communication Cells), so that parameters split and gathers all-gather; nothing r
 marks train as before is checked under msrun (tests/dist/test_zero3_network.py, test_zeropp.py,
 test_gather_units.py)."""
 import numpy as np
-import mindspore as ms
 import pytest
 from mindspore import Parameter, Tensor, nn, ops
 
@@ -120,14 +119,6 @@ class _Net(nn.Cell):
         return self.head(x)
 
 
-@pytest.fixture
-def graph_mode():
-    old = ms.get_context("mode")
-    ms.set_context(mode=ms.GRAPH_MODE)
-    yield
-    ms.set_context(mode=old)
-
-
 class _StubComm(nn.Cell):
     def __init__(self, group=None):
         super().__init__()
@@ -141,7 +132,8 @@ def _snapshot(network):
 
 @pytest.mark.parametrize("kwargs", [{"gather_units": None}, {"gather_units": "auto"},
                                     {"zeropp": ZeroPPConfig(quantize_weights=True)}], ids=["per_cell", "units", "qwz"])
-def test_plan_changes_nothing_and_predicts_the_marks(monkeypatch, kwargs, graph_mode):
+@pytest.mark.usefixtures("graph_mode")
+def test_plan_changes_nothing_and_predicts_the_marks(monkeypatch, kwargs):
     monkeypatch.setattr(shard, "group_size_and_rank", lambda group=None: (2, 0))
     monkeypatch.setattr(param_wrapper, "group_size_and_rank", lambda group=None: (2, 0))
     monkeypatch.setattr(param_wrapper, "GroupComm", _StubComm)
