@@ -75,7 +75,6 @@ class GatherBuild:
     def __init__(self):
         self._deferred: List[nn.Cell] = []
         self._ids = set()
-        self._regathered = set()
 
     def defer(self, caller: nn.Cell) -> None:
         """Build ``caller``'s gather Cell (from its ``gather_plan``) in ``build``."""
@@ -86,23 +85,17 @@ class GatherBuild:
         """Whether ``caller``'s gather Cell is still to be built here."""
         return id(caller) in self._ids
 
-    def regather(self, caller: nn.Cell) -> None:
-        """Mark the collective of ``caller``'s gather for recomputation when it is built ([Note: the
-        collective alone is recomputed] in reshard.py)."""
-        self._regathered.add(id(caller))
-
     def plan(self, callers: list, graph_mode: bool, scoped=is_recompute_scoped, regathered=frozenset()) -> tuple:
         """How each deferred gather Cell is built, decided before any is: those of ``callers`` (the
         network's gathering wrappers and groups, in its order) first, then any other that was deferred.
         ``scoped(caller)``: whether the caller will be inside a recomputed region once the plan's marks
         are made ([Note: predicted recompute marks] in recompute_marks.py); ``regathered``: ids of the
-        callers whose collective backward runs again, besides those ``regather`` named. Callers share
-        Cells only where ``graph_mode`` (the mode the shard was planned in). Returns ``BuildStep``s.
-        Not collective."""
+        callers whose collective backward runs again ([Note: the collective alone is recomputed] in
+        reshard.py). Callers share Cells only where ``graph_mode`` (the mode the shard was planned in).
+        Returns ``BuildStep``s. Not collective."""
         order = [c for c in callers if self.defers(c)]
         placed = {id(c) for c in order}
         order += [c for c in self._deferred if id(c) not in placed]
-        regathered = self._regathered | set(regathered)
         steps = []
         for caller in order:
             plan = caller.gather_plan
@@ -135,10 +128,6 @@ class GatherBuild:
             spread_recompute_scope(caller)  # recomputed with its caller: the Cells just attached
         self._deferred, self._ids = [], set()
         return shared
-
-    def build(self, callers: list, graph_mode: bool) -> int:
-        """``apply(plan(callers, graph_mode))``, with the marks the Cells have now."""
-        return self.apply(self.plan(callers, graph_mode))
 
     def close(self, params) -> None:
         """Take this build off the records of ``params`` that carry it. Not collective."""

@@ -80,8 +80,7 @@ class _Readers(nn.Cell):
         self.j = ZeroParamWrapper(_param("j", (3, 2), build))  # dim 0 does not divide by 2: kept whole
         self.m = ZeroParamWrapper(_param("m", (4, 2), None))
         self.i.recompute(output_recompute=True)
-        build.regather(self.k)
-        build.regather(self.l)
+        self.regathered = frozenset({id(self.k), id(self.l)})  # their collectives marked for backward
 
     def callers(self):
         return [getattr(self, name) for name in GROUPS + WRAPPERS]
@@ -101,7 +100,7 @@ def test_callers_alike_share_one_gather_built_once(built, mode):
         net = _Readers(build)
         assert [id(c) for c in built] == [id(net.j.gather), id(net.m.gather)]  # at once; the others wait
         assert [build.defers(c) for c in net.callers()] == [c not in (net.j, net.m) for c in net.callers()]
-        shared = build.build(net.callers(), mode == ms.GRAPH_MODE)
+        shared = build.apply(build.plan(net.callers(), mode == ms.GRAPH_MODE, regathered=net.regathered))
         build.close(net.params)
     finally:
         ms.set_context(mode=old)
